@@ -1,0 +1,240 @@
+//! Request-phase hooks and the per-request context.
+//!
+//! The data plane runs, for every request and in plugin priority order: `rewrite` → `access` →
+//! (balancing and proxying) → `header_filter` → `body_filter` → `log`. `rewrite` and `access` may
+//! answer the request themselves (reject it, or serve it) and stop the chain; `log` always runs.
+
+use std::borrow::Cow;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
+
+/// A deferred phase result, for plugins that must wait (storage, remote calls). Runs on the
+/// worker's single-threaded runtime, so it need not be `Send`.
+pub type FlowFuture = Pin<Box<dyn Future<Output = Flow>>>;
+
+/// What a `rewrite` or `access` hook decided.
+pub enum Flow {
+    /// Go on with the next plugin / phase.
+    Continue,
+    /// Answer the client with this response; later rewrite/access hooks and the upstream are skipped.
+    Respond(PluginResponse),
+    /// Wait for the future, then act on its result.
+    Defer(FlowFuture),
+}
+
+/// A response produced by a plugin.
+#[derive(Debug, Clone)]
+pub struct PluginResponse {
+    /// Status code.
+    pub status: StatusCode,
+    /// Headers.
+    pub headers: HeaderMap,
+    /// Body.
+    pub body: Bytes,
+}
+
+impl PluginResponse {
+    /// A JSON response (`Content-Type: application/json`).
+    pub fn json(status: StatusCode, value: &serde_json::Value) -> Self {
+        let mut headers = HeaderMap::new();
+        headers.insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        PluginResponse { status, headers, body: Bytes::from(value.to_string()) }
+    }
+    /// A `{"message": ...}` JSON response, the shape APISIX plugins answer rejections with.
+    pub fn message(status: StatusCode, msg: &str) -> Self {
+        Self::json(status, &serde_json::json!({ "message": msg }))
+    }
+}
+
+/// Response status and headers as they go to the client; `header_filter` may change them.
+#[derive(Debug)]
+pub struct ResponseHead {
+    /// Status code.
+    pub status: StatusCode,
+    /// Headers.
+    pub headers: HeaderMap,
+}
+
+/// The consumer a request was authenticated as.
+#[derive(Debug, Clone)]
+pub struct Consumer {
+    /// Username.
+    pub username: Arc<str>,
+}
+
+/// Per-request context: the request as the upstream will see it, plus what the gateway learned.
+pub struct RequestCtx {
+    /// Request method (mutable: `proxy-rewrite`).
+    pub method: Method,
+    /// Request path, not decoded (mutable: `proxy-rewrite`).
+    pub path: String,
+    /// Raw query string without `?` (empty when none).
+    pub query: String,
+    /// Request headers (mutable: plugins add or remove).
+    pub headers: HeaderMap,
+    /// Client address.
+    pub remote_addr: SocketAddr,
+    /// Local address the request arrived on.
+    pub local_addr: SocketAddr,
+    /// `http` or `https`.
+    pub scheme: &'static str,
+    /// Matched route id.
+    pub route_id: Option<Arc<str>>,
+    /// Service of the matched route.
+    pub service_id: Option<Arc<str>>,
+    /// Authenticated consumer.
+    pub consumer: Option<Consumer>,
+    /// Route path parameters (`:name` / `{name}` segments).
+    pub params: Vec<(Arc<str>, String)>,
+    /// Upstream addresses tried, in order (the last one answered).
+    pub upstream_addrs: Vec<SocketAddr>,
+    /// Status sent to the client (0 until known).
+    pub status: u16,
+    /// When the request arrived.
+    pub started: Instant,
+    /// The request body, present only when a plugin asked for it (`wants_request_body`).
+    pub body: Option<Bytes>,
+    /// Headers to add to the response, set by rewrite/access hooks (e.g. rate-limit headers).
+    pub response_headers: Vec<(HeaderName, HeaderValue)>,
+    /// Variables set by plugins, readable as `$name`.
+    pub vars: Vec<(Cow<'static, str>, String)>,
+}
+
+impl RequestCtx {
+    /// A fresh context for a request.
+    pub fn new(
+        method: Method,
+        path: String,
+        query: String,
+        headers: HeaderMap,
+        remote_addr: SocketAddr,
+        local_addr: SocketAddr,
+    ) -> Self {
+        RequestCtx {
+            method,
+            path,
+            query,
+            headers,
+            remote_addr,
+            local_addr,
+            scheme: "http",
+            route_id: None,
+            service_id: None,
+            consumer: None,
+            params: Vec::new(),
+            upstream_addrs: Vec::new(),
+            status: 0,
+            started: Instant::now(),
+            body: None,
+            response_headers: Vec::new(),
+            vars: Vec::new(),
+        }
+    }
+
+    /// A request header as text.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+
+    /// The raw value of query argument `name`.
+    pub fn arg(&self, name: &str) -> Option<&str> {
+        self.query.split('&').find_map(|pair| {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            (k == name).then_some(v)
+        })
+    }
+
+    /// A route path parameter.
+    pub fn param(&self, name: &str) -> Option<&str> {
+        self.params.iter().find(|(k, _)| &**k == name).map(|(_, v)| v.as_str())
+    }
+
+    /// Sets a plugin variable, readable as `$name`.
+    pub fn set_var(&mut self, name: impl Into<Cow<'static, str>>, value: String) {
+        let name = name.into();
+        if let Some(slot) = self.vars.iter_mut().find(|(k, _)| *k == name) {
+            slot.1 = value;
+        } else {
+            self.vars.push((name, value));
+        }
+    }
+
+    /// Resolves a variable by name (with or without the leading `$`): `host`, `uri`, `request_uri`,
+    /// `args`, `request_method`, `scheme`, `remote_addr`, `remote_port`, `server_port`, `status`,
+    /// `request_time`, `upstream_addr`, `route_id`, `service_id`, `consumer_name`, `http_<name>`,
+    /// `arg_<name>`, `param_<name>`, and any plugin-set variable.
+    pub fn var(&self, name: &str) -> Option<Cow<'_, str>> {
+        let name = name.strip_prefix('$').unwrap_or(name);
+        let owned = |s: String| Some(Cow::Owned(s));
+        match name {
+            "host" => self.header("host").map(|h| Cow::Borrowed(h.split(':').next().unwrap_or(h))),
+            "uri" => Some(Cow::Borrowed(self.path.as_str())),
+            "request_uri" if self.query.is_empty() => Some(Cow::Borrowed(self.path.as_str())),
+            "request_uri" => owned(format!("{}?{}", self.path, self.query)),
+            "args" | "query_string" => Some(Cow::Borrowed(self.query.as_str())),
+            "request_method" => Some(Cow::Borrowed(self.method.as_str())),
+            "scheme" => Some(Cow::Borrowed(self.scheme)),
+            "remote_addr" => owned(self.remote_addr.ip().to_string()),
+            "remote_port" => owned(self.remote_addr.port().to_string()),
+            "server_addr" => owned(self.local_addr.ip().to_string()),
+            "server_port" => owned(self.local_addr.port().to_string()),
+            "status" => owned(self.status.to_string()),
+            "request_time" => owned(format!("{:.3}", self.started.elapsed().as_secs_f64())),
+            "upstream_addr" => {
+                let addrs: Vec<String> = self.upstream_addrs.iter().map(|a| a.to_string()).collect();
+                (!addrs.is_empty()).then(|| Cow::Owned(addrs.join(", ")))
+            }
+            "route_id" => self.route_id.as_deref().map(Cow::Borrowed),
+            "service_id" => self.service_id.as_deref().map(Cow::Borrowed),
+            "consumer_name" => self.consumer.as_ref().map(|c| Cow::Borrowed(&*c.username)),
+            _ => {
+                if let Some(h) = name.strip_prefix("http_") {
+                    let h = h.replace('_', "-");
+                    return self.headers.get(h.as_str()).and_then(|v| v.to_str().ok()).map(Cow::Borrowed);
+                }
+                if let Some(a) = name.strip_prefix("arg_") {
+                    return self.arg(a).map(Cow::Borrowed);
+                }
+                if let Some(p) = name.strip_prefix("param_") {
+                    return self.param(p).map(Cow::Borrowed);
+                }
+                self.vars.iter().find(|(k, _)| k == name).map(|(_, v)| Cow::Borrowed(v.as_str()))
+            }
+        }
+    }
+}
+
+/// The runtime form of one plugin configuration, built once per resource snapshot.
+///
+/// Every hook has a no-op default; a plugin implements the phases it needs.
+pub trait PluginInstance: Send + Sync + 'static {
+    /// Whether this plugin needs the whole request body in [`RequestCtx::body`] before `access`.
+    /// Bodies are streamed unless some plugin of the request asks for this.
+    fn wants_request_body(&self) -> bool {
+        false
+    }
+    /// Rewrite phase: adjust the request before authentication.
+    fn rewrite(&self, _ctx: &mut RequestCtx) -> Flow {
+        Flow::Continue
+    }
+    /// Access phase: authenticate, authorize, limit, or serve the request.
+    fn access(&self, _ctx: &mut RequestCtx) -> Flow {
+        Flow::Continue
+    }
+    /// Header filter: adjust the response status and headers before they are sent.
+    fn header_filter(&self, _ctx: &mut RequestCtx, _resp: &mut ResponseHead) {}
+    /// Whether this plugin must see the response body in [`PluginInstance::body_filter`].
+    fn wants_response_body(&self) -> bool {
+        false
+    }
+    /// Body filter: called per response chunk (`eof` on the last call) when `wants_response_body`.
+    fn body_filter(&self, _ctx: &mut RequestCtx, _chunk: &mut Bytes, _eof: bool) {}
+    /// Log phase: runs for every request, after the response was sent.
+    fn log(&self, _ctx: &RequestCtx) {}
+}

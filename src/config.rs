@@ -1,0 +1,433 @@
+//! `conf/config.yaml`: the process configuration (listeners, control server, enabled plugins,
+//! plugin attributes, where resources come from). Parsed, validated against the schema derived
+//! from these types, then checked for the rules a schema cannot express (loopback-only control
+//! listener, port conflicts, plugin names).
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::error::ConfigError;
+use crate::plugins::Catalog;
+use crate::validate::{did_you_mean, CompiledSchema, Issue};
+
+/// The whole of config.yaml.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Listeners and process settings.
+    #[serde(default)]
+    pub gateway: GatewaySection,
+    /// Enabled HTTP plugins; absent means every plugin compiled into this binary.
+    #[serde(default)]
+    pub plugins: Option<Vec<String>>,
+    /// Enabled stream plugins.
+    #[serde(default)]
+    pub stream_plugins: Vec<String>,
+    /// Process-level settings of plugins, keyed by plugin name.
+    #[serde(default)]
+    pub plugin_attr: BTreeMap<String, Value>,
+    /// Where resources come from.
+    #[serde(default)]
+    pub deployment: Deployment,
+}
+
+/// `gateway:` section.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct GatewaySection {
+    /// Data-plane listeners: ports (on 0.0.0.0) or `{ip, port}`.
+    #[serde(default = "default_node_listen")]
+    #[schemars(length(min = 1))]
+    pub node_listen: Vec<Listen>,
+    /// Whether the control server runs.
+    #[serde(default = "yes")]
+    pub enable_control: bool,
+    /// Control server listener.
+    #[serde(default)]
+    pub control: Control,
+    /// Data-plane worker threads: `auto` (one per core) or a count.
+    #[serde(default)]
+    pub worker_processes: WorkerProcesses,
+}
+
+impl Default for GatewaySection {
+    fn default() -> Self {
+        GatewaySection {
+            node_listen: default_node_listen(),
+            enable_control: true,
+            control: Control::default(),
+            worker_processes: WorkerProcesses::default(),
+        }
+    }
+}
+
+fn default_node_listen() -> Vec<Listen> {
+    vec![Listen::Port(9080)]
+}
+fn yes() -> bool {
+    true
+}
+
+/// One data-plane listener.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
+#[serde(untagged)]
+pub enum Listen {
+    /// A port on all IPv4 addresses.
+    Port(#[schemars(range(min = 1))] u16),
+    /// An explicit address.
+    Addr(ListenAddr),
+}
+
+/// `{ip, port}` listener.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct ListenAddr {
+    /// Address to bind (default 0.0.0.0).
+    #[serde(default = "any_ip")]
+    pub ip: IpAddr,
+    /// Port.
+    #[schemars(range(min = 1))]
+    pub port: u16,
+}
+
+fn any_ip() -> IpAddr {
+    IpAddr::V4(Ipv4Addr::UNSPECIFIED)
+}
+
+impl Listen {
+    /// The socket address to bind.
+    pub fn addr(&self) -> SocketAddr {
+        match *self {
+            Listen::Port(port) => SocketAddr::new(any_ip(), port),
+            Listen::Addr(a) => SocketAddr::new(a.ip, a.port),
+        }
+    }
+}
+
+/// `gateway.control:` section.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Control {
+    /// Listen address; must be loopback (127.0.0.0/8 or ::1).
+    #[serde(default = "loopback")]
+    pub ip: IpAddr,
+    /// Listen port.
+    #[serde(default = "control_port")]
+    #[schemars(range(min = 1))]
+    pub port: u16,
+    /// `radixtree_uri_with_parameter` enables `:name` parameters in plugin control URIs.
+    #[serde(default)]
+    pub router: Option<ControlRouter>,
+}
+
+impl Default for Control {
+    fn default() -> Self {
+        Control { ip: loopback(), port: control_port(), router: None }
+    }
+}
+
+fn loopback() -> IpAddr {
+    IpAddr::V4(Ipv4Addr::LOCALHOST)
+}
+fn control_port() -> u16 {
+    9090
+}
+
+/// Control router modes.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum ControlRouter {
+    // `:name` segments of plugin control URIs capture one path segment.
+    RadixtreeUriWithParameter,
+}
+
+/// `gateway.worker_processes`.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
+#[serde(untagged)]
+pub enum WorkerProcesses {
+    /// One worker per core.
+    Auto(AutoWord),
+    /// A fixed count.
+    Count(#[schemars(range(min = 1, max = 1024))] u16),
+}
+
+/// The word `auto`.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, JsonSchema, PartialEq, Eq, Default)]
+pub enum AutoWord {
+    #[default]
+    #[serde(rename = "auto")]
+    Auto,
+}
+
+impl Default for WorkerProcesses {
+    fn default() -> Self {
+        WorkerProcesses::Auto(AutoWord::Auto)
+    }
+}
+
+impl WorkerProcesses {
+    /// The number of workers to run.
+    pub fn count(&self) -> usize {
+        match *self {
+            WorkerProcesses::Count(n) => usize::from(n),
+            WorkerProcesses::Auto(_) => std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+        }
+    }
+}
+
+/// `deployment:` section.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Deployment {
+    /// Source of resources; `yaml` reads `conf/resources.yaml`.
+    #[serde(default)]
+    pub config_provider: ConfigProvider,
+    /// Key prefix of resources (health-check names are `<prefix>/<kind>/<id>`).
+    #[serde(default = "default_prefix")]
+    #[schemars(regex(pattern = r"^/[A-Za-z0-9_./-]*$"))]
+    pub prefix: String,
+}
+
+impl Default for Deployment {
+    fn default() -> Self {
+        Deployment { config_provider: ConfigProvider::Yaml, prefix: default_prefix() }
+    }
+}
+
+fn default_prefix() -> String {
+    "/weir".into()
+}
+
+/// Resource providers.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, JsonSchema, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum ConfigProvider {
+    // Resources from `conf/resources.yaml`, watched for changes.
+    #[default]
+    Yaml,
+}
+
+/// Paths of one Weir installation.
+#[derive(Debug, Clone)]
+pub struct Prefix {
+    /// The prefix directory (`-p`).
+    pub dir: PathBuf,
+}
+
+impl Prefix {
+    /// A prefix directory.
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        Prefix { dir: dir.into() }
+    }
+    /// `conf/config.yaml`.
+    pub fn config_file(&self) -> PathBuf {
+        self.dir.join("conf").join("config.yaml")
+    }
+    /// `conf/resources.yaml`.
+    pub fn resources_file(&self) -> PathBuf {
+        self.dir.join("conf").join("resources.yaml")
+    }
+    /// `data/`, where plugins keep durable state.
+    pub fn data_dir(&self) -> PathBuf {
+        self.dir.join("data")
+    }
+}
+
+/// Reads a YAML file into a JSON value; a missing file is `None`, an empty one is `{}`.
+pub fn read_yaml(path: &Path) -> Result<Option<Value>, ConfigError> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(ConfigError::one(path, "", format!("cannot read: {e}"))),
+    };
+    parse_yaml(path, &text).map(Some)
+}
+
+/// Parses YAML text into a JSON value (an empty document is `{}`).
+pub fn parse_yaml(path: &Path, text: &str) -> Result<Value, ConfigError> {
+    match serde_yaml::from_str::<Value>(text) {
+        Ok(Value::Null) => Ok(Value::Object(Default::default())),
+        Ok(v) => Ok(v),
+        Err(e) => {
+            let at = e.location().map(|l| format!("line {}, column {}", l.line(), l.column())).unwrap_or_default();
+            Err(ConfigError::one(path, at, format!("invalid YAML: {e}")))
+        }
+    }
+}
+
+impl Config {
+    /// The JSON Schema of config.yaml.
+    pub fn schema() -> Value {
+        weir_plugin::schema_of::<Config>()
+    }
+
+    /// Loads and checks `conf/config.yaml` of `prefix` (missing file: all defaults).
+    pub fn load(prefix: &Prefix, catalog: &Catalog) -> Result<Config, ConfigError> {
+        let path = prefix.config_file();
+        let raw = read_yaml(&path)?.unwrap_or_else(|| Value::Object(Default::default()));
+        Self::from_value(&path, &raw, catalog)
+    }
+
+    /// Validates and checks a parsed config document.
+    pub fn from_value(path: &Path, raw: &Value, catalog: &Catalog) -> Result<Config, ConfigError> {
+        let schema = CompiledSchema::new(Self::schema()).map_err(|e| ConfigError::one(path, "", e))?;
+        schema.check(raw).map_err(|issues| ConfigError::new(path, issues))?;
+        let config: Config =
+            serde_json::from_value(raw.clone()).map_err(|e| ConfigError::one(path, "", e.to_string()))?;
+        let issues = config.check(catalog);
+        if issues.is_empty() {
+            Ok(config)
+        } else {
+            Err(ConfigError::new(path, issues))
+        }
+    }
+
+    /// Rules the schema cannot express.
+    fn check(&self, catalog: &Catalog) -> Vec<Issue> {
+        let mut issues = Vec::new();
+        let control = &self.gateway.control;
+        if !control.ip.is_loopback() {
+            issues.push(Issue::new(
+                "gateway.control.ip",
+                format!(
+                    "{} is not a loopback address; the control server may only listen on 127.0.0.0/8 or ::1",
+                    control.ip
+                ),
+            ));
+        }
+        if self.gateway.enable_control && self.gateway.node_listen.iter().any(|l| l.addr().port() == control.port) {
+            issues.push(Issue::new(
+                "gateway.control.port",
+                format!("control port {} conflicts with node_listen", control.port),
+            ));
+        }
+        let mut seen = Vec::new();
+        for (i, l) in self.gateway.node_listen.iter().enumerate() {
+            if seen.contains(&l.addr()) {
+                issues.push(Issue::new(format!("gateway.node_listen[{i}]"), format!("{} is listed twice", l.addr())));
+            }
+            seen.push(l.addr());
+        }
+        let names = catalog.names();
+        if let Some(plugins) = &self.plugins {
+            for (i, name) in plugins.iter().enumerate() {
+                if catalog.get(name).is_none() {
+                    issues.push(Issue::new(format!("plugins[{i}]"), unknown_plugin(name, &names)));
+                } else if plugins[..i].contains(name) {
+                    issues.push(Issue::new(format!("plugins[{i}]"), format!("plugin `{name}` is listed twice")));
+                }
+            }
+        }
+        for (i, name) in self.stream_plugins.iter().enumerate() {
+            issues.push(Issue::new(
+                format!("stream_plugins[{i}]"),
+                format!("unknown stream plugin `{name}`: this build has no stream plugins"),
+            ));
+        }
+        for (name, attr) in &self.plugin_attr {
+            let path = format!("plugin_attr.{name}");
+            match catalog.get(name) {
+                None => issues.push(Issue::new(path, unknown_plugin(name, &names))),
+                Some(entry) => match &entry.attr_schema {
+                    None => issues.push(Issue::new(path, format!("plugin `{name}` takes no plugin_attr"))),
+                    Some(schema) => {
+                        if let Err(found) = schema.check(attr) {
+                            issues.extend(found.into_iter().map(|i| i.under(&path)));
+                        }
+                    }
+                },
+            }
+        }
+        issues
+    }
+
+    /// Names of the enabled HTTP plugins: the `plugins:` list, or every compiled-in plugin.
+    pub fn enabled_plugin_names(&self, catalog: &Catalog) -> Vec<String> {
+        match &self.plugins {
+            Some(list) => list.clone(),
+            None => catalog.names(),
+        }
+    }
+}
+
+/// "unknown plugin" with a suggestion and the list of what is compiled in.
+pub fn unknown_plugin(name: &str, known: &[String]) -> String {
+    match did_you_mean(name, known) {
+        Some(s) => format!("unknown plugin `{name}` (did you mean `{s}`?)"),
+        None => format!("unknown plugin `{name}`; compiled into this binary: {}", known.join(", ")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn check(raw: Value) -> Result<Config, String> {
+        Config::from_value(Path::new("conf/config.yaml"), &raw, &Catalog::empty()).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn empty_document_is_all_defaults() {
+        let c = check(json!({})).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.gateway.node_listen, vec![Listen::Port(9080)]);
+        assert_eq!(c.gateway.control.port, 9090);
+        assert!(c.gateway.enable_control);
+        assert_eq!(c.deployment.prefix, "/weir");
+        assert!(c.gateway.worker_processes.count() >= 1);
+    }
+
+    #[test]
+    fn non_loopback_control_ip_is_refused() {
+        let e = check(json!({"gateway": {"control": {"ip": "0.0.0.0"}}})).unwrap_err();
+        assert!(e.contains("gateway.control.ip: 0.0.0.0 is not a loopback address"), "{e}");
+        assert!(check(json!({"gateway": {"control": {"ip": "127.0.0.2"}}})).is_ok());
+        assert!(check(json!({"gateway": {"control": {"ip": "::1"}}})).is_ok());
+    }
+
+    #[test]
+    fn control_port_conflicting_with_node_listen_is_refused() {
+        let e = check(json!({"gateway": {"node_listen": [9080, {"ip": "127.0.0.1", "port": 9090}]}})).unwrap_err();
+        assert!(e.contains("control port 9090 conflicts with node_listen"), "{e}");
+        assert!(check(json!({"gateway": {"enable_control": false, "node_listen": [9090]}})).is_ok());
+    }
+
+    #[test]
+    fn unknown_keys_are_named_with_a_suggestion() {
+        let e = check(json!({"gateway": {"control": {"prot": 1}}})).unwrap_err();
+        assert!(e.contains("conf/config.yaml: gateway.control.prot: unknown key (did you mean `port`?)"), "{e}");
+        let e = check(json!({"pluginz": []})).unwrap_err();
+        assert!(e.contains("pluginz: unknown key (did you mean `plugins`?)"), "{e}");
+    }
+
+    #[test]
+    fn router_and_worker_values_are_checked() {
+        assert!(check(json!({"gateway": {"control": {"router": "radixtree_uri_with_parameter"}}})).is_ok());
+        let e = check(json!({"gateway": {"control": {"router": "radix"}}})).unwrap_err();
+        assert!(e.contains("gateway.control.router"), "{e}");
+        assert!(check(json!({"gateway": {"worker_processes": 2}})).is_ok());
+        assert!(check(json!({"gateway": {"worker_processes": 0}})).is_err());
+        assert!(check(json!({"gateway": {"worker_processes": "many"}})).is_err());
+    }
+
+    #[test]
+    fn unknown_plugins_are_refused() {
+        let e = check(json!({"plugins": ["nope"]})).unwrap_err();
+        assert!(e.contains("plugins[0]: unknown plugin `nope`"), "{e}");
+        let e = check(json!({"plugin_attr": {"nope": {}}})).unwrap_err();
+        assert!(e.contains("plugin_attr.nope: unknown plugin"), "{e}");
+        let e = check(json!({"stream_plugins": ["mqtt-proxy"]})).unwrap_err();
+        assert!(e.contains("stream_plugins[0]"), "{e}");
+    }
+
+    #[test]
+    fn yaml_errors_carry_the_location() {
+        let e = parse_yaml(Path::new("c.yaml"), "gateway:\n  control: [\n").unwrap_err().to_string();
+        assert!(e.starts_with("c.yaml: line "), "{e}");
+    }
+}

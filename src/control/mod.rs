@@ -1,0 +1,97 @@
+//! The control server: a small actix-web server on a loopback address exposing the instance's
+//! state (`/v1/schema`, health checks, plugin metadata, loaded resources) and controlling it
+//! (`/v1/gc`, `/v1/plugins/reload`), plus the control endpoints of enabled plugins.
+//!
+//! One worker: the control plane is not a hot path. Routing is ours (built-ins, then plugin
+//! routes), so that unknown paths get a JSON 404 and wrong methods a 405 with `Allow`.
+
+pub mod builtin;
+pub mod plugin_routes;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use actix_web::http::header::{HeaderValue, ALLOW, CONTENT_TYPE};
+use actix_web::http::StatusCode;
+use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer};
+use serde_json::{json, Value};
+use weir_plugin::{ControlRequest, ControlResponse};
+
+use crate::state::Gateway;
+
+/// Largest request body the control server reads.
+pub const MAX_BODY: usize = 1 << 20;
+
+/// Binds the control server (the caller runs it).
+pub fn server(gateway: Arc<Gateway>, addr: SocketAddr) -> std::io::Result<actix_web::dev::Server> {
+    let data = web::Data::from(gateway);
+    Ok(HttpServer::new(move || {
+        App::new().app_data(data.clone()).app_data(web::PayloadConfig::new(MAX_BODY)).default_service(web::to(dispatch))
+    })
+    .workers(1)
+    .disable_signals()
+    .bind(addr)?
+    .run())
+}
+
+async fn dispatch(req: HttpRequest, body: web::Bytes, gw: web::Data<Gateway>) -> HttpResponse {
+    let path = req.path();
+    if let Some((endpoint, methods)) = builtin::lookup(path) {
+        if !methods.contains(&req.method().as_str()) {
+            return method_not_allowed(methods);
+        }
+        return builtin::handle(endpoint, &req, &gw);
+    }
+    let routes = gw.control_routes.load();
+    if let Some(found) = routes.at(path) {
+        let method = req.method().as_str();
+        let Some(mounted) = found.mounted.iter().find(|m| m.methods.contains(&method)) else {
+            let allowed: Vec<&str> = found.mounted.iter().flat_map(|m| m.methods.iter().copied()).collect();
+            return method_not_allowed(&allowed);
+        };
+        let request = ControlRequest {
+            method: method.to_owned(),
+            path: path.to_owned(),
+            query: req.query_string().to_owned(),
+            params: found.params,
+            headers: req
+                .headers()
+                .iter()
+                .map(|(k, v)| (k.as_str().to_owned(), String::from_utf8_lossy(v.as_bytes()).into_owned()))
+                .collect(),
+            body: body.clone(),
+        };
+        let handler = mounted.handler.clone();
+        drop(routes);
+        return to_http(handler(request).await);
+    }
+    json_response(StatusCode::NOT_FOUND, &json!({ "error_msg": "not found" }))
+}
+
+fn method_not_allowed(methods: &[&str]) -> HttpResponse {
+    let mut resp = json_response(StatusCode::METHOD_NOT_ALLOWED, &json!({ "error_msg": "method not allowed" }));
+    if let Ok(v) = HeaderValue::from_str(&methods.join(", ")) {
+        resp.headers_mut().insert(ALLOW, v);
+    }
+    resp
+}
+
+/// A JSON response.
+pub fn json_response(status: StatusCode, value: &Value) -> HttpResponse {
+    HttpResponse::build(status).insert_header((CONTENT_TYPE, "application/json")).body(value.to_string())
+}
+
+/// A `{"error_msg": ...}` response.
+pub fn error(status: StatusCode, msg: impl Into<String>) -> HttpResponse {
+    json_response(status, &json!({ "error_msg": msg.into() }))
+}
+
+fn to_http(resp: ControlResponse) -> HttpResponse {
+    let status = StatusCode::from_u16(resp.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let mut out = HttpResponse::build(status);
+    out.insert_header((CONTENT_TYPE, resp.content_type));
+    for (k, v) in &resp.headers {
+        out.append_header((k.as_str(), v.as_str()));
+    }
+    out.body(resp.body)
+}

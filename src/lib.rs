@@ -1,0 +1,46 @@
+//! Weir: a plugin-host API gateway.
+//!
+//! One process serves the data plane (client traffic through plugins to upstreams) and the control
+//! server (the instance's state and controls, on loopback only). See `ARCHITECTURE.md` for the map.
+
+// Plugin crates chosen with cargo features. Each must be referenced, or the linker drops it and
+// its `inventory` registration with it.
+#[cfg(feature = "example-plugin")]
+extern crate weir_plugin_example;
+#[cfg(feature = "key-auth")]
+extern crate weir_plugin_key_auth;
+#[cfg(feature = "short-url")]
+extern crate weir_plugin_short_url;
+
+pub mod cli;
+pub mod config;
+pub mod control;
+pub mod error;
+pub mod health;
+pub mod memory;
+pub mod plugins;
+pub mod resources;
+pub mod run;
+pub mod state;
+pub mod validate;
+
+use std::sync::OnceLock;
+
+use plugins::Catalog;
+
+static CATALOG: OnceLock<Result<Catalog, String>> = OnceLock::new();
+
+/// The catalog of compiled-in plugins, or why it is unusable (e.g. two plugins with one name).
+pub fn try_plugins_catalog() -> Result<&'static Catalog, &'static str> {
+    match CATALOG.get_or_init(Catalog::discover) {
+        Ok(c) => Ok(c),
+        Err(e) => Err(e.as_str()),
+    }
+}
+
+/// The catalog of compiled-in plugins. `main` checks [`try_plugins_catalog`] first, so an
+/// unusable catalog never reaches a caller of this; it would read as empty.
+pub fn plugins_catalog() -> &'static Catalog {
+    static EMPTY: OnceLock<Catalog> = OnceLock::new();
+    try_plugins_catalog().unwrap_or_else(|_| EMPTY.get_or_init(Catalog::empty))
+}

@@ -1,0 +1,62 @@
+//! The `weir` binary.
+
+use std::process::ExitCode;
+
+use weir::cli::{self, Command};
+use weir::config::Prefix;
+use weir::state::Gateway;
+
+#[cfg(not(target_env = "msvc"))]
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+fn main() -> ExitCode {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    let command = match cli::parse(std::env::args_os().skip(1)) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("weir: {e}\n\n{}", cli::USAGE);
+            return ExitCode::from(2);
+        }
+    };
+    if let Err(e) = weir::try_plugins_catalog() {
+        eprintln!("weir: {e}");
+        return ExitCode::FAILURE;
+    }
+    match command {
+        Command::Help => {
+            print!("{}", cli::USAGE);
+            ExitCode::SUCCESS
+        }
+        Command::Version => {
+            println!("weir {}", env!("CARGO_PKG_VERSION"));
+            ExitCode::SUCCESS
+        }
+        Command::Test { prefix } => {
+            let prefix = Prefix::new(prefix);
+            match Gateway::load(prefix.clone()) {
+                Ok(_) => {
+                    println!(
+                        "weir: configuration {} and resources {} are valid",
+                        prefix.config_file().display(),
+                        prefix.resources_file().display()
+                    );
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("{e}");
+                    eprintln!("weir: configuration test failed");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Run { prefix } => match weir::run::run(Prefix::new(prefix)) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("{e}");
+                eprintln!("weir: not started");
+                ExitCode::FAILURE
+            }
+        },
+    }
+}

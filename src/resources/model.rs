@@ -1,0 +1,417 @@
+//! Resource types: routes, services, upstreams, consumers, global rules, plugin metadata.
+//!
+//! Shapes follow Apache APISIX's so that people coming from there feel at home. The JSON Schemas
+//! reported under `main` of `/v1/schema` are derived from these types and validate resources.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use schemars::{json_schema, JsonSchema, Schema, SchemaGenerator};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde_json::Value;
+
+/// A resource id: an integer or a string in the file, always reported as a string.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Id(pub String);
+
+impl fmt::Display for Id {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl Serialize for Id {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for Id {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        match Value::deserialize(d)? {
+            Value::String(s) => Ok(Id(s)),
+            Value::Number(n) => Ok(Id(n.to_string())),
+            other => Err(serde::de::Error::custom(format!("id must be an integer or a string, got {other}"))),
+        }
+    }
+}
+
+impl JsonSchema for Id {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Id".into()
+    }
+    fn inline_schema() -> bool {
+        true
+    }
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({
+            "description": "integer, or string of 1-64 characters [a-zA-Z0-9-_.]",
+            "anyOf": [
+                {"type": "string", "minLength": 1, "maxLength": 64, "pattern": "^[a-zA-Z0-9-_.]+$"},
+                {"type": "integer", "minimum": 1}
+            ]
+        })
+    }
+}
+
+/// Plugin configurations keyed by plugin name (each validated against that plugin's schema).
+pub type PluginConfs = BTreeMap<String, Value>;
+
+/// HTTP methods a route can match.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, JsonSchema, PartialEq, Eq, Hash)]
+#[allow(clippy::upper_case_acronyms)]
+pub enum HttpMethod {
+    GET,
+    POST,
+    PUT,
+    DELETE,
+    PATCH,
+    HEAD,
+    OPTIONS,
+    CONNECT,
+    TRACE,
+    PURGE,
+}
+
+/// A route: which requests it matches, the plugins it runs, where it proxies.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Route {
+    /// Identity.
+    pub id: Id,
+    /// Human-readable name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 100))]
+    pub name: Option<String>,
+    /// Description.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 256))]
+    pub desc: Option<String>,
+    /// Path to match: exact, trailing `*` for a prefix, `:name` or `{name}` segments as parameters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 4096), regex(pattern = "^/"))]
+    pub uri: Option<String>,
+    /// Several paths (any matches).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1), inner(length(min = 1, max = 4096), regex(pattern = "^/")))]
+    pub uris: Option<Vec<String>>,
+    /// Methods to match (all when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1))]
+    pub methods: Option<Vec<HttpMethod>>,
+    /// Host to match: exact, or `*.example.com`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^\*?[0-9a-zA-Z-._\[\]:]+$"))]
+    pub host: Option<String>,
+    /// Several hosts (any matches).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1), inner(regex(pattern = r"^\*?[0-9a-zA-Z-._\[\]:]+$")))]
+    pub hosts: Option<Vec<String>>,
+    /// Client addresses to match: IPs or CIDRs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1))]
+    pub remote_addrs: Option<Vec<String>>,
+    /// Higher wins among routes matching one request.
+    #[serde(default)]
+    pub priority: i64,
+    /// Plugins of this route.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub plugins: PluginConfs,
+    /// Inline upstream.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream: Option<Upstream>,
+    /// Reference to an upstream object.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream_id: Option<Id>,
+    /// Reference to a service.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_id: Option<Id>,
+    /// 1 enabled, 0 disabled.
+    #[serde(default = "one")]
+    #[schemars(range(min = 0, max = 1))]
+    pub status: u8,
+    /// Free-form labels.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+}
+
+fn one() -> u8 {
+    1
+}
+
+/// A service: an upstream and plugins shared by several routes.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Service {
+    /// Identity.
+    pub id: Id,
+    /// Human-readable name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 100))]
+    pub name: Option<String>,
+    /// Description.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 256))]
+    pub desc: Option<String>,
+    /// Plugins shared by the service's routes (a route's own conf of the same plugin wins).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub plugins: PluginConfs,
+    /// Inline upstream.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream: Option<Upstream>,
+    /// Reference to an upstream object.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream_id: Option<Id>,
+    /// Hosts the service's routes match when they name none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1))]
+    pub hosts: Option<Vec<String>>,
+    /// Free-form labels.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+}
+
+/// Load-balancing algorithms.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum LbType {
+    // Smooth weighted round robin.
+    #[default]
+    Roundrobin,
+    // Consistent hashing on `hash_on` / `key`.
+    Chash,
+    // Fewest in-flight requests (weighted).
+    LeastConn,
+}
+
+/// What `chash` hashes on.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum HashOn {
+    #[default]
+    Vars,
+    Header,
+    Cookie,
+    Consumer,
+}
+
+/// Upstream scheme.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Scheme {
+    #[default]
+    Http,
+    Https,
+}
+
+/// Host header sent upstream.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum PassHost {
+    // The client's Host header.
+    #[default]
+    Pass,
+    // The node's host.
+    Node,
+    // `upstream_host`.
+    Rewrite,
+}
+
+/// Upstream nodes: a map `"host:port": weight`, or a list of `{host, port, weight}`.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum Nodes {
+    /// `"host:port": weight`.
+    Map(BTreeMap<String, u32>),
+    /// `{host, port, weight}` objects.
+    List(Vec<Node>),
+}
+
+impl Default for Nodes {
+    fn default() -> Self {
+        Nodes::List(Vec::new())
+    }
+}
+
+/// One upstream node.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct Node {
+    /// Host name or IP address.
+    #[schemars(length(min = 1))]
+    pub host: String,
+    /// Port (default: 80 for http, 443 for https).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub port: Option<u16>,
+    /// Relative weight; 0 means never picked.
+    #[serde(default = "weight_one")]
+    pub weight: u32,
+}
+
+fn weight_one() -> u32 {
+    1
+}
+
+/// Upstream timeouts in seconds (default 60 each, as nginx).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Timeout {
+    /// Connect timeout.
+    #[serde(default = "sixty")]
+    #[schemars(range(min = 0.001))]
+    pub connect: f64,
+    /// Send timeout.
+    #[serde(default = "sixty")]
+    #[schemars(range(min = 0.001))]
+    pub send: f64,
+    /// Read timeout.
+    #[serde(default = "sixty")]
+    #[schemars(range(min = 0.001))]
+    pub read: f64,
+}
+
+fn sixty() -> f64 {
+    60.0
+}
+
+/// Upstream connection pool.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct KeepalivePool {
+    /// Idle connections kept per node.
+    #[serde(default = "pool_size")]
+    #[schemars(range(min = 1))]
+    pub size: u32,
+    /// Seconds an idle connection is kept.
+    #[serde(default = "sixty")]
+    #[schemars(range(min = 0.0))]
+    pub idle_timeout: f64,
+    /// Requests served by one connection before it is closed.
+    #[serde(default = "pool_requests")]
+    #[schemars(range(min = 1))]
+    pub requests: u32,
+}
+
+fn pool_size() -> u32 {
+    320
+}
+fn pool_requests() -> u32 {
+    1000
+}
+
+/// Upstream TLS settings.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamTls {
+    /// Verify the upstream certificate (default true).
+    #[serde(default = "yes")]
+    pub verify: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// An upstream: nodes and how to reach them.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Upstream {
+    /// Identity (required for upstream objects, absent for inline upstreams).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<Id>,
+    /// Human-readable name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 100))]
+    pub name: Option<String>,
+    /// Description.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 256))]
+    pub desc: Option<String>,
+    /// Load-balancing algorithm.
+    #[serde(default, rename = "type")]
+    pub lb: LbType,
+    /// Nodes.
+    #[serde(default)]
+    pub nodes: Nodes,
+    /// What `chash` hashes on.
+    #[serde(default)]
+    pub hash_on: HashOn,
+    /// The variable, header or cookie name `chash` hashes (required for `chash`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1))]
+    pub key: Option<String>,
+    /// Health checks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checks: Option<crate::resources::checks::Checks>,
+    /// Retries on connection failure (default: number of nodes - 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retries: Option<u32>,
+    /// Seconds within which retries may still start (0 or absent: no limit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.0))]
+    pub retry_timeout: Option<f64>,
+    /// Timeouts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<Timeout>,
+    /// Scheme to the nodes.
+    #[serde(default)]
+    pub scheme: Scheme,
+    /// Host header sent upstream.
+    #[serde(default)]
+    pub pass_host: PassHost,
+    /// Host header when `pass_host` is `rewrite`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^[0-9a-zA-Z-._\[\]:]+$"))]
+    pub upstream_host: Option<String>,
+    /// Connection pool.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keepalive_pool: Option<KeepalivePool>,
+    /// TLS to the nodes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<UpstreamTls>,
+    /// Free-form labels.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+}
+
+/// A consumer: an identity that authentication plugins map credentials to.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Consumer {
+    /// Identity.
+    #[schemars(length(min = 1, max = 100), regex(pattern = "^[a-zA-Z0-9_-]+$"))]
+    pub username: String,
+    /// Description.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 256))]
+    pub desc: Option<String>,
+    /// Plugins: credentials (validated against each plugin's consumer_schema).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub plugins: PluginConfs,
+    /// Free-form labels.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+}
+
+/// A global rule: plugins that run for every request.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct GlobalRule {
+    /// Identity.
+    pub id: Id,
+    /// Plugins.
+    #[schemars(length(min = 1))]
+    pub plugins: PluginConfs,
+}
+
+/// Plugin metadata: `id` is the plugin name; the other fields are the plugin's own.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct PluginMetadata {
+    /// The plugin name.
+    #[schemars(length(min = 1))]
+    pub id: String,
+    /// The plugin's fields (validated against its metadata_schema).
+    #[serde(flatten)]
+    pub fields: serde_json::Map<String, Value>,
+}

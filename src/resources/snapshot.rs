@@ -1,0 +1,458 @@
+//! Building an immutable, validated [`Snapshot`] from a raw resource document.
+//!
+//! Providers (the YAML file watcher today, etcd later) only produce raw documents; this module is
+//! the single place where resources are validated: kind schemas, plugin schemas, references, and
+//! construction of every plugin instance. A snapshot either builds completely or not at all.
+
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
+
+use schemars::JsonSchema;
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use weir_plugin::{BuildContext, ConsumerRef, PluginInstance, SharedState};
+
+use super::model::*;
+use crate::config::unknown_plugin;
+use crate::plugins::{EnabledSet, PluginEntry};
+use crate::validate::{CompiledSchema, Issue};
+
+/// The top level of a resource document.
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)]
+struct ResourceFile {
+    #[serde(default)]
+    routes: Vec<Value>,
+    #[serde(default)]
+    services: Vec<Value>,
+    #[serde(default)]
+    upstreams: Vec<Value>,
+    #[serde(default)]
+    consumers: Vec<Value>,
+    #[serde(default)]
+    global_rules: Vec<Value>,
+    #[serde(default)]
+    plugin_metadata: Vec<Value>,
+}
+
+/// Compiled schemas of the resource kinds (compiled once per process).
+pub struct KindSchemas {
+    file: CompiledSchema,
+    /// `(kind name, schema)`, in the order `/v1/schema` lists them.
+    pub kinds: Vec<(&'static str, CompiledSchema)>,
+}
+
+impl KindSchemas {
+    /// The process-wide instance.
+    pub fn get() -> &'static KindSchemas {
+        static SCHEMAS: OnceLock<KindSchemas> = OnceLock::new();
+        SCHEMAS.get_or_init(|| {
+            let compile = |v: Value| match CompiledSchema::new(v) {
+                Ok(s) => s,
+                // The schemas are derived from our own types; failing here is a programming error.
+                Err(e) => panic!("built-in resource schema does not compile: {e}"),
+            };
+            KindSchemas {
+                file: compile(weir_plugin::schema_of::<ResourceFile>()),
+                kinds: vec![
+                    ("route", compile(weir_plugin::schema_of::<Route>())),
+                    ("service", compile(weir_plugin::schema_of::<Service>())),
+                    ("upstream", compile(weir_plugin::schema_of::<Upstream>())),
+                    ("consumer", compile(weir_plugin::schema_of::<Consumer>())),
+                    ("global_rule", compile(weir_plugin::schema_of::<GlobalRule>())),
+                    ("plugin_metadata", compile(weir_plugin::schema_of::<PluginMetadata>())),
+                ],
+            }
+        })
+    }
+
+    fn kind(&self, name: &str) -> &CompiledSchema {
+        match self.kinds.iter().find(|(k, _)| *k == name) {
+            Some((_, s)) => s,
+            None => panic!("no schema for resource kind {name}"),
+        }
+    }
+
+    /// The `main` object of `/v1/schema`.
+    pub fn describe(&self) -> Value {
+        Value::Object(self.kinds.iter().map(|(k, s)| ((*k).to_owned(), s.schema().clone())).collect())
+    }
+}
+
+/// A plugin configuration bound to its runtime instance.
+#[derive(Clone)]
+pub struct BoundPlugin {
+    /// The plugin.
+    pub entry: Arc<PluginEntry>,
+    /// The runtime instance built from the configuration.
+    pub instance: Arc<dyn PluginInstance>,
+}
+
+/// Plugins of one resource, in priority order.
+pub type PluginChain = Arc<[BoundPlugin]>;
+
+/// A complete, validated set of resources. Immutable: changes publish a new snapshot.
+#[derive(Default)]
+pub struct Snapshot {
+    /// Routes, in file order.
+    pub routes: Vec<Arc<Route>>,
+    /// Services.
+    pub services: Vec<Arc<Service>>,
+    /// Upstream objects.
+    pub upstreams: Vec<Arc<Upstream>>,
+    /// Consumers.
+    pub consumers: Vec<Arc<Consumer>>,
+    /// Global rules.
+    pub global_rules: Vec<Arc<GlobalRule>>,
+    /// Plugin metadata of enabled plugins, in the order of the enabled list.
+    pub plugin_metadata: Vec<PluginMetadata>,
+    /// Plugin chains of routes, services and global rules, keyed by `(kind, id)`.
+    pub chains: HashMap<(&'static str, String), PluginChain>,
+    index: HashMap<(&'static str, String), usize>,
+}
+
+impl Snapshot {
+    /// A route by id.
+    pub fn route(&self, id: &str) -> Option<&Arc<Route>> {
+        self.index.get(&("routes", id.to_owned())).map(|&i| &self.routes[i])
+    }
+    /// A service by id.
+    pub fn service(&self, id: &str) -> Option<&Arc<Service>> {
+        self.index.get(&("services", id.to_owned())).map(|&i| &self.services[i])
+    }
+    /// An upstream object by id.
+    pub fn upstream(&self, id: &str) -> Option<&Arc<Upstream>> {
+        self.index.get(&("upstreams", id.to_owned())).map(|&i| &self.upstreams[i])
+    }
+    /// Metadata of a plugin.
+    pub fn metadata(&self, plugin: &str) -> Option<&PluginMetadata> {
+        self.plugin_metadata.iter().find(|m| m.id == plugin)
+    }
+    /// Number of resources of every kind, for logs.
+    pub fn summary(&self) -> String {
+        format!(
+            "{} routes, {} services, {} upstreams, {} consumers, {} global rules, {} plugin metadata",
+            self.routes.len(),
+            self.services.len(),
+            self.upstreams.len(),
+            self.consumers.len(),
+            self.global_rules.len(),
+            self.plugin_metadata.len()
+        )
+    }
+
+    /// Validates `raw` and builds a snapshot with the `enabled` plugins.
+    pub fn build(raw: &Value, enabled: &EnabledSet) -> Result<Snapshot, Vec<Issue>> {
+        Builder { enabled, issues: Vec::new(), snap: Snapshot::default() }.run(raw)
+    }
+}
+
+struct Builder<'a> {
+    enabled: &'a EnabledSet,
+    issues: Vec<Issue>,
+    snap: Snapshot,
+}
+
+/// `routes[2] (id 7)`: how a resource is named in messages.
+fn owner(list: &str, i: usize, item: &Value) -> String {
+    let id = item.get("id").or_else(|| item.get("username"));
+    match id {
+        Some(Value::String(s)) => format!("{list}[{i}] (id {s})"),
+        Some(Value::Number(n)) => format!("{list}[{i}] (id {n})"),
+        _ => format!("{list}[{i}]"),
+    }
+}
+
+impl Builder<'_> {
+    fn run(mut self, raw: &Value) -> Result<Snapshot, Vec<Issue>> {
+        let schemas = KindSchemas::get();
+        schemas.file.check(raw)?;
+        let routes: Vec<(String, Route)> = self.parse(raw, "routes", "route");
+        let services: Vec<(String, Service)> = self.parse(raw, "services", "service");
+        let upstreams: Vec<(String, Upstream)> = self.parse(raw, "upstreams", "upstream");
+        let consumers: Vec<(String, Consumer)> = self.parse(raw, "consumers", "consumer");
+        let global_rules: Vec<(String, GlobalRule)> = self.parse(raw, "global_rules", "global_rule");
+        let metadata: Vec<(String, PluginMetadata)> = self.parse(raw, "plugin_metadata", "plugin_metadata");
+        if !self.issues.is_empty() {
+            return Err(self.issues);
+        }
+
+        self.index("routes", routes.iter().map(|(o, r)| (o, r.id.0.clone())));
+        self.index("services", services.iter().map(|(o, s)| (o, s.id.0.clone())));
+        self.index(
+            "upstreams",
+            upstreams.iter().map(|(o, u)| (o, u.id.as_ref().map(|i| i.0.clone()).unwrap_or_default())),
+        );
+        self.index("consumers", consumers.iter().map(|(o, c)| (o, c.username.clone())));
+        self.index("global_rules", global_rules.iter().map(|(o, g)| (o, g.id.0.clone())));
+        self.index("plugin_metadata", metadata.iter().map(|(o, m)| (o, m.id.clone())));
+
+        for (o, u) in &upstreams {
+            if u.id.is_none() {
+                self.issue(o, "id", "required key is missing");
+            }
+            self.check_upstream(o, "", u);
+        }
+        for (o, s) in &services {
+            self.check_upstream_ref(o, s.upstream.as_ref(), s.upstream_id.as_ref());
+        }
+        for (o, r) in &routes {
+            match (&r.uri, &r.uris) {
+                (None, None) => self.issue(o, "uri", "a route needs `uri` or `uris`"),
+                (Some(_), Some(_)) => self.issue(o, "uris", "`uri` and `uris` are mutually exclusive"),
+                _ => {}
+            }
+            if r.host.is_some() && r.hosts.is_some() {
+                self.issue(o, "hosts", "`host` and `hosts` are mutually exclusive");
+            }
+            for (i, addr) in r.remote_addrs.iter().flatten().enumerate() {
+                if let Err(e) = crate::resources::cidr::Cidr::parse(addr) {
+                    self.issue(o, &format!("remote_addrs[{i}]"), &e);
+                }
+            }
+            self.check_upstream_ref(o, r.upstream.as_ref(), r.upstream_id.as_ref());
+            if let Some(sid) = &r.service_id {
+                if !self.snap.index.contains_key(&("services", sid.0.clone())) {
+                    self.issue(o, "service_id", &format!("service `{sid}` does not exist"));
+                }
+            }
+        }
+        if !self.issues.is_empty() {
+            return Err(self.issues);
+        }
+
+        // Plugins: consumers first, so that auth plugins can index their credentials.
+        let shared = self.consumer_state(&consumers);
+        let mut meta_by_plugin: HashMap<String, PluginMetadata> = HashMap::new();
+        for (o, m) in metadata {
+            if self.check_metadata(&o, &m) {
+                meta_by_plugin.insert(m.id.clone(), m);
+            }
+        }
+        for (o, r) in &routes {
+            let chain = self.chain(o, &r.plugins, &shared, &meta_by_plugin);
+            self.snap.chains.insert(("routes", r.id.0.clone()), chain);
+        }
+        for (o, s) in &services {
+            let chain = self.chain(o, &s.plugins, &shared, &meta_by_plugin);
+            self.snap.chains.insert(("services", s.id.0.clone()), chain);
+        }
+        for (o, g) in &global_rules {
+            let chain = self.chain(o, &g.plugins, &shared, &meta_by_plugin);
+            self.snap.chains.insert(("global_rules", g.id.0.clone()), chain);
+        }
+        if !self.issues.is_empty() {
+            return Err(self.issues);
+        }
+        for entry in &self.enabled.listed {
+            if let Some(m) = meta_by_plugin.remove(entry.name) {
+                self.snap.plugin_metadata.push(m);
+            }
+        }
+        self.snap.routes = routes.into_iter().map(|(_, r)| Arc::new(r)).collect();
+        self.snap.services = services.into_iter().map(|(_, s)| Arc::new(s)).collect();
+        self.snap.upstreams = upstreams.into_iter().map(|(_, u)| Arc::new(u)).collect();
+        self.snap.consumers = consumers.into_iter().map(|(_, c)| Arc::new(c)).collect();
+        self.snap.global_rules = global_rules.into_iter().map(|(_, g)| Arc::new(g)).collect();
+        Ok(self.snap)
+    }
+
+    fn issue(&mut self, owner: &str, path: &str, reason: &str) {
+        self.issues.push(Issue::new(path, reason).under(owner));
+    }
+
+    /// Validates every item of one list against its kind schema, then deserializes it.
+    fn parse<T: DeserializeOwned>(&mut self, raw: &Value, list: &str, kind: &str) -> Vec<(String, T)> {
+        let schema = KindSchemas::get().kind(kind);
+        let items = raw.get(list).and_then(Value::as_array).map(Vec::as_slice).unwrap_or(&[]);
+        let mut out = Vec::with_capacity(items.len());
+        for (i, item) in items.iter().enumerate() {
+            let o = owner(list, i, item);
+            if let Err(found) = schema.check(item) {
+                self.issues.extend(found.into_iter().map(|f| f.under(&o)));
+                continue;
+            }
+            match serde_json::from_value::<T>(item.clone()) {
+                Ok(v) => out.push((o, v)),
+                Err(e) => self.issue(&o, "", &e.to_string()),
+            }
+        }
+        out
+    }
+
+    fn index<'o>(&mut self, list: &'static str, ids: impl Iterator<Item = (&'o String, String)>) {
+        for (i, (o, id)) in ids.enumerate() {
+            if id.is_empty() {
+                continue;
+            }
+            if self.snap.index.insert((list, id.clone()), i).is_some() {
+                self.issue(o, "id", &format!("duplicate id `{id}` in {list}"));
+            }
+        }
+    }
+
+    fn check_upstream_ref(&mut self, o: &str, inline: Option<&Upstream>, id: Option<&Id>) {
+        if inline.is_some() && id.is_some() {
+            self.issue(o, "upstream_id", "`upstream` and `upstream_id` are mutually exclusive");
+        }
+        if let Some(u) = inline {
+            self.check_upstream(o, "upstream", u);
+        }
+        if let Some(id) = id {
+            if !self.snap.index.contains_key(&("upstreams", id.0.clone())) {
+                self.issue(o, "upstream_id", &format!("upstream `{id}` does not exist"));
+            }
+        }
+    }
+
+    fn check_upstream(&mut self, o: &str, at: &str, u: &Upstream) {
+        let field = |f: &str| if at.is_empty() { f.to_owned() } else { format!("{at}.{f}") };
+        if let Nodes::Map(map) = &u.nodes {
+            for key in map.keys() {
+                if let Err(e) = parse_node_key(key) {
+                    self.issue(o, &field(&format!("nodes.{key}")), &e);
+                }
+            }
+        }
+        if u.lb == LbType::Chash && u.key.is_none() && u.hash_on != HashOn::Consumer {
+            self.issue(o, &field("key"), "required when `type` is `chash`");
+        }
+        if u.pass_host == PassHost::Rewrite && u.upstream_host.is_none() {
+            self.issue(o, &field("upstream_host"), "required when `pass_host` is `rewrite`");
+        }
+    }
+
+    fn enabled_plugin(&mut self, o: &str, path: &str, name: &str) -> Option<Arc<PluginEntry>> {
+        if let Some(e) = self.enabled.get(name) {
+            return Some(e.clone());
+        }
+        let known: Vec<String> = self.enabled.listed.iter().map(|e| e.name.to_owned()).collect();
+        let reason = if crate::plugins_catalog().get(name).is_some() {
+            format!("plugin `{name}` is compiled in but not enabled (add it to `plugins:` in config.yaml)")
+        } else {
+            unknown_plugin(name, &known)
+        };
+        self.issue(o, path, &reason);
+        None
+    }
+
+    fn consumer_state(&mut self, consumers: &[(String, Consumer)]) -> HashMap<&'static str, SharedState> {
+        type Credentials = (Arc<PluginEntry>, Vec<(String, Value)>);
+        let mut per_plugin: HashMap<&'static str, Credentials> = HashMap::new();
+        for (o, c) in consumers {
+            for (name, conf) in &c.plugins {
+                let path = format!("plugins.{name}");
+                let Some(entry) = self.enabled_plugin(o, &path, name) else { continue };
+                let Some(schema) = &entry.consumer_schema else {
+                    self.issue(o, &path, &format!("plugin `{name}` has no consumer configuration"));
+                    continue;
+                };
+                if let Err(found) = schema.check(conf) {
+                    self.issues.extend(found.into_iter().map(|f| f.under(&format!("{o}: {path}"))));
+                    continue;
+                }
+                per_plugin
+                    .entry(entry.name)
+                    .or_insert_with(|| (entry.clone(), Vec::new()))
+                    .1
+                    .push((c.username.clone(), conf.clone()));
+            }
+        }
+        let mut shared = HashMap::new();
+        for (name, (entry, confs)) in per_plugin {
+            let refs: Vec<ConsumerRef<'_>> = confs.iter().map(|(u, c)| ConsumerRef { username: u, conf: c }).collect();
+            match entry.plugin.prepare_consumers(&refs) {
+                Ok(Some(state)) => {
+                    shared.insert(name, state);
+                }
+                Ok(None) => {}
+                Err(e) => self.issues.push(Issue::new(format!("consumers: plugins.{name}"), e)),
+            }
+        }
+        shared
+    }
+
+    fn check_metadata(&mut self, o: &str, m: &PluginMetadata) -> bool {
+        let Some(entry) = self.enabled.get(&m.id).cloned() else {
+            if crate::plugins_catalog().get(&m.id).is_some() {
+                log::info!("{o}: metadata of plugin `{}` is ignored: the plugin is not enabled", m.id);
+            } else {
+                let known: Vec<String> = self.enabled.listed.iter().map(|e| e.name.to_owned()).collect();
+                self.issue(o, "id", &unknown_plugin(&m.id, &known));
+            }
+            return false;
+        };
+        let Some(schema) = &entry.metadata_schema else {
+            self.issue(o, "id", &format!("plugin `{}` takes no metadata", m.id));
+            return false;
+        };
+        if let Err(found) = schema.check(&Value::Object(m.fields.clone())) {
+            self.issues.extend(found.into_iter().map(|f| f.under(o)));
+            return false;
+        }
+        true
+    }
+
+    fn chain(
+        &mut self,
+        o: &str,
+        confs: &PluginConfs,
+        shared: &HashMap<&'static str, SharedState>,
+        metadata: &HashMap<String, PluginMetadata>,
+    ) -> PluginChain {
+        let mut chain = Vec::with_capacity(confs.len());
+        for (name, conf) in confs {
+            let path = format!("plugins.{name}");
+            let Some(entry) = self.enabled_plugin(o, &path, name) else { continue };
+            if let Err(found) = entry.schema.check(conf) {
+                let at = format!("{o}: {path}");
+                self.issues.extend(found.into_iter().map(|f| f.under(&at)));
+                continue;
+            }
+            let meta = metadata.get(name).map(|m| Value::Object(m.fields.clone()));
+            let ctx = BuildContext { owner: o, metadata: meta.as_ref(), shared: shared.get(entry.name) };
+            match entry.plugin.build(conf, &ctx) {
+                Ok(instance) => chain.push(BoundPlugin { entry, instance }),
+                Err(e) => self.issue(o, &path, &e),
+            }
+        }
+        chain.sort_by(|a, b| b.entry.priority.cmp(&a.entry.priority).then(a.entry.name.cmp(b.entry.name)));
+        chain.into()
+    }
+}
+
+/// Parses a node map key: `host`, `host:port`, `[v6]` or `[v6]:port`.
+pub fn parse_node_key(key: &str) -> Result<(String, Option<u16>), String> {
+    let bad_port = |p: &str| format!("invalid port `{p}` in node `{key}`");
+    let (host, port) = if let Some(rest) = key.strip_prefix('[') {
+        let (h, after) = rest.split_once(']').ok_or_else(|| format!("unclosed `[` in node `{key}`"))?;
+        match after.strip_prefix(':') {
+            Some(p) => (h, Some(p)),
+            None if after.is_empty() => (h, None),
+            None => return Err(format!("unexpected `{after}` after `]` in node `{key}`")),
+        }
+    } else {
+        match key.rsplit_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (key, None),
+        }
+    };
+    if host.is_empty() {
+        return Err(format!("empty host in node `{key}`"));
+    }
+    let port = match port {
+        Some(p) => match p.parse::<u16>() {
+            Ok(0) | Err(_) => return Err(bad_port(p)),
+            Ok(n) => Some(n),
+        },
+        None => None,
+    };
+    Ok((host.to_owned(), port))
+}
+
+/// A JSON dump of a resource, as the control server reports it (defaults filled, ids as strings).
+pub fn dump<T: serde::Serialize>(v: &T) -> Value {
+    serde_json::to_value(v).unwrap_or_else(|e| json!({ "error_msg": e.to_string() }))
+}

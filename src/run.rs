@@ -1,0 +1,91 @@
+//! Running the gateway: start listeners, watch resources, stop gracefully on SIGTERM / SIGINT.
+
+use crate::config::Prefix;
+use crate::resources::yaml;
+use crate::state::Gateway;
+use std::net::SocketAddr;
+
+/// Loads `prefix` and serves until a termination signal. Errors are fit for the user.
+pub fn run(prefix: Prefix) -> Result<(), String> {
+    let gateway = Gateway::load(prefix)?;
+    let config = gateway.config.load_full();
+    let system = actix_rt::System::new();
+    system.block_on(async move {
+        let mut servers = Vec::new();
+        if config.gateway.enable_control {
+            let addr = SocketAddr::new(config.gateway.control.ip, config.gateway.control.port);
+            let server = crate::control::server(gateway.clone(), addr)
+                .map_err(|e| format!("cannot listen on {addr} (gateway.control): {e}"))?;
+            log::info!("control server listening on http://{addr}");
+            servers.push(server);
+        } else {
+            log::info!("control server disabled (gateway.enable_control: false)");
+        }
+        yaml::watch(gateway.prefix.resources_file(), &gateway);
+        let names: Vec<&str> = gateway.enabled.load().listed.iter().map(|e| e.name).collect();
+        log::info!(
+            "weir {} started in {} ms; plugins: [{}]; resources: {}",
+            env!("CARGO_PKG_VERSION"),
+            gateway.started.elapsed().as_millis(),
+            names.join(", "),
+            gateway.resources.load().summary()
+        );
+        let handles: Vec<_> = servers.iter().map(|s| s.handle()).collect();
+        for server in servers {
+            actix_rt::spawn(server);
+        }
+        wait_for_signal().await;
+        log::info!("shutting down");
+        for h in handles {
+            h.stop(true).await;
+        }
+        drop(gateway);
+        Ok(())
+    })
+}
+
+#[cfg(unix)]
+async fn wait_for_signal() {
+    use actix_rt::signal::unix::{signal, SignalKind};
+    let term = signal(SignalKind::terminate());
+    let int = signal(SignalKind::interrupt());
+    match (term, int) {
+        (Ok(mut term), Ok(mut int)) => {
+            tokio_select(term.recv(), int.recv()).await;
+        }
+        _ => {
+            let _ = actix_rt::signal::ctrl_c().await;
+        }
+    }
+}
+
+#[cfg(not(unix))]
+async fn wait_for_signal() {
+    let _ = actix_rt::signal::ctrl_c().await;
+}
+
+/// Resolves when either future does.
+async fn tokio_select<A, B>(a: A, b: B)
+where
+    A: std::future::Future,
+    B: std::future::Future,
+{
+    let a = std::pin::pin!(a);
+    let b = std::pin::pin!(b);
+    let mut a = Some(a);
+    let mut b = Some(b);
+    std::future::poll_fn(|cx| {
+        if let Some(f) = a.as_mut() {
+            if f.as_mut().poll(cx).is_ready() {
+                return std::task::Poll::Ready(());
+            }
+        }
+        if let Some(f) = b.as_mut() {
+            if f.as_mut().poll(cx).is_ready() {
+                return std::task::Poll::Ready(());
+            }
+        }
+        std::task::Poll::Pending
+    })
+    .await;
+}

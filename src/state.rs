@@ -1,0 +1,121 @@
+//! The gateway's shared state: configuration, enabled plugins, the current resource snapshot and
+//! the plugin control routes, each behind an `ArcSwap` so that readers (request handlers) never
+//! lock and writers (reloads) publish complete new values atomically.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use arc_swap::ArcSwap;
+use parking_lot::Mutex;
+use serde_json::Value;
+
+use crate::config::{Config, Prefix};
+use crate::control::plugin_routes::PluginRoutes;
+use crate::health::HealthRegistry;
+use crate::plugins::{Catalog, EnabledSet};
+use crate::resources::{yaml, Snapshot};
+use crate::validate::Issue;
+
+/// Everything a running gateway shares between its listeners.
+pub struct Gateway {
+    /// Installation paths.
+    pub prefix: Prefix,
+    /// Compiled-in plugins.
+    pub catalog: &'static Catalog,
+    /// The configuration in force.
+    pub config: ArcSwap<Config>,
+    /// Enabled plugins.
+    pub enabled: ArcSwap<EnabledSet>,
+    /// Current resources.
+    pub resources: ArcSwap<Snapshot>,
+    /// Plugin control endpoints of the enabled plugins.
+    pub control_routes: ArcSwap<PluginRoutes>,
+    /// Health checkers (issue: health checks).
+    pub health: HealthRegistry,
+    /// When the process started.
+    pub started: Instant,
+    /// The raw resource document in force (to rebuild when the plugin set changes).
+    raw_resources: Mutex<Value>,
+    /// Serializes reloads (file watcher and plugin reload).
+    reload: Mutex<()>,
+}
+
+impl Gateway {
+    /// Loads configuration and resources of `prefix`; every error names its file and key.
+    pub fn load(prefix: Prefix) -> Result<Arc<Gateway>, String> {
+        let catalog = crate::plugins_catalog();
+        let config = Config::load(&prefix, catalog).map_err(|e| e.to_string())?;
+        let enabled = enable(&config, catalog)?;
+        let routes = PluginRoutes::build(&enabled, config.gateway.control.router)
+            .map_err(|e| format!("{}: {e}", prefix.config_file().display()))?;
+        let file = prefix.resources_file();
+        let raw = yaml::load(&file).map_err(|e| e.to_string())?;
+        let snapshot =
+            Snapshot::build(&raw, &enabled).map_err(|issues| render(&file.display().to_string(), &issues))?;
+        Ok(Arc::new(Gateway {
+            prefix,
+            catalog,
+            config: ArcSwap::from_pointee(config),
+            enabled: ArcSwap::from_pointee(enabled),
+            resources: ArcSwap::from_pointee(snapshot),
+            control_routes: ArcSwap::from_pointee(routes),
+            health: HealthRegistry::default(),
+            started: Instant::now(),
+            raw_resources: Mutex::new(raw),
+            reload: Mutex::new(()),
+        }))
+    }
+
+    /// Validates a new resource document and, if valid, publishes it. Returns a summary.
+    pub fn apply_resources(&self, raw: Value) -> Result<String, Vec<Issue>> {
+        let _guard = self.reload.lock();
+        let snapshot = Snapshot::build(&raw, &self.enabled.load())?;
+        let summary = snapshot.summary();
+        self.resources.store(Arc::new(snapshot));
+        *self.raw_resources.lock() = raw;
+        Ok(summary)
+    }
+
+    /// Re-reads `plugins:` and `plugin_attr` from config.yaml and applies them: the enabled set,
+    /// the control routes, and the resources rebuilt against the new set. All or nothing.
+    pub fn reload_plugins(&self) -> Result<Vec<String>, String> {
+        let _guard = self.reload.lock();
+        let fresh = Config::load(&self.prefix, self.catalog).map_err(|e| e.to_string())?;
+        let enabled = enable(&fresh, self.catalog)?;
+        let router_mode = self.config.load().gateway.control.router;
+        let routes = PluginRoutes::build(&enabled, router_mode)
+            .map_err(|e| format!("{}: {e}", self.prefix.config_file().display()))?;
+        let snapshot = {
+            let raw = self.raw_resources.lock();
+            Snapshot::build(&raw, &enabled)
+                .map_err(|issues| render(&self.prefix.resources_file().display().to_string(), &issues))?
+        };
+        let names = enabled.listed.iter().map(|e| e.name.to_owned()).collect();
+        // Only the plugin part of the configuration is taken; listeners need a restart.
+        let mut config = Config::clone(&self.config.load());
+        config.plugins = fresh.plugins;
+        config.plugin_attr = fresh.plugin_attr;
+        self.config.store(Arc::new(config));
+        self.enabled.store(Arc::new(enabled));
+        self.control_routes.store(Arc::new(routes));
+        self.resources.store(Arc::new(snapshot));
+        Ok(names)
+    }
+}
+
+/// The enabled set of `config`, with every enabled plugin initialised with its `plugin_attr`.
+fn enable(config: &Config, catalog: &Catalog) -> Result<EnabledSet, String> {
+    let enabled = catalog.enable(&config.enabled_plugin_names(catalog));
+    for entry in &enabled.listed {
+        entry
+            .plugin
+            .init(config.plugin_attr.get(entry.name))
+            .map_err(|e| format!("plugin_attr.{}: {e}", entry.name))?;
+    }
+    Ok(enabled)
+}
+
+/// Issues of one file, one per line.
+pub fn render(file: &str, issues: &[Issue]) -> String {
+    issues.iter().map(|i| format!("{file}: {i}")).collect::<Vec<_>>().join("\n")
+}

@@ -1,0 +1,277 @@
+//! Test harness: runs the real `weir` binary on free loopback ports in a scratch prefix directory,
+//! and talks HTTP/1.1 to it over real sockets.
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_weir");
+
+/// A port nothing listens on right now.
+pub fn free_port() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
+    l.local_addr().expect("local addr").port()
+}
+
+/// A scratch prefix directory with `conf/`.
+pub struct Prefix {
+    pub dir: PathBuf,
+    pub node_port: u16,
+    pub control_port: u16,
+}
+
+static COUNTER: AtomicUsize = AtomicUsize::new(0);
+
+impl Prefix {
+    /// A prefix whose config.yaml listens on free ports, plus `extra` YAML appended (top-level keys
+    /// other than `gateway`), and `gateway_extra` lines appended under `gateway:`.
+    pub fn new(gateway_extra: &str, extra: &str, resources: &str) -> Prefix {
+        let n = COUNTER.fetch_add(1, Ordering::SeqCst);
+        let dir = std::env::temp_dir().join(format!("weir-test-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("conf")).expect("create conf dir");
+        let (node_port, control_port) = (free_port(), free_port());
+        let p = Prefix { dir, node_port, control_port };
+        p.write_config(gateway_extra, extra);
+        p.write_resources(resources);
+        p
+    }
+
+    pub fn write_config(&self, gateway_extra: &str, extra: &str) {
+        let text = format!(
+            "gateway:\n  node_listen:\n    - {{ip: 127.0.0.1, port: {}}}\n  worker_processes: 1\n  control:\n    port: {}\n{gateway_extra}\n{extra}\n",
+            self.node_port, self.control_port
+        );
+        self.write("conf/config.yaml", &text);
+    }
+
+    pub fn write_resources(&self, text: &str) {
+        self.write("conf/resources.yaml", text);
+    }
+
+    /// Writes a file atomically (write + rename), as editors and deploy tools do.
+    pub fn write(&self, rel: &str, text: &str) {
+        let path = self.dir.join(rel);
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, text).expect("write file");
+        std::fs::rename(&tmp, &path).expect("rename file");
+    }
+
+    pub fn control(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.control_port))
+    }
+
+    pub fn node(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.node_port))
+    }
+
+    pub fn log_path(&self) -> PathBuf {
+        self.dir.join("weir.log")
+    }
+}
+
+impl Drop for Prefix {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+/// A running gateway; killed on drop.
+pub struct Weir {
+    pub child: Child,
+    pub log: PathBuf,
+}
+
+impl Weir {
+    /// Starts `weir -p <prefix>` and waits until the control server answers.
+    pub fn start(prefix: &Prefix) -> Weir {
+        let weir = Self::spawn(prefix);
+        weir.wait_ready(prefix.control());
+        weir
+    }
+
+    /// Starts without waiting.
+    pub fn spawn(prefix: &Prefix) -> Weir {
+        let log = prefix.log_path();
+        let file = std::fs::File::create(&log).expect("create log file");
+        let child = Command::new(BIN)
+            .arg("-p")
+            .arg(&prefix.dir)
+            .env("RUST_LOG", "info")
+            .stdout(file.try_clone().expect("clone log handle"))
+            .stderr(file)
+            .spawn()
+            .expect("spawn weir");
+        Weir { child, log }
+    }
+
+    pub fn wait_ready(&self, addr: SocketAddr) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+        panic!("weir did not listen on {addr}; log:\n{}", self.log_text());
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Resident set size of the process, from /proc.
+    pub fn rss(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap_or_default();
+        status
+            .lines()
+            .find(|l| l.starts_with("VmRSS:"))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|kb| kb.parse::<u64>().ok())
+            .map(|kb| kb * 1024)
+            .unwrap_or(0)
+    }
+
+    /// Sends SIGTERM and waits for the exit status.
+    pub fn terminate(mut self) -> std::process::ExitStatus {
+        let _ = Command::new("kill").arg("-TERM").arg(self.pid().to_string()).status();
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return status;
+            }
+            if Instant::now() > deadline {
+                panic!("weir did not stop on SIGTERM; log:\n{}", self.log_text());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Weir {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs `weir` with `args` to completion: (exit code, stdout + stderr).
+pub fn run_weir(args: &[&str]) -> (i32, String) {
+    let out = Command::new(BIN).args(args).env("RUST_LOG", "info").output().expect("run weir");
+    let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.push_str(&String::from_utf8_lossy(&out.stderr));
+    (out.status.code().unwrap_or(-1), text)
+}
+
+/// Starts weir expecting it to refuse to start: (exit code, output).
+pub fn start_refused(prefix: &Prefix) -> (i32, String) {
+    let p = prefix.dir.to_string_lossy().into_owned();
+    run_weir(&["-p", &p])
+}
+
+/// An HTTP response.
+#[derive(Debug)]
+pub struct Response {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl Response {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+    }
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| panic!("body is not JSON ({e}): {}", self.text()))
+    }
+}
+
+/// One HTTP/1.1 request on a fresh connection (`Connection: close`).
+pub fn request(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Response {
+    let mut s =
+        TcpStream::connect_timeout(&addr, Duration::from_secs(5)).unwrap_or_else(|e| panic!("connect {addr}: {e}"));
+    s.set_read_timeout(Some(Duration::from_secs(30))).expect("set timeout");
+    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    for (k, v) in headers {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    if !body.is_empty() || matches!(method, "POST" | "PUT" | "PATCH") {
+        head.push_str(&format!("Content-Length: {}\r\n", body.len()));
+    }
+    head.push_str("\r\n");
+    s.write_all(head.as_bytes()).expect("write request head");
+    s.write_all(body).expect("write request body");
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).unwrap_or_else(|e| panic!("read response from {addr}: {e}"));
+    parse_response(&raw)
+}
+
+pub fn get(addr: SocketAddr, path: &str) -> Response {
+    request(addr, "GET", path, &[], b"")
+}
+
+pub fn parse_response(raw: &[u8]) -> Response {
+    let end = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .unwrap_or_else(|| panic!("no end of headers in response: {:?}", String::from_utf8_lossy(raw)));
+    let head = String::from_utf8_lossy(&raw[..end]).into_owned();
+    let mut lines = head.split("\r\n");
+    let status_line = lines.next().unwrap_or_default();
+    let status: u16 = status_line
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("bad status line {status_line:?}"));
+    let headers: Vec<(String, String)> =
+        lines.filter_map(|l| l.split_once(':').map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))).collect();
+    let rest = &raw[end + 4..];
+    let chunked =
+        headers.iter().any(|(k, v)| k.eq_ignore_ascii_case("transfer-encoding") && v.eq_ignore_ascii_case("chunked"));
+    let body = if chunked { dechunk(rest) } else { rest.to_vec() };
+    Response { status, headers, body }
+}
+
+fn dechunk(mut data: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    while let Some(eol) = data.windows(2).position(|w| w == b"\r\n") {
+        let size_text = String::from_utf8_lossy(&data[..eol]);
+        let size = usize::from_str_radix(size_text.split(';').next().unwrap_or("").trim(), 16).unwrap_or(0);
+        data = &data[eol + 2..];
+        if size == 0 || data.len() < size {
+            break;
+        }
+        out.extend_from_slice(&data[..size]);
+        data = &data[(size + 2).min(data.len())..];
+    }
+    out
+}
+
+/// Polls `f` until it returns true or `timeout` passes.
+pub fn eventually(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    f()
+}
+
+pub fn path_str(p: &Path) -> String {
+    p.to_string_lossy().into_owned()
+}
