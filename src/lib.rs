@@ -15,6 +15,7 @@ extern crate weir_plugin_short_url;
 pub mod cli;
 pub mod config;
 pub mod control;
+pub mod dataplane;
 pub mod error;
 pub mod health;
 pub mod memory;

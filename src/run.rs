@@ -21,6 +21,15 @@ pub fn run(prefix: Prefix) -> Result<(), String> {
         } else {
             log::info!("control server disabled (gateway.enable_control: false)");
         }
+        let data_plane = crate::dataplane::server(gateway.clone(), &config)?;
+        for l in &config.gateway.node_listen {
+            log::info!(
+                "data plane listening on http://{} ({} workers)",
+                l.addr(),
+                config.gateway.worker_processes.count()
+            );
+        }
+        servers.push(data_plane);
         yaml::watch(gateway.prefix.resources_file(), &gateway);
         let names: Vec<&str> = gateway.enabled.load().listed.iter().map(|e| e.name).collect();
         log::info!(

@@ -15,6 +15,8 @@ use weir_plugin::{BuildContext, ConsumerRef, PluginInstance, SharedState};
 
 use super::model::*;
 use crate::config::unknown_plugin;
+use crate::dataplane::router::{CompiledRoute, RouteTable};
+use crate::dataplane::upstream::CompiledUpstream;
 use crate::plugins::{EnabledSet, PluginEntry};
 use crate::validate::{CompiledSchema, Issue};
 
@@ -110,6 +112,10 @@ pub struct Snapshot {
     pub plugin_metadata: Vec<PluginMetadata>,
     /// Plugin chains of routes, services and global rules, keyed by `(kind, id)`.
     pub chains: HashMap<(&'static str, String), PluginChain>,
+    /// The data plane's routing table.
+    pub table: RouteTable,
+    /// Plugins of every global rule, in priority order.
+    pub global_chain: PluginChain,
     index: HashMap<(&'static str, String), usize>,
 }
 
@@ -256,7 +262,72 @@ impl Builder<'_> {
         self.snap.upstreams = upstreams.into_iter().map(|(_, u)| Arc::new(u)).collect();
         self.snap.consumers = consumers.into_iter().map(|(_, c)| Arc::new(c)).collect();
         self.snap.global_rules = global_rules.into_iter().map(|(_, g)| Arc::new(g)).collect();
+        self.compile_data_plane();
+        if !self.issues.is_empty() {
+            return Err(self.issues);
+        }
         Ok(self.snap)
+    }
+
+    /// Compiles upstreams, merges plugin chains and builds the routing table.
+    fn compile_data_plane(&mut self) {
+        let compile = |owner: (&'static str, &str), u: &Upstream| {
+            let (c, warnings) = CompiledUpstream::compile((owner.0, Arc::from(owner.1)), Arc::new(u.clone()));
+            for w in warnings {
+                log::warn!("{}[{}]: upstream: {w}", owner.0, owner.1);
+            }
+            Arc::new(c)
+        };
+        let objects: HashMap<String, Arc<CompiledUpstream>> = self
+            .snap
+            .upstreams
+            .iter()
+            .filter_map(|u| u.id.as_ref().map(|id| (id.0.clone(), compile(("upstreams", &id.0), u))))
+            .collect();
+        let mut service_upstreams: HashMap<String, Option<Arc<CompiledUpstream>>> = HashMap::new();
+        for s in &self.snap.services {
+            let up = match (&s.upstream, &s.upstream_id) {
+                (Some(u), _) => Some(compile(("services", &s.id.0), u)),
+                (None, Some(id)) => objects.get(&id.0).cloned(),
+                (None, None) => None,
+            };
+            service_upstreams.insert(s.id.0.clone(), up);
+        }
+        let empty: PluginChain = Arc::from([]);
+        let mut compiled = Vec::with_capacity(self.snap.routes.len());
+        for (order, r) in self.snap.routes.iter().enumerate() {
+            let service = r.service_id.as_ref().and_then(|sid| self.snap.service(&sid.0).cloned());
+            let upstream = match (&r.upstream, &r.upstream_id) {
+                (Some(u), _) => Some(compile(("routes", &r.id.0), u)),
+                (None, Some(id)) => objects.get(&id.0).cloned(),
+                (None, None) => service.as_ref().and_then(|s| service_upstreams.get(&s.id.0).cloned().flatten()),
+            };
+            let route_chain =
+                self.snap.chains.get(&("routes", r.id.0.clone())).cloned().unwrap_or_else(|| empty.clone());
+            let plugins = match &service {
+                None => route_chain,
+                Some(s) => {
+                    let service_chain =
+                        self.snap.chains.get(&("services", s.id.0.clone())).cloned().unwrap_or_else(|| empty.clone());
+                    merge_chains(&service_chain, &route_chain)
+                }
+            };
+            let hosts = service.as_ref().and_then(|s| s.hosts.clone());
+            compiled.push(Arc::new(CompiledRoute::new(r.clone(), hosts.as_deref(), plugins, upstream, order)));
+        }
+        let (table, problems) = RouteTable::build(compiled);
+        for p in problems {
+            self.issues.push(Issue::new("routes", p));
+        }
+        self.snap.table = table;
+        let mut global: Vec<BoundPlugin> = Vec::new();
+        for g in &self.snap.global_rules {
+            if let Some(chain) = self.snap.chains.get(&("global_rules", g.id.0.clone())) {
+                global.extend(chain.iter().cloned());
+            }
+        }
+        sort_chain(&mut global);
+        self.snap.global_chain = global.into();
     }
 
     fn issue(&mut self, owner: &str, path: &str, reason: &str) {
@@ -418,9 +489,22 @@ impl Builder<'_> {
                 Err(e) => self.issue(o, &path, &e),
             }
         }
-        chain.sort_by(|a, b| b.entry.priority.cmp(&a.entry.priority).then(a.entry.name.cmp(b.entry.name)));
+        sort_chain(&mut chain);
         chain.into()
     }
+}
+
+fn sort_chain(chain: &mut [BoundPlugin]) {
+    chain.sort_by(|a, b| b.entry.priority.cmp(&a.entry.priority).then(a.entry.name.cmp(b.entry.name)));
+}
+
+/// Service plugins overridden by route plugins of the same name.
+fn merge_chains(service: &PluginChain, route: &PluginChain) -> PluginChain {
+    let mut merged: Vec<BoundPlugin> =
+        service.iter().filter(|s| !route.iter().any(|r| r.entry.name == s.entry.name)).cloned().collect();
+    merged.extend(route.iter().cloned());
+    sort_chain(&mut merged);
+    merged.into()
 }
 
 /// Parses a node map key: `host`, `host:port`, `[v6]` or `[v6]:port`.

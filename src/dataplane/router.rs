@@ -1,0 +1,400 @@
+//! Route matching.
+//!
+//! Exact URIs live in a hash map, parameter URIs (`:name` / `{name}` segments) in a `matchit`
+//! router (parameters renamed positionally, so that routes naming them differently never
+//! conflict), and prefix URIs (trailing `*`) in a hash map probed at the few distinct prefix
+//! lengths that exist. Matching cost depends on the request path, not on the number of routes.
+//!
+//! Among the routes whose URI matches and whose filters (methods, hosts, remote addresses,
+//! status) accept the request, the winner is: higher `priority`, then exact over parameter over
+//! prefix, then the longer prefix, then the route defined first.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use crate::dataplane::upstream::CompiledUpstream;
+use crate::resources::cidr::Cidr;
+use crate::resources::model::{HttpMethod, Route};
+use crate::resources::snapshot::PluginChain;
+
+/// A host filter.
+#[derive(Debug, Clone)]
+pub enum HostMatch {
+    /// `example.com`.
+    Exact(String),
+    /// `*.example.com` → `.example.com`.
+    Suffix(String),
+}
+
+impl HostMatch {
+    fn parse(h: &str) -> HostMatch {
+        let h = h.to_ascii_lowercase();
+        match h.strip_prefix('*') {
+            Some(rest) => HostMatch::Suffix(rest.to_owned()),
+            None => HostMatch::Exact(h),
+        }
+    }
+    fn matches(&self, host: &str) -> bool {
+        match self {
+            HostMatch::Exact(h) => h.eq_ignore_ascii_case(host),
+            HostMatch::Suffix(s) => {
+                host.len() > s.len()
+                    && host.is_char_boundary(host.len() - s.len())
+                    && host[host.len() - s.len()..].eq_ignore_ascii_case(s)
+            }
+        }
+    }
+}
+
+/// A route ready for the data plane.
+pub struct CompiledRoute {
+    /// The route as configured.
+    pub route: Arc<Route>,
+    /// Its id.
+    pub id: Arc<str>,
+    /// Its service id.
+    pub service_id: Option<Arc<str>>,
+    /// Method bitmask (0: any).
+    pub methods: u16,
+    /// Host filters (empty: any).
+    pub hosts: Vec<HostMatch>,
+    /// Client address filters (empty: any).
+    pub remote_addrs: Vec<Cidr>,
+    /// Service plugins merged with route plugins (route wins), in priority order.
+    pub plugins: PluginChain,
+    /// Where requests go (none: the route must be served by a plugin).
+    pub upstream: Option<Arc<CompiledUpstream>>,
+    /// Definition order (ties).
+    pub order: usize,
+}
+
+/// Bit of a method in [`CompiledRoute::methods`].
+pub fn method_bit(m: &str) -> u16 {
+    match m {
+        "GET" => 1,
+        "POST" => 1 << 1,
+        "PUT" => 1 << 2,
+        "DELETE" => 1 << 3,
+        "PATCH" => 1 << 4,
+        "HEAD" => 1 << 5,
+        "OPTIONS" => 1 << 6,
+        "CONNECT" => 1 << 7,
+        "TRACE" => 1 << 8,
+        "PURGE" => 1 << 9,
+        _ => 1 << 15,
+    }
+}
+
+fn methods_mask(methods: &[HttpMethod]) -> u16 {
+    methods.iter().fold(0, |acc, m| {
+        let name = serde_json::to_value(m).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default();
+        acc | method_bit(&name)
+    })
+}
+
+impl CompiledRoute {
+    /// Builds the filters of `route`.
+    pub fn new(
+        route: Arc<Route>,
+        service_hosts: Option<&[String]>,
+        plugins: PluginChain,
+        upstream: Option<Arc<CompiledUpstream>>,
+        order: usize,
+    ) -> CompiledRoute {
+        let mut hosts: Vec<HostMatch> =
+            route.hosts.iter().flatten().chain(route.host.iter()).map(|h| HostMatch::parse(h)).collect();
+        if hosts.is_empty() {
+            hosts = service_hosts.unwrap_or(&[]).iter().map(|h| HostMatch::parse(h)).collect();
+        }
+        CompiledRoute {
+            id: Arc::from(route.id.0.as_str()),
+            service_id: route.service_id.as_ref().map(|s| Arc::from(s.0.as_str())),
+            methods: route.methods.as_deref().map(methods_mask).unwrap_or(0),
+            hosts,
+            remote_addrs: route.remote_addrs.iter().flatten().filter_map(|a| Cidr::parse(a).ok()).collect(),
+            plugins,
+            upstream,
+            order,
+            route,
+        }
+    }
+
+    fn accepts(&self, method_bit: u16, host: &str, ip: IpAddr) -> bool {
+        self.route.status == 1
+            && (self.methods == 0 || self.methods & method_bit != 0)
+            && (self.hosts.is_empty() || self.hosts.iter().any(|h| h.matches(host)))
+            && (self.remote_addrs.is_empty() || self.remote_addrs.iter().any(|c| c.contains(ip)))
+    }
+}
+
+#[derive(Clone)]
+struct Entry {
+    route: Arc<CompiledRoute>,
+    /// 3 exact, 2 parameter, 1 prefix.
+    rank: u8,
+    /// Prefix length (prefix routes).
+    len: usize,
+    /// Parameter names by position.
+    names: Arc<[Arc<str>]>,
+}
+
+/// The routing table of one snapshot.
+#[derive(Default)]
+pub struct RouteTable {
+    exact: HashMap<String, Vec<Entry>>,
+    params: matchit::Router<Vec<Entry>>,
+    param_patterns: HashMap<String, usize>,
+    param_lists: Vec<Vec<Entry>>,
+    prefix: HashMap<String, Vec<Entry>>,
+    prefix_lens: Vec<usize>,
+    len: usize,
+}
+
+/// A matched route and its path parameters.
+pub struct Matched {
+    /// The route.
+    pub route: Arc<CompiledRoute>,
+    /// Path parameters.
+    pub params: Vec<(Arc<str>, String)>,
+}
+
+enum Pattern {
+    Exact(String),
+    Prefix(String),
+    Params { pattern: String, names: Vec<Arc<str>> },
+}
+
+fn classify(uri: &str) -> Pattern {
+    let (base, prefix) = match uri.strip_suffix('*') {
+        Some(b) => (b, true),
+        None => (uri, false),
+    };
+    let has_params =
+        base.split('/').any(|s| s.starts_with(':') || (s.starts_with('{') && s.ends_with('}') && s.len() > 2));
+    if !has_params {
+        return if prefix { Pattern::Prefix(base.to_owned()) } else { Pattern::Exact(base.to_owned()) };
+    }
+    let mut names = Vec::new();
+    let segments: Vec<String> = base
+        .split('/')
+        .map(|s| {
+            let name = s.strip_prefix(':').or_else(|| s.strip_prefix('{').and_then(|r| r.strip_suffix('}')));
+            match name {
+                Some(n) if !n.is_empty() => {
+                    let p = format!("{{p{}}}", names.len());
+                    names.push(Arc::from(n));
+                    p
+                }
+                _ => s.replace('{', "{{").replace('}', "}}"),
+            }
+        })
+        .collect();
+    let mut pattern = segments.join("/");
+    if prefix {
+        pattern.push_str(&format!("{{*p{}}}", names.len()));
+        names.push(Arc::from("*"));
+    }
+    Pattern::Params { pattern, names }
+}
+
+impl RouteTable {
+    /// Builds the table; routes whose parameter pattern matchit refuses are reported.
+    pub fn build(routes: Vec<Arc<CompiledRoute>>) -> (RouteTable, Vec<String>) {
+        let mut t = RouteTable::default();
+        let mut problems = Vec::new();
+        for route in routes {
+            let uris: Vec<String> =
+                route.route.uris.clone().or_else(|| route.route.uri.clone().map(|u| vec![u])).unwrap_or_default();
+            for uri in uris {
+                match classify(&uri) {
+                    Pattern::Exact(p) => t.exact.entry(p).or_default().push(Entry {
+                        route: route.clone(),
+                        rank: 3,
+                        len: 0,
+                        names: Arc::from([]),
+                    }),
+                    Pattern::Prefix(p) => {
+                        let len = p.len();
+                        t.prefix.entry(p).or_default().push(Entry {
+                            route: route.clone(),
+                            rank: 1,
+                            len,
+                            names: Arc::from([]),
+                        });
+                        if !t.prefix_lens.contains(&len) {
+                            t.prefix_lens.push(len);
+                        }
+                    }
+                    Pattern::Params { pattern, names } => {
+                        let entry = Entry { route: route.clone(), rank: 2, len: 0, names: names.into() };
+                        match t.param_patterns.get(&pattern) {
+                            Some(&i) => t.param_lists[i].push(entry),
+                            None => {
+                                t.param_patterns.insert(pattern.clone(), t.param_lists.len());
+                                t.param_lists.push(vec![entry]);
+                            }
+                        }
+                    }
+                }
+            }
+            t.len += 1;
+        }
+        for (pattern, &i) in &t.param_patterns {
+            if let Err(e) = t.params.insert(pattern.clone(), t.param_lists[i].clone()) {
+                problems.push(format!("route uri pattern `{pattern}`: {e}"));
+            }
+        }
+        t.prefix_lens.sort_unstable_by(|a, b| b.cmp(a));
+        (t, problems)
+    }
+
+    /// Number of routes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether there are no routes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The best route for a request.
+    pub fn find(&self, method: &str, host: &str, path: &str, ip: IpAddr) -> Option<Matched> {
+        let bit = method_bit(method);
+        let mut best: Option<(&Entry, Option<matchit::Params<'_, '_>>)> = None;
+        let better = |e: &Entry, cur: &Option<(&Entry, Option<matchit::Params<'_, '_>>)>| match cur {
+            None => true,
+            Some((b, _)) => {
+                (e.route.route.priority, e.rank, e.len, std::cmp::Reverse(e.route.order))
+                    > (b.route.route.priority, b.rank, b.len, std::cmp::Reverse(b.route.order))
+            }
+        };
+        if let Some(list) = self.exact.get(path) {
+            for e in list {
+                if better(e, &best) && e.route.accepts(bit, host, ip) {
+                    best = Some((e, None));
+                }
+            }
+        }
+        if let Ok(m) = self.params.at(path) {
+            for e in m.value {
+                if better(e, &best) && e.route.accepts(bit, host, ip) {
+                    best = Some((e, Some(m.params.clone())));
+                }
+            }
+        }
+        for &len in &self.prefix_lens {
+            if len > path.len() || !path.is_char_boundary(len) {
+                continue;
+            }
+            if let Some(list) = self.prefix.get(&path[..len]) {
+                for e in list {
+                    if better(e, &best) && e.route.accepts(bit, host, ip) {
+                        best = Some((e, None));
+                    }
+                }
+            }
+        }
+        let (entry, params) = best?;
+        let params = match params {
+            Some(p) => p
+                .iter()
+                .filter_map(|(k, v)| {
+                    let i: usize = k.strip_prefix('p')?.parse().ok()?;
+                    Some((entry.names.get(i)?.clone(), v.to_owned()))
+                })
+                .collect(),
+            None => Vec::new(),
+        };
+        Some(Matched { route: entry.route.clone(), params })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn route(id: &str, uri: &str, extra: serde_json::Value) -> Arc<CompiledRoute> {
+        let mut v = serde_json::json!({"id": id, "uri": uri});
+        if let (Some(o), Some(e)) = (v.as_object_mut(), extra.as_object()) {
+            o.extend(e.clone());
+        }
+        let r: Route = serde_json::from_value(v).unwrap_or_else(|e| panic!("{e}"));
+        Arc::new(CompiledRoute::new(Arc::new(r), None, Arc::from([]), None, 0))
+    }
+
+    fn table(routes: Vec<Arc<CompiledRoute>>) -> RouteTable {
+        let routes = routes
+            .into_iter()
+            .enumerate()
+            .map(|(i, r)| {
+                let mut c = CompiledRoute::new(r.route.clone(), None, Arc::from([]), None, i);
+                c.hosts = r.hosts.clone();
+                Arc::new(c)
+            })
+            .collect();
+        let (t, problems) = RouteTable::build(routes);
+        assert!(problems.is_empty(), "{problems:?}");
+        t
+    }
+
+    const IP: IpAddr = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
+
+    fn id(t: &RouteTable, m: &str, host: &str, path: &str) -> Option<String> {
+        t.find(m, host, path, IP).map(|m| m.route.id.to_string())
+    }
+
+    #[test]
+    fn exact_beats_param_beats_prefix() {
+        let t = table(vec![
+            route("prefix", "/a/*", serde_json::json!({})),
+            route("param", "/a/:x", serde_json::json!({})),
+            route("exact", "/a/b", serde_json::json!({})),
+            route("longer", "/a/b/*", serde_json::json!({})),
+        ]);
+        assert_eq!(id(&t, "GET", "h", "/a/b").as_deref(), Some("exact"));
+        assert_eq!(id(&t, "GET", "h", "/a/c").as_deref(), Some("param"));
+        assert_eq!(id(&t, "GET", "h", "/a/c/d").as_deref(), Some("prefix"));
+        assert_eq!(id(&t, "GET", "h", "/a/b/d").as_deref(), Some("longer"));
+        assert_eq!(id(&t, "GET", "h", "/b"), None);
+    }
+
+    #[test]
+    fn priority_wins_over_specificity() {
+        let t = table(vec![
+            route("exact", "/a/b", serde_json::json!({})),
+            route("prefix", "/a/*", serde_json::json!({"priority": 10})),
+        ]);
+        assert_eq!(id(&t, "GET", "h", "/a/b").as_deref(), Some("prefix"));
+    }
+
+    #[test]
+    fn filters_fall_through_to_the_next_candidate() {
+        let t = table(vec![
+            route("post-only", "/a/b", serde_json::json!({"methods": ["POST"]})),
+            route("any", "/a/*", serde_json::json!({})),
+            route("host", "/h", serde_json::json!({"hosts": ["*.example.com"]})),
+            route("disabled", "/d", serde_json::json!({"status": 0})),
+        ]);
+        assert_eq!(id(&t, "POST", "h", "/a/b").as_deref(), Some("post-only"));
+        assert_eq!(id(&t, "GET", "h", "/a/b").as_deref(), Some("any"));
+        assert_eq!(id(&t, "GET", "api.example.com", "/h").as_deref(), Some("host"));
+        assert_eq!(id(&t, "GET", "example.com", "/h"), None);
+        assert_eq!(id(&t, "GET", "h", "/d"), None);
+    }
+
+    #[test]
+    fn parameters_are_captured_by_name() {
+        let t = table(vec![
+            route("u", "/users/:id/posts/{post}", serde_json::json!({})),
+            route("v", "/users/:uid", serde_json::json!({})),
+        ]);
+        let m = t.find("GET", "h", "/users/7/posts/9", IP).unwrap_or_else(|| panic!("no match"));
+        let params: Vec<(String, String)> = m.params.iter().map(|(k, v)| (k.to_string(), v.clone())).collect();
+        assert_eq!(params, vec![("id".into(), "7".into()), ("post".into(), "9".into())]);
+        let m = t.find("GET", "h", "/users/8", IP).unwrap_or_else(|| panic!("no match"));
+        assert_eq!(m.params[0].0.as_ref(), "uid");
+        assert_eq!(id(&t, "GET", "h", "/users/"), None);
+    }
+}

@@ -1,0 +1,281 @@
+//! Upstreams ready for the data plane: resolved nodes, timeouts, and the balancer.
+//!
+//! Balancers pick among eligible nodes: weight > 0 and not already tried for this request (the
+//! health-check issue adds "takes traffic" to that filter through [`CompiledUpstream::pick`]'s
+//! `eligible` argument). Locks are held only for the arithmetic of one pick, never across awaits.
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::HeaderValue;
+use parking_lot::Mutex;
+
+use crate::resources::model::{HashOn, LbType, Nodes, PassHost, Scheme, Upstream};
+use crate::resources::snapshot::parse_node_key;
+
+/// One upstream node.
+#[derive(Debug, Clone)]
+pub struct Node {
+    /// Address to connect to.
+    pub addr: SocketAddr,
+    /// Host as configured (Host header with `pass_host: node`).
+    pub host_header: HeaderValue,
+    /// Relative weight (0: never picked).
+    pub weight: u32,
+}
+
+/// Per-upstream timeouts.
+#[derive(Debug, Clone, Copy)]
+pub struct Timeouts {
+    /// Connect.
+    pub connect: Duration,
+    /// Send (request head and body).
+    pub send: Duration,
+    /// Read (response head, and each body read).
+    pub read: Duration,
+}
+
+/// A compiled upstream.
+pub struct CompiledUpstream {
+    /// `(kind, id)` of the resource owning it, e.g. `("upstreams", "1")`.
+    pub owner: (&'static str, Arc<str>),
+    /// The configuration.
+    pub conf: Arc<Upstream>,
+    /// Nodes.
+    pub nodes: Vec<Node>,
+    /// Attempts after the first one.
+    pub retries: usize,
+    /// Time budget for starting retries.
+    pub retry_timeout: Option<Duration>,
+    /// Timeouts.
+    pub timeouts: Timeouts,
+    /// `http` or `https`.
+    pub scheme: Scheme,
+    /// Host header policy.
+    pub pass_host: PassHost,
+    /// Host header with `pass_host: rewrite`.
+    pub upstream_host: Option<HeaderValue>,
+    balancer: Balancer,
+}
+
+enum Balancer {
+    RoundRobin(Mutex<Vec<i64>>),
+    Chash(Vec<(u32, usize)>),
+    LeastConn(Vec<AtomicUsize>),
+}
+
+/// Releases a least-connections slot when the request ends.
+pub struct InFlight {
+    upstream: Arc<CompiledUpstream>,
+    node: usize,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if let Balancer::LeastConn(counts) = &self.upstream.balancer {
+            counts[self.node].fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
+fn secs(s: f64) -> Duration {
+    Duration::from_secs_f64(s.max(0.001))
+}
+
+/// FNV-1a, 32 bits: tiny, fast, good enough spread for a hash ring.
+pub fn fnv1a(data: &[u8]) -> u32 {
+    let mut h: u32 = 0x811c_9dc5;
+    for b in data {
+        h ^= u32::from(*b);
+        h = h.wrapping_mul(0x0100_0193);
+    }
+    // Final avalanche (murmur3 fmix32) so that similar keys land far apart on the ring.
+    h ^= h >> 16;
+    h = h.wrapping_mul(0x85eb_ca6b);
+    h ^= h >> 13;
+    h = h.wrapping_mul(0xc2b2_ae35);
+    h ^ (h >> 16)
+}
+
+impl CompiledUpstream {
+    /// Compiles `conf`; node names are resolved now. Problems are returned as warnings
+    /// (unresolvable nodes are skipped).
+    pub fn compile(owner: (&'static str, Arc<str>), conf: Arc<Upstream>) -> (CompiledUpstream, Vec<String>) {
+        let default_port = match conf.scheme {
+            Scheme::Http => 80,
+            Scheme::Https => 443,
+        };
+        let mut warnings = Vec::new();
+        let configured: Vec<(String, Option<u16>, u32)> = match &conf.nodes {
+            Nodes::Map(map) => {
+                map.iter().filter_map(|(k, w)| parse_node_key(k).ok().map(|(h, p)| (h, p, *w))).collect()
+            }
+            Nodes::List(list) => list.iter().map(|n| (n.host.clone(), n.port, n.weight)).collect(),
+        };
+        let mut nodes = Vec::with_capacity(configured.len());
+        for (host, port, weight) in configured {
+            let port = port.unwrap_or(default_port);
+            let addr = match host.parse::<std::net::IpAddr>() {
+                Ok(ip) => Some(SocketAddr::new(ip, port)),
+                Err(_) => (host.as_str(), port).to_socket_addrs().ok().and_then(|mut a| a.next()),
+            };
+            let Some(addr) = addr else {
+                warnings.push(format!("node `{host}:{port}` does not resolve; skipped"));
+                continue;
+            };
+            let header = if port == default_port { host.clone() } else { format!("{host}:{port}") };
+            let host_header = HeaderValue::from_str(&header).unwrap_or_else(|_| HeaderValue::from_static("localhost"));
+            nodes.push(Node { addr, host_header, weight });
+        }
+        let timeouts = conf.timeout.map_or(Timeouts { connect: secs(60.0), send: secs(60.0), read: secs(60.0) }, |t| {
+            Timeouts { connect: secs(t.connect), send: secs(t.send), read: secs(t.read) }
+        });
+        let balancer = match conf.lb {
+            LbType::Roundrobin => Balancer::RoundRobin(Mutex::new(vec![0; nodes.len()])),
+            LbType::LeastConn => Balancer::LeastConn(nodes.iter().map(|_| AtomicUsize::new(0)).collect()),
+            LbType::Chash => {
+                let mut ring = Vec::new();
+                for (i, n) in nodes.iter().enumerate() {
+                    for v in 0..(n.weight.min(1000) * 40) {
+                        ring.push((fnv1a(format!("{}#{v}", n.addr).as_bytes()), i));
+                    }
+                }
+                ring.sort_unstable();
+                Balancer::Chash(ring)
+            }
+        };
+        let upstream_host = conf.upstream_host.as_deref().and_then(|h| HeaderValue::from_str(h).ok());
+        let usable = nodes.iter().filter(|n| n.weight > 0).count();
+        let compiled = CompiledUpstream {
+            owner,
+            retries: conf.retries.map_or(usable.saturating_sub(1), |r| r as usize),
+            retry_timeout: conf.retry_timeout.filter(|t| *t > 0.0).map(secs),
+            timeouts,
+            scheme: conf.scheme,
+            pass_host: conf.pass_host,
+            upstream_host,
+            nodes,
+            balancer,
+            conf,
+        };
+        (compiled, warnings)
+    }
+
+    /// Whether `chash` needs a key from the request, and which.
+    pub fn hash_key_source(&self) -> Option<(HashOn, &str)> {
+        match self.balancer {
+            Balancer::Chash(_) => Some((self.conf.hash_on, self.conf.key.as_deref().unwrap_or("remote_addr"))),
+            _ => None,
+        }
+    }
+
+    /// Picks a node among those `eligible` accepts (and weight > 0). `hash` is the request's hash
+    /// key for `chash`.
+    pub fn pick(
+        self: &Arc<Self>,
+        hash: Option<u32>,
+        eligible: impl Fn(usize) -> bool,
+    ) -> Option<(usize, Option<InFlight>)> {
+        let ok = |i: usize| self.nodes[i].weight > 0 && eligible(i);
+        match &self.balancer {
+            Balancer::RoundRobin(state) => {
+                let mut cw = state.lock();
+                let mut total: i64 = 0;
+                let mut best: Option<usize> = None;
+                for i in 0..self.nodes.len() {
+                    if !ok(i) {
+                        continue;
+                    }
+                    let w = i64::from(self.nodes[i].weight);
+                    cw[i] += w;
+                    total += w;
+                    if best.is_none_or(|b| cw[i] > cw[b]) {
+                        best = Some(i);
+                    }
+                }
+                let b = best?;
+                cw[b] -= total;
+                Some((b, None))
+            }
+            Balancer::Chash(ring) => {
+                if ring.is_empty() {
+                    return None;
+                }
+                let h = hash.unwrap_or(0);
+                let start = ring.partition_point(|(p, _)| *p < h);
+                (0..ring.len()).map(|k| ring[(start + k) % ring.len()].1).find(|&i| ok(i)).map(|i| (i, None))
+            }
+            Balancer::LeastConn(counts) => {
+                let mut best: Option<(usize, f64)> = None;
+                for (i, c) in counts.iter().enumerate() {
+                    if !ok(i) {
+                        continue;
+                    }
+                    let load = (c.load(Ordering::Relaxed) + 1) as f64 / f64::from(self.nodes[i].weight);
+                    if best.is_none_or(|(_, l)| load < l) {
+                        best = Some((i, load));
+                    }
+                }
+                let (i, _) = best?;
+                counts[i].fetch_add(1, Ordering::Relaxed);
+                Some((i, Some(InFlight { upstream: self.clone(), node: i })))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn up(v: serde_json::Value) -> Arc<CompiledUpstream> {
+        let conf: Upstream = serde_json::from_value(v).unwrap_or_else(|e| panic!("{e}"));
+        Arc::new(CompiledUpstream::compile(("upstreams", Arc::from("t")), Arc::new(conf)).0)
+    }
+
+    #[test]
+    fn smooth_weighted_round_robin_interleaves() {
+        let u =
+            up(serde_json::json!({"nodes": {"127.0.0.1:1": 5, "127.0.0.1:2": 1, "127.0.0.1:3": 1, "127.0.0.1:4": 0}}));
+        let picks: Vec<usize> = (0..7).filter_map(|_| u.pick(None, |_| true).map(|p| p.0)).collect();
+        assert_eq!(picks, vec![0, 0, 1, 0, 2, 0, 0], "nginx's smooth sequence for 5:1:1");
+        assert_eq!(u.retries, 2, "default retries: usable nodes - 1");
+    }
+
+    #[test]
+    fn tried_nodes_are_skipped() {
+        let u = up(serde_json::json!({"nodes": {"127.0.0.1:1": 1, "127.0.0.1:2": 1}}));
+        for _ in 0..10 {
+            assert_eq!(u.pick(None, |i| i != 0).map(|p| p.0), Some(1));
+        }
+        assert!(u.pick(None, |_| false).is_none());
+    }
+
+    #[test]
+    fn chash_is_stable_and_spreads() {
+        let u = up(
+            serde_json::json!({"type": "chash", "key": "remote_addr", "nodes": {"127.0.0.1:1": 1, "127.0.0.1:2": 1, "127.0.0.1:3": 1}}),
+        );
+        let mut hits = [0usize; 3];
+        for k in 0..3000u32 {
+            let h = fnv1a(format!("client-{k}").as_bytes());
+            let a = u.pick(Some(h), |_| true).map(|p| p.0);
+            assert_eq!(a, u.pick(Some(h), |_| true).map(|p| p.0));
+            hits[a.unwrap_or(0)] += 1;
+        }
+        assert!(hits.iter().all(|&n| n > 700), "{hits:?}");
+    }
+
+    #[test]
+    fn least_conn_prefers_idle_nodes() {
+        let u = up(serde_json::json!({"type": "least_conn", "nodes": {"127.0.0.1:1": 1, "127.0.0.1:2": 1}}));
+        let a = u.pick(None, |_| true);
+        let b = u.pick(None, |_| true);
+        assert_ne!(a.as_ref().map(|p| p.0), b.as_ref().map(|p| p.0));
+        drop(a);
+        let c = u.pick(None, |_| true);
+        assert_ne!(c.as_ref().map(|p| p.0), b.as_ref().map(|p| p.0));
+    }
+}

@@ -1,0 +1,191 @@
+//! A real HTTP/1.1 upstream for proxy tests: keep-alive, Content-Length and chunked request
+//! bodies, and behaviours chosen by path:
+//! - `/status/<code>`: that status
+//! - `/sleep/<ms>`: answer after a delay
+//! - `/bytes/<n>`: n bytes of body, streamed in 64 KiB writes
+//! - `/upload`: reads the body without keeping it, answers its length
+//! - anything else: JSON echo `{node, method, path, query, headers, body_len}`
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A running upstream; stops accepting when dropped.
+pub struct Upstream {
+    pub addr: SocketAddr,
+    pub name: String,
+    pub hits: Arc<AtomicUsize>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Upstream {
+    pub fn start(name: &str) -> Upstream {
+        Self::start_on("127.0.0.1:0", name)
+    }
+
+    pub fn start_on(bind: &str, name: &str) -> Upstream {
+        let listener = TcpListener::bind(bind).expect("bind upstream");
+        let addr = listener.local_addr().expect("upstream addr");
+        let hits = Arc::new(AtomicUsize::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (h, st, n) = (hits.clone(), stop.clone(), name.to_owned());
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                if st.load(Ordering::SeqCst) {
+                    return;
+                }
+                let Ok(conn) = conn else { continue };
+                let (h, n) = (h.clone(), n.clone());
+                std::thread::spawn(move || serve(conn, &n, &h));
+            }
+        });
+        Upstream { addr, name: name.to_owned(), hits, stop }
+    }
+
+    pub fn hits(&self) -> usize {
+        self.hits.load(Ordering::SeqCst)
+    }
+
+    pub fn node(&self) -> String {
+        self.addr.to_string()
+    }
+}
+
+impl Drop for Upstream {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_millis(200));
+    }
+}
+
+fn serve(conn: TcpStream, name: &str, hits: &AtomicUsize) {
+    let _ = conn.set_nodelay(true);
+    let mut reader = BufReader::new(conn.try_clone().expect("clone upstream conn"));
+    let mut writer = conn;
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+            return;
+        }
+        let mut parts = line.trim_end().splitn(3, ' ');
+        let method = parts.next().unwrap_or("").to_owned();
+        let target = parts.next().unwrap_or("/").to_owned();
+        let mut headers: Vec<(String, String)> = Vec::new();
+        loop {
+            let mut h = String::new();
+            if reader.read_line(&mut h).unwrap_or(0) == 0 {
+                return;
+            }
+            let h = h.trim_end();
+            if h.is_empty() {
+                break;
+            }
+            if let Some((k, v)) = h.split_once(':') {
+                headers.push((k.trim().to_ascii_lowercase(), v.trim().to_owned()));
+            }
+        }
+        hits.fetch_add(1, Ordering::SeqCst);
+        let header = |n: &str| headers.iter().find(|(k, _)| k == n).map(|(_, v)| v.clone());
+        let mut body_len: u64 = 0;
+        let mut body = Vec::new();
+        let keep_body = !target.starts_with("/upload");
+        if let Some(n) = header("content-length").and_then(|v| v.parse::<u64>().ok()) {
+            let mut remaining = n;
+            let mut buf = vec![0u8; 64 * 1024];
+            while remaining > 0 {
+                let want = remaining.min(buf.len() as u64) as usize;
+                let got = match reader.read(&mut buf[..want]) {
+                    Ok(0) | Err(_) => return,
+                    Ok(g) => g,
+                };
+                if keep_body {
+                    body.extend_from_slice(&buf[..got]);
+                }
+                remaining -= got as u64;
+                body_len += got as u64;
+            }
+        } else if header("transfer-encoding").is_some_and(|v| v.contains("chunked")) {
+            loop {
+                let mut size_line = String::new();
+                if reader.read_line(&mut size_line).unwrap_or(0) == 0 {
+                    return;
+                }
+                let size = usize::from_str_radix(size_line.trim().split(';').next().unwrap_or("0"), 16).unwrap_or(0);
+                let mut chunk = vec![0u8; size + 2];
+                if reader.read_exact(&mut chunk).is_err() {
+                    return;
+                }
+                if size == 0 {
+                    break;
+                }
+                body_len += size as u64;
+                if keep_body {
+                    body.extend_from_slice(&chunk[..size]);
+                }
+            }
+        }
+        let close = header("connection").is_some_and(|v| v.eq_ignore_ascii_case("close"));
+        let (path, query) = target
+            .split_once('?')
+            .map(|(p, q)| (p.to_owned(), q.to_owned()))
+            .unwrap_or((target.clone(), String::new()));
+        let ok = if let Some(code) = path.strip_prefix("/status/") {
+            let code: u16 = code.parse().unwrap_or(500);
+            respond(&mut writer, code, "text/plain", format!("status {code} from {name}").as_bytes(), close)
+        } else if let Some(ms) = path.strip_prefix("/sleep/") {
+            std::thread::sleep(Duration::from_millis(ms.parse().unwrap_or(0)));
+            respond(&mut writer, 200, "text/plain", format!("slept on {name}").as_bytes(), close)
+        } else if let Some(n) = path.strip_prefix("/bytes/") {
+            let n: u64 = n.parse().unwrap_or(0);
+            stream_bytes(&mut writer, n, close)
+        } else if path.starts_with("/upload") {
+            respond(&mut writer, 200, "text/plain", body_len.to_string().as_bytes(), close)
+        } else {
+            let echo = serde_json::json!({
+                "node": name,
+                "method": method,
+                "path": path,
+                "query": query,
+                "headers": headers.iter().map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone()))).collect::<serde_json::Map<_, _>>(),
+                "body_len": body_len,
+                "body": String::from_utf8_lossy(&body),
+            });
+            respond(&mut writer, 200, "application/json", echo.to_string().as_bytes(), close)
+        };
+        if !ok || close {
+            return;
+        }
+    }
+}
+
+fn respond(w: &mut TcpStream, code: u16, ctype: &str, body: &[u8], close: bool) -> bool {
+    let head = format!(
+        "HTTP/1.1 {code} X\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nX-Upstream-Hop: drop-me\r\nConnection: {}\r\n\r\n",
+        body.len(),
+        if close { "close" } else { "keep-alive, x-upstream-hop" }
+    );
+    w.write_all(head.as_bytes()).is_ok() && w.write_all(body).is_ok()
+}
+
+fn stream_bytes(w: &mut TcpStream, n: u64, close: bool) -> bool {
+    let head = format!(
+        "HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: {n}\r\nConnection: {}\r\n\r\n",
+        if close { "close" } else { "keep-alive" }
+    );
+    if w.write_all(head.as_bytes()).is_err() {
+        return false;
+    }
+    let chunk = vec![b'x'; 64 * 1024];
+    let mut left = n;
+    while left > 0 {
+        let k = left.min(chunk.len() as u64) as usize;
+        if w.write_all(&chunk[..k]).is_err() {
+            return false;
+        }
+        left -= k as u64;
+    }
+    true
+}

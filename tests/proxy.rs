@@ -1,0 +1,303 @@
+//! The data plane against real upstream servers on loopback.
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use common::upstream::Upstream;
+use common::*;
+use serde_json::json;
+
+fn start(resources: &str) -> (Prefix, Weir) {
+    let p = Prefix::new("", "", resources);
+    let w = Weir::start(&p);
+    w.wait_ready(p.node());
+    (p, w)
+}
+
+fn node_of(p: &Prefix, path: &str) -> String {
+    let r = get(p.node(), path);
+    assert_eq!(r.status, 200, "{path}: {}", r.text());
+    r.json()["node"].as_str().unwrap_or_default().to_owned()
+}
+
+#[test]
+fn proxies_with_forwarded_headers_and_without_hop_by_hop() {
+    let up = Upstream::start("a");
+    let (p, _w) =
+        start(&format!("routes:\n  - {{id: 1, uri: /echo, upstream: {{nodes: {{\"{}\": 1}}}}}}\n", up.node()));
+    let r = request(
+        p.node(),
+        "GET",
+        "/echo?x=1",
+        &[("X-Forwarded-For", "10.0.0.1"), ("Connection", "close, X-Secret"), ("X-Secret", "s"), ("X-Keep", "k")],
+        b"",
+    );
+    assert_eq!(r.status, 200);
+    let echo = r.json();
+    let h = &echo["headers"];
+    assert_eq!(echo["path"], "/echo");
+    assert_eq!(echo["query"], "x=1");
+    assert_eq!(h["x-forwarded-for"], "10.0.0.1, 127.0.0.1");
+    assert_eq!(h["x-real-ip"], "127.0.0.1");
+    assert_eq!(h["x-forwarded-proto"], "http");
+    assert_eq!(h["x-forwarded-host"], p.node().to_string());
+    assert_eq!(h["x-forwarded-port"], p.node_port.to_string());
+    assert_eq!(h["x-keep"], "k");
+    assert!(h.get("x-secret").is_none(), "header named by Connection must not be forwarded: {h}");
+    assert_eq!(h["host"], p.node().to_string(), "pass_host: pass keeps the client's Host");
+    // The upstream's hop-by-hop header (named in its Connection header) is not sent back.
+    assert!(r.header("x-upstream-hop").is_none(), "{:?}", r.headers);
+}
+
+#[test]
+fn no_route_is_a_json_404() {
+    let (p, _w) = start("routes:\n  - {id: 1, uri: /only}\n");
+    let r = get(p.node(), "/else");
+    assert_eq!((r.status, r.json()), (404, json!({"error_msg": "404 Route Not Found"})));
+    assert_eq!(r.header("content-type"), Some("application/json"));
+    let r = get(p.node(), "/only");
+    assert_eq!(r.status, 503, "a route without upstream and without a serving plugin");
+    assert_eq!(r.json()["error_msg"], "missing upstream configuration in Route or Service");
+}
+
+#[test]
+fn routing_rules() {
+    let (a, b, c, d) =
+        (Upstream::start("exact"), Upstream::start("param"), Upstream::start("prefix"), Upstream::start("other"));
+    let n = |u: &Upstream| format!("{{nodes: {{\"{}\": 1}}}}", u.node());
+    let res = format!(
+        "routes:
+  - {{id: exact, uri: /a/b, upstream: {ea}}}
+  - {{id: param, uri: /a/:x, upstream: {pa}}}
+  - {{id: prefix, uri: /a/*, upstream: {pr}}}
+  - {{id: post, uri: /m, methods: [POST], upstream: {ea}}}
+  - {{id: get, uri: /m, methods: [GET], upstream: {pa}}}
+  - {{id: host, uri: /h, hosts: [\"*.example.com\"], upstream: {ea}}}
+  - {{id: host2, uri: /h, host: exact.org, upstream: {pa}}}
+  - {{id: addr, uri: /ip, remote_addrs: [\"10.0.0.0/8\"], upstream: {ea}}}
+  - {{id: addr2, uri: /ip, remote_addrs: [\"127.0.0.0/8\"], upstream: {pa}}}
+  - {{id: low, uri: /p/*, upstream: {ea}}}
+  - {{id: high, uri: /p/*, priority: 5, upstream: {ot}}}
+  - {{id: off, uri: /off, status: 0, upstream: {ea}}}
+  - {{id: multi, uris: [/u1, /u2/*], upstream: {ot}}}
+",
+        ea = n(&a),
+        pa = n(&b),
+        pr = n(&c),
+        ot = n(&d)
+    );
+    let (p, _w) = start(&res);
+    assert_eq!(node_of(&p, "/a/b"), "exact");
+    assert_eq!(node_of(&p, "/a/c"), "param");
+    assert_eq!(node_of(&p, "/a/c/d"), "prefix");
+    let r = request(p.node(), "POST", "/m", &[], b"x");
+    assert_eq!(r.json()["node"], "exact");
+    assert_eq!(node_of(&p, "/m"), "param");
+    assert_eq!(request(p.node(), "PUT", "/m", &[], b"").status, 404);
+    assert_eq!(request(p.node(), "GET", "/h", &[("Host", "api.example.com")], b"").json()["node"], "exact");
+    assert_eq!(request(p.node(), "GET", "/h", &[("Host", "exact.org:9080")], b"").json()["node"], "param");
+    assert_eq!(request(p.node(), "GET", "/h", &[("Host", "example.com")], b"").status, 404);
+    assert_eq!(node_of(&p, "/ip"), "param");
+    assert_eq!(node_of(&p, "/p/x"), "other");
+    assert_eq!(get(p.node(), "/off").status, 404);
+    assert_eq!(node_of(&p, "/u1"), "other");
+    assert_eq!(node_of(&p, "/u2/z"), "other");
+    assert_eq!(get(p.node(), "/u2").status, 404);
+}
+
+#[test]
+fn services_and_upstream_objects() {
+    let (a, b) = (Upstream::start("svc"), Upstream::start("obj"));
+    let res = format!(
+        "upstreams:\n  - {{id: u1, nodes: {{\"{}\": 1}}}}\nservices:\n  - {{id: s1, upstream: {{nodes: {{\"{}\": 1}}}}}}\nroutes:\n  - {{id: 1, uri: /s, service_id: s1}}\n  - {{id: 2, uri: /o, upstream_id: u1}}\n  - {{id: 3, uri: /so, service_id: s1, upstream_id: u1}}\n",
+        b.node(),
+        a.node()
+    );
+    let (p, _w) = start(&res);
+    assert_eq!(node_of(&p, "/s"), "svc");
+    assert_eq!(node_of(&p, "/o"), "obj");
+    assert_eq!(node_of(&p, "/so"), "obj", "the route's own upstream beats the service's");
+}
+
+#[test]
+fn roundrobin_respects_weights_and_skips_weight_zero() {
+    let (a, b, c) = (Upstream::start("a"), Upstream::start("b"), Upstream::start("c"));
+    let (p, _w) = start(&format!(
+        "routes:\n  - {{id: 1, uri: /*, upstream: {{nodes: {{\"{}\": 3, \"{}\": 1, \"{}\": 0}}}}}}\n",
+        a.node(),
+        b.node(),
+        c.node()
+    ));
+    let mut counts: HashMap<String, usize> = HashMap::new();
+    for _ in 0..200 {
+        *counts.entry(node_of(&p, "/")).or_default() += 1;
+    }
+    assert_eq!(counts.get("c"), None, "weight 0 must never be picked: {counts:?}");
+    let (na, nb) = (counts.get("a").copied().unwrap_or(0), counts.get("b").copied().unwrap_or(0));
+    assert!((140..=160).contains(&na) && (40..=60).contains(&nb), "3:1 expected, got {counts:?}");
+}
+
+#[test]
+fn chash_pins_a_key_to_a_node() {
+    let (a, b, c) = (Upstream::start("a"), Upstream::start("b"), Upstream::start("c"));
+    let (p, _w) = start(&format!(
+        "routes:\n  - {{id: 1, uri: /*, upstream: {{type: chash, hash_on: header, key: x-user, nodes: {{\"{}\": 1, \"{}\": 1, \"{}\": 1}}}}}}\n",
+        a.node(),
+        b.node(),
+        c.node()
+    ));
+    let mut seen: HashMap<String, String> = HashMap::new();
+    let mut nodes = std::collections::HashSet::new();
+    for round in 0..3 {
+        for user in 0..30 {
+            let r = request(p.node(), "GET", "/", &[("X-User", &format!("user-{user}"))], b"");
+            let node = r.json()["node"].as_str().unwrap_or_default().to_owned();
+            nodes.insert(node.clone());
+            if round == 0 {
+                seen.insert(user.to_string(), node);
+            } else {
+                assert_eq!(seen.get(&user.to_string()), Some(&node), "user-{user} moved");
+            }
+        }
+    }
+    assert_eq!(nodes.len(), 3, "30 keys should reach all 3 nodes");
+}
+
+#[test]
+fn least_conn_sends_to_the_idle_node() {
+    let (a, b) = (Upstream::start("a"), Upstream::start("b"));
+    let (p, _w) = start(&format!(
+        "routes:\n  - {{id: 1, uri: /*, upstream: {{type: least_conn, nodes: {{\"{}\": 1, \"{}\": 1}}}}}}\n",
+        a.node(),
+        b.node()
+    ));
+    // One slow request occupies a node; requests meanwhile all go to the other one.
+    let node = p.node();
+    let slow = std::thread::spawn(move || get(node, "/sleep/1500"));
+    std::thread::sleep(Duration::from_millis(300));
+    let busy = if a.hits() == 1 { "a" } else { "b" };
+    for _ in 0..10 {
+        assert_ne!(node_of(&p, "/"), busy);
+    }
+    assert_eq!(slow.join().map(|r| r.status).unwrap_or(0), 200);
+}
+
+#[test]
+fn retries_skip_dead_nodes_and_respect_limits() {
+    let up = Upstream::start("alive");
+    let dead = free_port();
+    let (p, w) = start(&format!(
+        "routes:\n  - {{id: 1, uri: /r/*, upstream: {{nodes: {{\"127.0.0.1:{dead}\": 1, \"{}\": 1}}}}}}\n  - {{id: 2, uri: /n/*, upstream: {{retries: 0, nodes: [{{host: 127.0.0.1, port: {dead}, weight: 1}}, {{host: 127.0.0.1, port: {}, weight: 1}}]}}}}\n  - {{id: 3, uri: /all/*, upstream: {{nodes: {{\"127.0.0.1:{dead}\": 1, \"127.0.0.1:{}\": 1}}}}}}\n",
+        up.node(),
+        up.addr.port(),
+        free_port()
+    ));
+    for _ in 0..6 {
+        assert_eq!(node_of(&p, "/r/x"), "alive", "a dead node is retried on the next one");
+    }
+    for _ in 0..4 {
+        let r = request(p.node(), "POST", "/r/x", &[], b"small body");
+        assert_eq!(
+            (r.status, r.json()["body"].as_str()),
+            (200, Some("small body")),
+            "small bodies are replayed on retry"
+        );
+    }
+    let statuses: Vec<u16> = (0..6).map(|_| get(p.node(), "/n/x").status).collect();
+    assert!(statuses.contains(&502) && statuses.contains(&200), "retries: 0 must not retry: {statuses:?}");
+    let r = get(p.node(), "/all/x");
+    assert_eq!(r.status, 502);
+    assert_eq!(r.json()["error_msg"], "502 Bad Gateway: no upstream node could serve the request");
+    assert!(w.log_text().contains("connect failed"), "{}", w.log_text());
+}
+
+#[test]
+fn read_timeout_is_a_504() {
+    let up = Upstream::start("slow");
+    let (p, _w) = start(&format!(
+        "routes:\n  - {{id: 1, uri: /*, upstream: {{retries: 0, timeout: {{connect: 1, send: 1, read: 0.5}}, nodes: {{\"{}\": 1}}}}}}\n",
+        up.node()
+    ));
+    let t = std::time::Instant::now();
+    let r = get(p.node(), "/sleep/4000");
+    assert_eq!(r.status, 504, "{}", r.text());
+    assert_eq!(r.json()["error_msg"], "504 Gateway Timeout: the upstream did not answer in time");
+    assert!(t.elapsed() < Duration::from_secs(4));
+    assert_eq!(get(p.node(), "/sleep/10").status, 200);
+}
+
+#[test]
+fn pass_host_modes() {
+    let up = Upstream::start("h");
+    let (p, _w) = start(&format!(
+        "routes:\n  - {{id: 1, uri: /node, upstream: {{pass_host: node, nodes: {{\"{n}\": 1}}}}}}\n  - {{id: 2, uri: /rw, upstream: {{pass_host: rewrite, upstream_host: api.internal, nodes: {{\"{n}\": 1}}}}}}\n",
+        n = up.node()
+    ));
+    assert_eq!(get(p.node(), "/node").json()["headers"]["host"], up.node());
+    assert_eq!(get(p.node(), "/rw").json()["headers"]["host"], "api.internal");
+}
+
+#[test]
+fn large_bodies_stream_both_ways_with_bounded_memory() {
+    let up = Upstream::start("big");
+    let (p, w) = start(&format!("routes:\n  - {{id: 1, uri: /*, upstream: {{nodes: {{\"{}\": 1}}}}}}\n", up.node()));
+    assert_eq!(get(p.node(), "/bytes/10").status, 200);
+    let before = w.rss();
+    const N: u64 = 256 << 20;
+    let (status, len) = download_count(p.node(), &format!("/bytes/{N}"));
+    assert_eq!((status, len), (200, N));
+    let r = upload(p.node(), "/upload", N);
+    assert_eq!((r.status, r.text()), (200, N.to_string()));
+    let grew = w.rss().saturating_sub(before);
+    assert!(grew < 24 << 20, "RSS grew by {} MiB while streaming 2 x 256 MiB", grew >> 20);
+}
+
+#[test]
+fn request_line_and_header_limits() {
+    let up = Upstream::start("x");
+    let (p, _w) = start(&format!("routes:\n  - {{id: 1, uri: /*, upstream: {{nodes: {{\"{}\": 1}}}}}}\n", up.node()));
+    let long = format!("/{}", "a".repeat(9000));
+    let r = get(p.node(), &long);
+    assert_eq!((r.status, r.json()["error_msg"].as_str()), (414, Some("414 Request-URI Too Large")));
+    let big = "b".repeat(9000);
+    let r = request(p.node(), "GET", "/", &[("X-Big", &big)], b"");
+    assert_eq!(r.status, 431);
+    let many: Vec<(String, String)> = (0..40).map(|i| (format!("X-H{i}"), "v".repeat(1000))).collect();
+    let refs: Vec<(&str, &str)> = many.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    assert_eq!(request(p.node(), "GET", "/", &refs, b"").status, 431);
+    // Garbage is a 400, never a crash.
+    let mut s = std::net::TcpStream::connect(p.node()).expect("connect");
+    use std::io::{Read, Write};
+    s.write_all(b"NOT HTTP\r\n\r\n").expect("write");
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    assert!(String::from_utf8_lossy(&out).starts_with("HTTP/1.1 400"), "{}", String::from_utf8_lossy(&out));
+    assert_eq!(get(p.node(), "/ok").status, 200);
+}
+
+#[test]
+fn hot_reload_drops_no_requests() {
+    let (a, b) = (Upstream::start("a"), Upstream::start("b"));
+    let res = |u: &Upstream| format!("routes:\n  - {{id: 1, uri: /*, upstream: {{nodes: {{\"{}\": 1}}}}}}\n", u.node());
+    let (p, _w) = start(&res(&a));
+    let node = p.node();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let s2 = stop.clone();
+    let client = std::thread::spawn(move || {
+        let mut statuses: HashMap<u16, usize> = HashMap::new();
+        while !s2.load(std::sync::atomic::Ordering::SeqCst) {
+            *statuses.entry(get(node, "/").status).or_default() += 1;
+        }
+        statuses
+    });
+    for i in 0..10 {
+        p.write_resources(&res(if i % 2 == 0 { &b } else { &a }));
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let statuses = client.join().unwrap_or_default();
+    assert_eq!(statuses.keys().copied().collect::<Vec<_>>(), vec![200], "{statuses:?}");
+    assert!(a.hits() > 0 && b.hits() > 0);
+}
