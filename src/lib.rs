@@ -7,8 +7,18 @@
 // its `inventory` registration with it.
 #[cfg(feature = "example-plugin")]
 extern crate weir_plugin_example;
+#[cfg(feature = "file-logger")]
+extern crate weir_plugin_file_logger;
 #[cfg(feature = "key-auth")]
 extern crate weir_plugin_key_auth;
+#[cfg(feature = "limit-count")]
+extern crate weir_plugin_limit_count;
+#[cfg(feature = "proxy-rewrite")]
+extern crate weir_plugin_proxy_rewrite;
+#[cfg(feature = "request-id")]
+extern crate weir_plugin_request_id;
+#[cfg(feature = "response-rewrite")]
+extern crate weir_plugin_response_rewrite;
 #[cfg(feature = "short-url")]
 extern crate weir_plugin_short_url;
 

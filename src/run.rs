@@ -43,14 +43,40 @@ pub fn run(prefix: Prefix) -> Result<(), String> {
         for server in servers {
             actix_rt::spawn(server);
         }
+        #[cfg(unix)]
+        reopen_on_sigusr1(gateway.clone());
         wait_for_signal().await;
-        log::info!("shutting down");
+        log::info!("shutting down: finishing in-flight requests");
         for h in handles {
             h.stop(true).await;
         }
+        // In-flight requests are done (their log phases ran): let plugins flush what they hold.
+        for entry in gateway.catalog_entries() {
+            entry.plugin.shutdown();
+        }
+        log::info!("stopped");
         drop(gateway);
         Ok(())
     })
+}
+
+/// SIGUSR1: plugins reopen their log files (after rotation).
+#[cfg(unix)]
+fn reopen_on_sigusr1(gateway: std::sync::Arc<Gateway>) {
+    use actix_rt::signal::unix::{signal, SignalKind};
+    match signal(SignalKind::user_defined1()) {
+        Ok(mut usr1) => {
+            actix_rt::spawn(async move {
+                while usr1.recv().await.is_some() {
+                    log::info!("SIGUSR1: reopening log files");
+                    for entry in gateway.catalog_entries() {
+                        entry.plugin.reopen_logs();
+                    }
+                }
+            });
+        }
+        Err(e) => log::warn!("cannot listen for SIGUSR1: {e}"),
+    }
 }
 
 #[cfg(unix)]

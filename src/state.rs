@@ -66,6 +66,11 @@ impl Gateway {
         }))
     }
 
+    /// Every compiled-in plugin (for process-wide hooks: shutdown, log reopening).
+    pub fn catalog_entries(&self) -> Vec<std::sync::Arc<crate::plugins::PluginEntry>> {
+        self.catalog.names().iter().filter_map(|n| self.catalog.get(n).cloned()).collect()
+    }
+
     /// Validates a new resource document and, if valid, publishes it. Returns a summary.
     pub fn apply_resources(&self, raw: Value) -> Result<String, Vec<Issue>> {
         let _guard = self.reload.lock();

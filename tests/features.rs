@@ -17,6 +17,21 @@ fn schema_lists_exactly_the_compiled_plugins() {
     if cfg!(feature = "short-url") {
         expected.push("short-url");
     }
+    if cfg!(feature = "limit-count") {
+        expected.push("limit-count");
+    }
+    if cfg!(feature = "proxy-rewrite") {
+        expected.push("proxy-rewrite");
+    }
+    if cfg!(feature = "response-rewrite") {
+        expected.push("response-rewrite");
+    }
+    if cfg!(feature = "request-id") {
+        expected.push("request-id");
+    }
+    if cfg!(feature = "file-logger") {
+        expected.push("file-logger");
+    }
     expected.sort_unstable();
     let p = Prefix::new("", "", "");
     let _w = Weir::start(&p);

@@ -75,6 +75,7 @@ pub struct UpstreamBody<F: OnFinish> {
     hooks: F,
     read_timeout: std::time::Duration,
     timer: Option<Pin<Box<tokio::time::Sleep>>>,
+    done: bool,
 }
 
 impl<F: OnFinish> UpstreamBody<F> {
@@ -84,7 +85,7 @@ impl<F: OnFinish> UpstreamBody<F> {
             Some(n) if !hooks.filters_body() => BodySize::Sized(n),
             _ => BodySize::Stream,
         };
-        UpstreamBody { inner, size, hooks, read_timeout, timer: None }
+        UpstreamBody { inner, size, hooks, read_timeout, timer: None, done: false }
     }
 }
 
@@ -97,6 +98,9 @@ impl<F: OnFinish + Unpin> MessageBody for UpstreamBody<F> {
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, Self::Error>>> {
         let this = self.get_mut();
+        if this.done {
+            return Poll::Ready(None);
+        }
         loop {
             match Pin::new(&mut this.inner).poll_frame(cx) {
                 Poll::Pending => {
@@ -112,6 +116,7 @@ impl<F: OnFinish + Unpin> MessageBody for UpstreamBody<F> {
                     this.timer = None;
                     match frame {
                         None => {
+                            this.done = true;
                             if this.hooks.filters_body() {
                                 let mut last = Bytes::new();
                                 this.hooks.chunk(&mut last, true);

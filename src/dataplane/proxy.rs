@@ -329,8 +329,9 @@ async fn forward(
         } else {
             format!("{scheme}://{}{}?{}", node.addr, ctx.path, ctx.query)
         };
-        let mut headers =
-            if attempt + 1 < max_attempts { ctx.headers.clone() } else { std::mem::take(&mut ctx.headers) };
+        // The last attempt may move the headers out, unless a plugin reads them after the request.
+        let keep = attempt + 1 < max_attempts || chains.iter().any(|c| !c.is_empty());
+        let mut headers = if keep { ctx.headers.clone() } else { std::mem::take(&mut ctx.headers) };
         match upstream.pass_host {
             PassHost::Pass => {}
             PassHost::Node => {

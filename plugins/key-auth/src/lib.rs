@@ -1,22 +1,32 @@
 //! `key-auth`: authenticates requests by an API key carried in a header or query argument, and
 //! sets the consumer that owns the key.
+//!
+//! Keys are indexed per snapshot (unique across consumers, checked at load). A lookup never
+//! compares secrets in variable time: keys are bucketed by a randomly keyed hash, and candidates
+//! in the bucket are compared in constant time.
 
+use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
 use std::sync::Arc;
 
 use schemars::JsonSchema;
 use serde::Deserialize;
-use weir_plugin::{register_plugin, schema_of, BuildContext, Plugin, PluginInstance, Value};
+use weir_plugin::http::StatusCode;
+use weir_plugin::{
+    register_plugin, schema_of, BuildContext, Consumer, ConsumerRef, Flow, Plugin, PluginInstance, PluginResponse,
+    RequestCtx, SharedState, Value,
+};
 
 /// Route configuration.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Conf {
     /// Header carrying the key.
-    #[serde(default = "default_header")]
+    #[serde(default = "default_name")]
     #[schemars(length(min = 1))]
     pub header: String,
     /// Query argument carrying the key (looked at when the header is absent).
-    #[serde(default = "default_query")]
+    #[serde(default = "default_name")]
     #[schemars(length(min = 1))]
     pub query: String,
     /// Remove the key from the request before it is proxied.
@@ -24,10 +34,7 @@ pub struct Conf {
     pub hide_credentials: bool,
 }
 
-fn default_header() -> String {
-    "apikey".into()
-}
-fn default_query() -> String {
+fn default_name() -> String {
     "apikey".into()
 }
 
@@ -40,11 +47,95 @@ pub struct ConsumerConf {
     pub key: String,
 }
 
+/// Constant-time equality of two byte strings (time depends only on the lengths).
+pub fn ct_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    let mut diff = 0u8;
+    for (x, y) in a.iter().zip(b) {
+        diff |= x ^ y;
+    }
+    std::hint::black_box(diff) == 0
+}
+
+/// Keys (and their owners) sharing one keyed-hash bucket.
+type Bucket = Vec<(Vec<u8>, Arc<str>)>;
+
+/// Key → consumer index of one snapshot.
+pub struct KeyIndex {
+    hasher: RandomState,
+    buckets: HashMap<u64, Bucket>,
+}
+
+impl KeyIndex {
+    fn build(consumers: &[ConsumerRef<'_>]) -> Result<KeyIndex, String> {
+        let hasher = RandomState::new();
+        let mut buckets: HashMap<u64, Bucket> = HashMap::new();
+        let mut owners: HashMap<&str, &str> = HashMap::new();
+        for c in consumers {
+            let conf: ConsumerConf = serde_json::from_value(c.conf.clone()).map_err(|e| e.to_string())?;
+            let key = c.conf.get("key").and_then(Value::as_str).unwrap_or_default();
+            if let Some(first) = owners.insert(key, c.username) {
+                return Err(format!("consumers `{first}` and `{}` have the same key; keys must be unique", c.username));
+            }
+            let h = hasher.hash_one(conf.key.as_bytes());
+            buckets.entry(h).or_default().push((conf.key.into_bytes(), Arc::from(c.username)));
+        }
+        Ok(KeyIndex { hasher, buckets })
+    }
+
+    /// The consumer owning `key`.
+    pub fn find(&self, key: &[u8]) -> Option<Arc<str>> {
+        let bucket = self.buckets.get(&self.hasher.hash_one(key))?;
+        let mut found = None;
+        for (k, user) in bucket {
+            if ct_eq(k, key) {
+                found = Some(user.clone());
+            }
+        }
+        found
+    }
+}
+
 /// The plugin.
 pub struct KeyAuth;
 
-struct Instance;
-impl PluginInstance for Instance {}
+struct Instance {
+    conf: Conf,
+    index: Option<Arc<KeyIndex>>,
+}
+
+fn reject(msg: &str) -> Flow {
+    Flow::Respond(PluginResponse::message(StatusCode::UNAUTHORIZED, msg))
+}
+
+impl PluginInstance for Instance {
+    /// Authentication runs in the rewrite phase, as in APISIX, so that the consumer is known to
+    /// every plugin after it (its priority, 2500, puts it before proxy-rewrite and limit-count).
+    fn rewrite(&self, ctx: &mut RequestCtx) -> Flow {
+        let from_header = ctx.header(&self.conf.header).map(str::to_owned);
+        let key = match from_header {
+            Some(k) => k,
+            None => match ctx.arg(&self.conf.query) {
+                Some(k) if !k.is_empty() => k.to_owned(),
+                _ => return reject("Missing API key in request"),
+            },
+        };
+        let Some(user) = self.index.as_ref().and_then(|i| i.find(key.as_bytes())) else {
+            return reject("Invalid API key in request");
+        };
+        ctx.consumer = Some(Consumer { username: user });
+        if self.conf.hide_credentials {
+            ctx.headers.remove(self.conf.header.as_str());
+            let name = &self.conf.query;
+            let kept: Vec<&str> =
+                ctx.query.split('&').filter(|kv| kv.split('=').next() != Some(name.as_str())).collect();
+            ctx.query = kept.join("&");
+        }
+        Flow::Continue
+    }
+}
 
 impl Plugin for KeyAuth {
     fn name(&self) -> &'static str {
@@ -62,10 +153,39 @@ impl Plugin for KeyAuth {
     fn consumer_schema(&self) -> Option<Value> {
         Some(schema_of::<ConsumerConf>())
     }
-    fn build(&self, conf: &Value, _ctx: &BuildContext<'_>) -> Result<Arc<dyn PluginInstance>, String> {
-        let _conf: Conf = serde_json::from_value(conf.clone()).map_err(|e| e.to_string())?;
-        Ok(Arc::new(Instance))
+    fn prepare_consumers(&self, consumers: &[ConsumerRef<'_>]) -> Result<Option<SharedState>, String> {
+        Ok(Some(Arc::new(KeyIndex::build(consumers)?)))
+    }
+    fn build(&self, conf: &Value, ctx: &BuildContext<'_>) -> Result<Arc<dyn PluginInstance>, String> {
+        let conf: Conf = serde_json::from_value(conf.clone()).map_err(|e| e.to_string())?;
+        let index = ctx.shared.and_then(|s| s.clone().downcast::<KeyIndex>().ok());
+        Ok(Arc::new(Instance { conf, index }))
     }
 }
 
 register_plugin!(KeyAuth);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn constant_time_eq() {
+        assert!(ct_eq(b"abc", b"abc"));
+        assert!(!ct_eq(b"abc", b"abd"));
+        assert!(!ct_eq(b"abc", b"abcd"));
+    }
+
+    #[test]
+    fn index_finds_and_rejects_duplicates() {
+        let (a, b) = (serde_json::json!({"key": "k1"}), serde_json::json!({"key": "k2"}));
+        let idx =
+            KeyIndex::build(&[ConsumerRef { username: "jack", conf: &a }, ConsumerRef { username: "rose", conf: &b }])
+                .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(idx.find(b"k2").as_deref(), Some("rose"));
+        assert!(idx.find(b"k3").is_none());
+        let dup =
+            KeyIndex::build(&[ConsumerRef { username: "jack", conf: &a }, ConsumerRef { username: "rose", conf: &a }]);
+        assert_eq!(dup.err().as_deref(), Some("consumers `jack` and `rose` have the same key; keys must be unique"));
+    }
+}

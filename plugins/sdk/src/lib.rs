@@ -84,6 +84,11 @@ pub trait Plugin: Send + Sync + 'static {
     fn init(&self, _attr: Option<&Value>) -> Result<(), String> {
         Ok(())
     }
+    /// Called once when the process stops gracefully, after in-flight requests finished: flush
+    /// and close what the plugin holds (e.g. log files).
+    fn shutdown(&self) {}
+    /// Called on SIGUSR1: reopen log files (after rotation).
+    fn reopen_logs(&self) {}
     /// Endpoints mounted on the control server while the plugin is enabled.
     fn control_endpoints(&self) -> Vec<ControlEndpoint> {
         Vec::new()

@@ -1,0 +1,193 @@
+//! `proxy-rewrite`: rewrites the request sent upstream: URI (literal with `$variables`, or a
+//! regex replacement), Host, method, and headers (add / set / remove).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use regex::Regex;
+use schemars::JsonSchema;
+use serde::Deserialize;
+use weir_plugin::http::{HeaderName, HeaderValue, Method};
+use weir_plugin::{register_plugin, schema_of, BuildContext, Flow, Plugin, PluginInstance, RequestCtx, Value};
+
+/// Header operations.
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct HeaderOps {
+    /// Appended (existing values kept).
+    #[serde(default)]
+    pub add: BTreeMap<String, String>,
+    /// Replaced.
+    #[serde(default)]
+    pub set: BTreeMap<String, String>,
+    /// Removed.
+    #[serde(default)]
+    pub remove: Vec<String>,
+}
+
+/// Methods `method` may set.
+#[derive(Debug, Clone, Copy, Deserialize, JsonSchema)]
+#[allow(clippy::upper_case_acronyms)]
+pub enum RewriteMethod {
+    GET,
+    POST,
+    PUT,
+    DELETE,
+    PATCH,
+    HEAD,
+    OPTIONS,
+}
+
+/// Route configuration.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Conf {
+    /// New upstream URI (path, optional `?query`); `$variables` are substituted.
+    #[serde(default)]
+    #[schemars(length(min = 1), regex(pattern = "^/"))]
+    pub uri: Option<String>,
+    /// `[pattern, replacement]`: regex replacement on the path (`$1` refers to groups).
+    #[serde(default)]
+    #[schemars(length(min = 2, max = 2))]
+    pub regex_uri: Option<Vec<String>>,
+    /// New Host header.
+    #[serde(default)]
+    #[schemars(length(min = 1))]
+    pub host: Option<String>,
+    /// New method.
+    #[serde(default)]
+    pub method: Option<RewriteMethod>,
+    /// Header operations.
+    #[serde(default)]
+    pub headers: Option<HeaderOps>,
+}
+
+/// The plugin.
+pub struct ProxyRewrite;
+
+type Pairs = Vec<(HeaderName, String)>;
+
+struct Instance {
+    uri: Option<String>,
+    regex: Option<(Regex, String)>,
+    host: Option<HeaderValue>,
+    method: Option<Method>,
+    add: Pairs,
+    set: Pairs,
+    remove: Vec<HeaderName>,
+}
+
+/// Substitutes `$name` (letters, digits, `_`) with variables of the request.
+fn interpolate(template: &str, ctx: &RequestCtx) -> String {
+    if !template.contains('$') {
+        return template.to_owned();
+    }
+    let mut out = String::with_capacity(template.len());
+    let mut rest = template;
+    while let Some(i) = rest.find('$') {
+        out.push_str(&rest[..i]);
+        let after = &rest[i + 1..];
+        let end = after.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).unwrap_or(after.len());
+        if end == 0 {
+            out.push('$');
+        } else if let Some(v) = ctx.var(&after[..end]) {
+            out.push_str(&v);
+        }
+        rest = &after[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
+fn header_pairs(map: &BTreeMap<String, String>) -> Result<Pairs, String> {
+    map.iter()
+        .map(|(k, v)| {
+            HeaderName::from_bytes(k.as_bytes()).map(|n| (n, v.clone())).map_err(|e| format!("header `{k}`: {e}"))
+        })
+        .collect()
+}
+
+impl PluginInstance for Instance {
+    fn rewrite(&self, ctx: &mut RequestCtx) -> Flow {
+        if let Some(uri) = &self.uri {
+            let new = interpolate(uri, ctx);
+            match new.split_once('?') {
+                Some((p, q)) => {
+                    ctx.path = p.to_owned();
+                    ctx.query = q.to_owned();
+                }
+                None => ctx.path = new,
+            }
+        } else if let Some((re, rep)) = &self.regex {
+            if re.is_match(&ctx.path) {
+                ctx.path = re.replace(&ctx.path, rep.as_str()).into_owned();
+            }
+        }
+        if let Some(m) = &self.method {
+            ctx.method = m.clone();
+        }
+        if let Some(h) = &self.host {
+            ctx.headers.insert(weir_plugin::http::header::HOST, h.clone());
+        }
+        for name in &self.remove {
+            ctx.headers.remove(name);
+        }
+        for (name, v) in &self.set {
+            if let Ok(v) = HeaderValue::from_str(&interpolate(v, ctx)) {
+                ctx.headers.insert(name.clone(), v);
+            }
+        }
+        for (name, v) in &self.add {
+            if let Ok(v) = HeaderValue::from_str(&interpolate(v, ctx)) {
+                ctx.headers.append(name.clone(), v);
+            }
+        }
+        Flow::Continue
+    }
+}
+
+impl Plugin for ProxyRewrite {
+    fn name(&self) -> &'static str {
+        "proxy-rewrite"
+    }
+    fn priority(&self) -> i32 {
+        1008
+    }
+    fn schema(&self) -> Value {
+        schema_of::<Conf>()
+    }
+    fn build(&self, conf: &Value, _ctx: &BuildContext<'_>) -> Result<Arc<dyn PluginInstance>, String> {
+        let c: Conf = serde_json::from_value(conf.clone()).map_err(|e| e.to_string())?;
+        let regex = match &c.regex_uri {
+            Some(pair) => {
+                let re = Regex::new(&pair[0]).map_err(|e| format!("regex_uri: {e}"))?;
+                Some((re, pair[1].clone()))
+            }
+            None => None,
+        };
+        let ops = c.headers.unwrap_or_default();
+        Ok(Arc::new(Instance {
+            uri: c.uri,
+            regex,
+            host: c.host.map(|h| HeaderValue::from_str(&h).map_err(|e| format!("host: {e}"))).transpose()?,
+            method: c.method.map(|m| match m {
+                RewriteMethod::GET => Method::GET,
+                RewriteMethod::POST => Method::POST,
+                RewriteMethod::PUT => Method::PUT,
+                RewriteMethod::DELETE => Method::DELETE,
+                RewriteMethod::PATCH => Method::PATCH,
+                RewriteMethod::HEAD => Method::HEAD,
+                RewriteMethod::OPTIONS => Method::OPTIONS,
+            }),
+            add: header_pairs(&ops.add)?,
+            set: header_pairs(&ops.set)?,
+            remove: ops
+                .remove
+                .iter()
+                .map(|k| HeaderName::from_bytes(k.as_bytes()).map_err(|e| format!("header `{k}`: {e}")))
+                .collect::<Result<_, _>>()?,
+        }))
+    }
+}
+
+register_plugin!(ProxyRewrite);

@@ -1,0 +1,123 @@
+//! `request-id`: gives every request an id in a header (kept when the client sent one), passes it
+//! upstream, and returns it to the client.
+
+use std::sync::Arc;
+
+use schemars::JsonSchema;
+use serde::Deserialize;
+use weir_plugin::http::{HeaderName, HeaderValue};
+use weir_plugin::{
+    register_plugin, schema_of, BuildContext, Flow, Plugin, PluginInstance, RequestCtx, ResponseHead, Value,
+};
+
+/// Id formats.
+#[derive(Debug, Clone, Copy, Default, Deserialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Algorithm {
+    // A random UUID (version 4).
+    #[default]
+    Uuid,
+    // 21 URL-safe random characters.
+    Nanoid,
+}
+
+/// Route configuration.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Conf {
+    /// Header carrying the id.
+    #[serde(default = "default_header")]
+    #[schemars(length(min = 1))]
+    pub header_name: String,
+    /// Also send the id back to the client.
+    #[serde(default = "yes")]
+    pub include_in_response: bool,
+    /// Id format.
+    #[serde(default)]
+    pub algorithm: Algorithm,
+}
+
+fn default_header() -> String {
+    "X-Request-Id".into()
+}
+fn yes() -> bool {
+    true
+}
+
+/// A random UUID v4 in its canonical text form.
+pub fn uuid_v4() -> String {
+    let mut b: Vec<u8> = nanoid::rngs::default(16);
+    b.resize(16, 0);
+    b[6] = (b[6] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!("{}-{}-{}-{}-{}", &hex[0..8], &hex[8..12], &hex[12..16], &hex[16..20], &hex[20..32])
+}
+
+/// The plugin.
+pub struct RequestId;
+
+struct Instance {
+    header: HeaderName,
+    include: bool,
+    algorithm: Algorithm,
+}
+
+impl PluginInstance for Instance {
+    fn rewrite(&self, ctx: &mut RequestCtx) -> Flow {
+        let id = match ctx.headers.get(&self.header).and_then(|v| v.to_str().ok()) {
+            Some(existing) if !existing.is_empty() => existing.to_owned(),
+            _ => {
+                let id = match self.algorithm {
+                    Algorithm::Uuid => uuid_v4(),
+                    Algorithm::Nanoid => nanoid::nanoid!(),
+                };
+                if let Ok(v) = HeaderValue::from_str(&id) {
+                    ctx.headers.insert(self.header.clone(), v);
+                }
+                id
+            }
+        };
+        ctx.set_var("request_id", id);
+        Flow::Continue
+    }
+    fn header_filter(&self, ctx: &mut RequestCtx, resp: &mut ResponseHead) {
+        if !self.include {
+            return;
+        }
+        if let Some(v) = ctx.var("request_id").and_then(|id| HeaderValue::from_str(&id).ok()) {
+            resp.headers.insert(self.header.clone(), v);
+        }
+    }
+}
+
+impl Plugin for RequestId {
+    fn name(&self) -> &'static str {
+        "request-id"
+    }
+    fn priority(&self) -> i32 {
+        12015
+    }
+    fn schema(&self) -> Value {
+        schema_of::<Conf>()
+    }
+    fn build(&self, conf: &Value, _ctx: &BuildContext<'_>) -> Result<Arc<dyn PluginInstance>, String> {
+        let c: Conf = serde_json::from_value(conf.clone()).map_err(|e| e.to_string())?;
+        let header = HeaderName::from_bytes(c.header_name.as_bytes()).map_err(|e| format!("header_name: {e}"))?;
+        Ok(Arc::new(Instance { header, include: c.include_in_response, algorithm: c.algorithm }))
+    }
+}
+
+register_plugin!(RequestId);
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn uuid_shape() {
+        let u = super::uuid_v4();
+        assert_eq!(u.len(), 36);
+        assert_eq!(&u[14..15], "4");
+        assert!(matches!(&u[19..20], "8" | "9" | "a" | "b"));
+        assert_ne!(u, super::uuid_v4());
+    }
+}
