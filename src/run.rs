@@ -8,6 +8,7 @@ use std::net::SocketAddr;
 /// Loads `prefix` and serves until a termination signal. Errors are fit for the user.
 pub fn run(prefix: Prefix) -> Result<(), String> {
     let gateway = Gateway::load(prefix)?;
+    crate::state::release_garbage();
     let config = gateway.config.load_full();
     let system = actix_rt::System::new();
     system.block_on(async move {

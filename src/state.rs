@@ -34,8 +34,9 @@ pub struct Gateway {
     pub health: HealthRegistry,
     /// When the process started.
     pub started: Instant,
-    /// The raw resource document in force (to rebuild when the plugin set changes).
-    raw_resources: Mutex<Value>,
+    /// The resource document in force, as compact JSON text (to rebuild when the plugin set
+    /// changes; text is a fraction of the size of a `Value` tree).
+    raw_resources: Mutex<String>,
     /// Serializes reloads (file watcher and plugin reload).
     reload: Mutex<()>,
 }
@@ -61,7 +62,7 @@ impl Gateway {
             control_routes: ArcSwap::from_pointee(routes),
             health: HealthRegistry::default(),
             started: Instant::now(),
-            raw_resources: Mutex::new(raw),
+            raw_resources: Mutex::new(raw.to_string()),
             reload: Mutex::new(()),
         }))
     }
@@ -77,7 +78,9 @@ impl Gateway {
         let snapshot = Snapshot::build(&raw, &self.enabled.load())?;
         let summary = snapshot.summary();
         self.resources.store(Arc::new(snapshot));
-        *self.raw_resources.lock() = raw;
+        *self.raw_resources.lock() = raw.to_string();
+        drop(raw);
+        release_garbage();
         Ok(summary)
     }
 
@@ -91,7 +94,7 @@ impl Gateway {
         let routes = PluginRoutes::build(&enabled, router_mode)
             .map_err(|e| format!("{}: {e}", self.prefix.config_file().display()))?;
         let snapshot = {
-            let raw = self.raw_resources.lock();
+            let raw: Value = serde_json::from_str(&self.raw_resources.lock()).map_err(|e| e.to_string())?;
             Snapshot::build(&raw, &enabled)
                 .map_err(|issues| render(&self.prefix.resources_file().display().to_string(), &issues))?
         };
@@ -105,6 +108,14 @@ impl Gateway {
         self.control_routes.store(Arc::new(routes));
         self.resources.store(Arc::new(snapshot));
         Ok(names)
+    }
+}
+
+/// Returns the memory a (re)load left behind (parse trees, the previous snapshot) to the OS now,
+/// instead of after the allocator's decay period.
+pub fn release_garbage() {
+    if let Err(e) = crate::memory::purge() {
+        log::debug!("memory purge after reload: {e}");
     }
 }
 

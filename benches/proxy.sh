@@ -1,0 +1,157 @@
+#!/usr/bin/env bash
+# Data-plane benchmark: Weir vs nginx proxy_pass (upstream keepalive), both on one pinned core
+# (worker_processes 1), wrk and the upstream on the other core. 1 KiB responses, 16 connections.
+# Runs alternate (weir, nginx, weir, nginx, ...) so that drift affects both alike.
+#
+#   benches/proxy.sh                 # needs: wrk, nginx (apt-get install wrk nginx-light)
+#   DURATION=10 ROUNDS=3 benches/proxy.sh
+#
+# Scenarios: plain proxy; key-auth + limit-count + proxy-rewrite; 10 vs 10,000 routes.
+# Output: one line per run, then a summary table (median of the rounds) with ratios.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DURATION=${DURATION:-10}
+ROUNDS=${ROUNDS:-3}
+CONNS=${CONNS:-16}
+PROXY_CPU=${PROXY_CPU:-0}
+LOAD_CPU=${LOAD_CPU:-1}
+BIN=${BIN:-target/release/weir}
+WORK=$(mktemp -d /tmp/weir-bench.XXXXXX)
+UP_PORT=18180; NGINX_PORT=18181; WEIR_PORT=18182; CTL_PORT=18190
+
+[ -x "$BIN" ] || cargo build --release
+command -v wrk >/dev/null || { echo "wrk is required (apt-get install wrk)"; exit 1; }
+command -v nginx >/dev/null || { echo "nginx is required (apt-get install nginx-light)"; exit 1; }
+
+cleanup() {
+  [ -f "$WORK/up/nginx.pid" ] && kill "$(cat "$WORK/up/nginx.pid")" 2>/dev/null || true
+  [ -f "$WORK/peer/nginx.pid" ] && kill "$(cat "$WORK/peer/nginx.pid")" 2>/dev/null || true
+  [ -n "${WEIR_PID:-}" ] && kill "$WEIR_PID" 2>/dev/null || true
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+# --- the upstream: nginx answering 1 KiB, on the load core -------------------------------------
+mkdir -p "$WORK/up" "$WORK/peer"
+head -c 1024 /dev/zero | tr '\0' 'x' > "$WORK/up/1k"
+cat > "$WORK/up/nginx.conf" <<CONF
+worker_processes 1;
+pid $WORK/up/nginx.pid;
+error_log $WORK/up/error.log;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  keepalive_requests 1000000;
+  server { listen 127.0.0.1:$UP_PORT; location / { root $WORK/up; try_files /1k =404; } }
+}
+CONF
+taskset -c "$LOAD_CPU" nginx -c "$WORK/up/nginx.conf" -p "$WORK/up"
+
+# --- the peer: nginx proxy_pass with upstream keepalive, on the proxy core ----------------------
+cat > "$WORK/peer/nginx.conf" <<CONF
+worker_processes 1;
+pid $WORK/peer/nginx.pid;
+error_log $WORK/peer/error.log;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  keepalive_requests 1000000;
+  upstream backend { server 127.0.0.1:$UP_PORT; keepalive 320; }
+  server {
+    listen 127.0.0.1:$NGINX_PORT;
+    location / {
+      proxy_pass http://backend;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_set_header Host \$host;
+      proxy_set_header X-Forwarded-For \$proxy_add_x_forwarded_for;
+      proxy_set_header X-Real-IP \$remote_addr;
+    }
+  }
+}
+CONF
+taskset -c "$PROXY_CPU" nginx -c "$WORK/peer/nginx.conf" -p "$WORK/peer"
+
+# --- Weir configurations -------------------------------------------------------------------------
+mkdir -p "$WORK/weir/conf"
+cat > "$WORK/weir/conf/config.yaml" <<CONF
+gateway:
+  node_listen: [{ip: 127.0.0.1, port: $WEIR_PORT}]
+  worker_processes: 1
+  control: {port: $CTL_PORT}
+CONF
+plain() {
+  printf 'upstreams:\n  - {id: 1, nodes: {"127.0.0.1:%s": 1}}\nroutes:\n' "$UP_PORT"
+  for i in $(seq 1 "$1"); do printf '  - {id: %s, uri: /r%s/*, upstream_id: 1}\n' "$i" "$i"; done
+  printf '  - {id: bench, uri: /bench, upstream_id: 1}\n'
+}
+plugins() {
+  printf 'upstreams:\n  - {id: 1, nodes: {"127.0.0.1:%s": 1}}\n' "$UP_PORT"
+  printf 'consumers:\n  - {username: bench, plugins: {key-auth: {key: bench-key}}}\nroutes:\n'
+  printf '  - {id: bench, uri: /bench, upstream_id: 1, plugins: {key-auth: {}, limit-count: {count: 1000000000, time_window: 60}, proxy-rewrite: {uri: /1k, headers: {set: {x-bench: "1"}}}}}\n'
+}
+
+start_weir() {
+  taskset -c "$PROXY_CPU" "$BIN" -p "$WORK/weir" > "$WORK/weir.log" 2>&1 &
+  WEIR_PID=$!
+  for _ in $(seq 1 200); do
+    curl -s -o /dev/null "127.0.0.1:$WEIR_PORT/bench" -H 'apikey: bench-key' && return 0
+    sleep 0.05
+  done
+  echo "weir did not start:"; cat "$WORK/weir.log"; exit 1
+}
+stop_weir() { kill "$WEIR_PID"; wait "$WEIR_PID" 2>/dev/null || true; WEIR_PID=; }
+
+# run NAME PORT [header] -> prints "NAME req/s p50_ms p99_ms rss_kib"
+run() {
+  local name=$1 port=$2 header=${3:-}
+  local args=(-t1 -c"$CONNS" -d"${DURATION}s" --latency)
+  [ -n "$header" ] && args+=(-H "$header")
+  local out; out=$(taskset -c "$LOAD_CPU" wrk "${args[@]}" "http://127.0.0.1:$port/bench")
+  local rps p50 p99 rss=0
+  rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out")
+  p50=$(awk '$1=="50%" {print $2}' <<<"$out")
+  p99=$(awk '$1=="99%" {print $2}' <<<"$out")
+  if [ "$port" = "$WEIR_PORT" ]; then rss=$(ps -o rss= -p "$WEIR_PID" | tr -d ' '); fi
+  if [ "$port" = "$NGINX_PORT" ]; then rss=$(ps -o rss= --ppid "$(cat "$WORK/peer/nginx.pid")" | awk '{s+=$1} END {print s}'); fi
+  echo "$name $rps $(ms "$p50") $(ms "$p99") $rss"
+}
+# wrk prints 1.23ms / 456.00us / 1.2s
+ms() { awk -v v="$1" 'BEGIN { if (v ~ /us$/) { sub(/us/,"",v); print v/1000 } else if (v ~ /ms$/) { sub(/ms/,"",v); print v } else { sub(/s/,"",v); print v*1000 } }'; }
+
+RESULTS="$WORK/results"
+: > "$RESULTS"
+curl -s -o /dev/null "127.0.0.1:$NGINX_PORT/bench" || { echo "nginx peer not answering"; exit 1; }
+for round in $(seq 1 "$ROUNDS"); do
+  plain 10 > "$WORK/weir/conf/resources.yaml"; start_weir
+  run weir-plain "$WEIR_PORT" | tee -a "$RESULTS"; stop_weir
+  run nginx-plain "$NGINX_PORT" | tee -a "$RESULTS"
+  plugins > "$WORK/weir/conf/resources.yaml"; start_weir
+  run weir-plugins "$WEIR_PORT" "apikey: bench-key" | tee -a "$RESULTS"; stop_weir
+  plain 10000 > "$WORK/weir/conf/resources.yaml"; start_weir
+  run weir-10k-routes "$WEIR_PORT" | tee -a "$RESULTS"; stop_weir
+done
+
+echo
+echo "median of $ROUNDS rounds, ${DURATION}s each, $CONNS connections, proxy on cpu $PROXY_CPU, wrk+upstream on cpu $LOAD_CPU"
+python3 - "$RESULTS" <<'PY'
+import statistics, sys
+rows = {}
+for line in open(sys.argv[1]):
+    name, rps, p50, p99, rss = line.split()
+    rows.setdefault(name, []).append((float(rps), float(p50), float(p99), int(rss)))
+med = {k: tuple(statistics.median(x[i] for x in v) for i in range(4)) for k, v in rows.items()}
+print(f"{'scenario':18} {'req/s':>10} {'p50 ms':>8} {'p99 ms':>8} {'RSS MiB':>8}")
+for k, (rps, p50, p99, rss) in med.items():
+    print(f"{k:18} {rps:10.0f} {p50:8.3f} {p99:8.3f} {rss/1024:8.1f}")
+n = med.get("nginx-plain")
+w = med.get("weir-plain")
+if n and w:
+    print(f"\nweir/nginx req/s (plain):          {w[0]/n[0]:.3f}  (target >= 1.00)")
+    print(f"weir/nginx p99 (plain):            {w[2]/n[2]:.3f}  (target <= 1.20)")
+    if "weir-plugins" in med:
+        print(f"weir plugins / nginx plain req/s:  {med['weir-plugins'][0]/n[0]:.3f}  (target >= 0.85)")
+    if "weir-10k-routes" in med:
+        print(f"10k routes / 10 routes req/s:      {med['weir-10k-routes'][0]/w[0]:.3f}  (target >= 0.95)")
+    print(f"max weir RSS under load:           {max(v[3] for k, v in med.items() if k.startswith('weir'))/1024:.1f} MiB (target <= 40)")
+PY
