@@ -203,7 +203,11 @@ fn unknown_paths_and_wrong_methods() {
 #[test]
 fn gc_reports_memory_and_returns_freed_pages() {
     let up = common::upstream::Upstream::start("slow");
-    let p = Prefix::new("", "", &format!("routes:\n  - {{id: 1, uri: /*, upstream: {{nodes: {{\"{}\": 1}}}}}}\n", up.node()));
+    let p = Prefix::new(
+        "",
+        "",
+        &format!("routes:\n  - {{id: 1, uri: /*, upstream: {{nodes: {{\"{}\": 1}}}}}}\n", up.node()),
+    );
     let w = Weir::start(&p);
     w.wait_ready(p.node());
     // A burst of allocation from real traffic: 300 concurrent 60 KiB uploads (small bodies are

@@ -301,3 +301,34 @@ fn hot_reload_drops_no_requests() {
     assert_eq!(statuses.keys().copied().collect::<Vec<_>>(), vec![200], "{statuses:?}");
     assert!(a.hits() > 0 && b.hits() > 0);
 }
+
+#[test]
+fn https_upstreams_verify_certificates_by_default() {
+    let tls = common::tls_upstream::TlsUpstream::start();
+    let (p, w) = start(&format!(
+        "routes:\n  - {{id: 1, uri: /strict, upstream: {{scheme: https, retries: 0, nodes: {{\"{a}\": 1}}}}}}\n  - {{id: 2, uri: /lax, upstream: {{scheme: https, tls: {{verify: false}}, nodes: {{\"{a}\": 1}}}}}}\n  - {{id: 3, uri: /named, upstream: {{scheme: https, tls: {{verify: false}}, nodes: [{{host: localhost, port: {port}, weight: 1}}]}}}}\n",
+        a = tls.addr,
+        port = tls.addr.port()
+    ));
+    let r = get(p.node(), "/strict");
+    assert_eq!(r.status, 502, "a self-signed certificate must be refused by default: {}", r.text());
+    assert!(w.log_text().contains("Certificate") || w.log_text().contains("certificate"), "{}", w.log_text());
+    let r = get(p.node(), "/lax");
+    assert_eq!((r.status, r.json()["tls"].as_bool()), (200, Some(true)));
+    let r = get(p.node(), "/named");
+    assert_eq!(r.json()["sni"], "localhost", "SNI carries the node's host name");
+}
+
+#[test]
+fn sigterm_lets_in_flight_requests_finish() {
+    let up = Upstream::start("slow");
+    let (p, w) = start(&format!("routes:\n  - {{id: 1, uri: /*, upstream: {{nodes: {{\"{}\": 1}}}}}}\n", up.node()));
+    let node = p.node();
+    let in_flight = std::thread::spawn(move || get(node, "/sleep/1500"));
+    std::thread::sleep(Duration::from_millis(300));
+    let status = w.terminate();
+    let r = in_flight.join().expect("client thread");
+    assert_eq!((r.status, r.text()), (200, "slept on slow".to_owned()), "the in-flight request completes");
+    assert!(status.success(), "{status:?}");
+    assert!(std::net::TcpStream::connect(node).is_err(), "the listener is closed");
+}

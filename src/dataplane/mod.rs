@@ -5,6 +5,7 @@ pub mod body;
 pub mod headers;
 pub mod proxy;
 pub mod router;
+pub mod tls;
 pub mod upstream;
 
 use std::sync::Arc;

@@ -1,7 +1,6 @@
 //! The request path: match a route, run the plugin phases, pick a node, forward, stream back.
 
 use std::cell::RefCell;
-use std::collections::HashMap;
 use std::future::poll_fn;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -13,6 +12,7 @@ use actix_web::{web, HttpRequest, HttpResponse};
 use bytes::{Bytes, BytesMut};
 use futures_core::Stream;
 use http::{HeaderValue, Method, StatusCode};
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
@@ -60,29 +60,52 @@ fn check_limits(req: &HttpRequest) -> Option<HttpResponse> {
     None
 }
 
-type HttpClient = Client<HttpConnector, ProxyBody>;
+type HttpClient = Client<HttpsConnector<HttpConnector>, ProxyBody>;
 
-/// Per-worker state: upstream connection pools, one client per distinct connect timeout.
+/// What distinguishes one upstream client (and its pool) from another.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+struct ClientKey {
+    connect_timeout: Duration,
+    verify: bool,
+    pool_size: u32,
+    idle_timeout_ms: u64,
+}
+
+/// Per-worker state: upstream connection pools, one client per distinct connection setting
+/// (typically a handful), looked up without hashing.
 #[derive(Default)]
 pub struct Worker {
-    clients: RefCell<HashMap<Duration, HttpClient>>,
+    clients: RefCell<Vec<(ClientKey, HttpClient)>>,
 }
 
 impl Worker {
-    fn client(&self, connect_timeout: Duration) -> HttpClient {
-        self.clients
-            .borrow_mut()
-            .entry(connect_timeout)
-            .or_insert_with(|| {
-                let mut connector = HttpConnector::new();
-                connector.set_nodelay(true);
-                connector.set_connect_timeout(Some(connect_timeout));
-                Client::builder(TokioExecutor::new())
-                    .pool_idle_timeout(Duration::from_secs(60))
-                    .pool_max_idle_per_host(320)
-                    .build(connector)
-            })
-            .clone()
+    fn client(&self, upstream: &CompiledUpstream) -> HttpClient {
+        let pool = upstream.conf.keepalive_pool;
+        let key = ClientKey {
+            connect_timeout: upstream.timeouts.connect,
+            verify: upstream.conf.tls.is_none_or(|t| t.verify),
+            pool_size: pool.map_or(320, |p| p.size),
+            idle_timeout_ms: pool.map_or(60_000, |p| (p.idle_timeout * 1000.0) as u64),
+        };
+        let mut clients = self.clients.borrow_mut();
+        if let Some((_, c)) = clients.iter().find(|(k, _)| *k == key) {
+            return c.clone();
+        }
+        let mut http = HttpConnector::new();
+        http.set_nodelay(true);
+        http.enforce_http(false);
+        http.set_connect_timeout(Some(key.connect_timeout));
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(super::tls::client_config(key.verify))
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(http);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_millis(key.idle_timeout_ms.max(1)))
+            .pool_max_idle_per_host(key.pool_size as usize)
+            .build(connector);
+        clients.push((key, client.clone()));
+        client
     }
 }
 
@@ -300,7 +323,7 @@ async fn forward(
     let replayable = !matches!(source, Source::Stream(_));
     let max_attempts = if replayable { upstream.retries + 1 } else { 1 };
     let started = Instant::now();
-    let client = worker.client(upstream.timeouts.connect);
+    let client = worker.client(&upstream);
     let hash = hash_key(&ctx, &upstream);
     let original_host = HeaderValue::from_str(original_host).ok();
     let scheme = match upstream.scheme {
@@ -325,9 +348,9 @@ async fn forward(
         let node = &upstream.nodes[idx];
         ctx.upstream_addrs.push(node.addr);
         let uri = if ctx.query.is_empty() {
-            format!("{scheme}://{}{}", node.addr, ctx.path)
+            format!("{scheme}://{}{}", node.authority, ctx.path)
         } else {
-            format!("{scheme}://{}{}?{}", node.addr, ctx.path, ctx.query)
+            format!("{scheme}://{}{}?{}", node.authority, ctx.path, ctx.query)
         };
         // The last attempt may move the headers out, unless a plugin reads them after the request.
         let keep = attempt + 1 < max_attempts || chains.iter().any(|c| !c.is_empty());

@@ -24,6 +24,9 @@ pub struct Node {
     pub host_header: HeaderValue,
     /// Relative weight (0: never picked).
     pub weight: u32,
+    /// URI authority: `ip:port`, or `name:port` for https nodes named by DNS name (so that SNI
+    /// and certificate verification use the name).
+    pub authority: String,
 }
 
 /// Per-upstream timeouts.
@@ -127,7 +130,10 @@ impl CompiledUpstream {
             };
             let header = if port == default_port { host.clone() } else { format!("{host}:{port}") };
             let host_header = HeaderValue::from_str(&header).unwrap_or_else(|_| HeaderValue::from_static("localhost"));
-            nodes.push(Node { addr, host_header, weight });
+            let named = host.parse::<std::net::IpAddr>().is_err();
+            let authority =
+                if conf.scheme == Scheme::Https && named { format!("{host}:{port}") } else { addr.to_string() };
+            nodes.push(Node { addr, host_header, weight, authority });
         }
         let timeouts = conf.timeout.map_or(Timeouts { connect: secs(60.0), send: secs(60.0), read: secs(60.0) }, |t| {
             Timeouts { connect: secs(t.connect), send: secs(t.send), read: secs(t.read) }

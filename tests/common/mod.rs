@@ -323,3 +323,5 @@ pub fn download_count(addr: SocketAddr, path: &str) -> (u16, u64) {
     }
     (status, total)
 }
+
+pub mod tls_upstream;

@@ -1,0 +1,86 @@
+//! TLS to upstream nodes (rustls): system root certificates, verification on by default, and an
+//! explicit opt-out (`upstream.tls.verify: false`) that still checks handshake signatures but not
+//! the certificate chain or name.
+
+use std::sync::{Arc, OnceLock};
+
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::crypto::{ring, CryptoProvider};
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
+
+fn provider() -> Arc<CryptoProvider> {
+    static PROVIDER: OnceLock<Arc<CryptoProvider>> = OnceLock::new();
+    PROVIDER.get_or_init(|| Arc::new(ring::default_provider())).clone()
+}
+
+/// The system's root certificates, loaded once.
+fn roots() -> Arc<RootCertStore> {
+    static ROOTS: OnceLock<Arc<RootCertStore>> = OnceLock::new();
+    ROOTS
+        .get_or_init(|| {
+            let mut store = RootCertStore::empty();
+            let found = rustls_native_certs::load_native_certs();
+            for e in &found.errors {
+                log::warn!("loading system root certificates: {e}");
+            }
+            let (added, ignored) = store.add_parsable_certificates(found.certs);
+            log::debug!("upstream TLS: {added} root certificates ({ignored} unusable)");
+            Arc::new(store)
+        })
+        .clone()
+}
+
+/// Client configuration for upstream connections.
+pub fn client_config(verify: bool) -> ClientConfig {
+    let builder = match ClientConfig::builder_with_provider(provider()).with_safe_default_protocol_versions() {
+        Ok(b) => b,
+        // The ring provider supports the default versions; this cannot fail.
+        Err(e) => panic!("rustls protocol versions: {e}"),
+    };
+    // ALPN stays empty: the connector sets it from the enabled HTTP versions.
+    if verify {
+        builder.with_root_certificates(roots()).with_no_client_auth()
+    } else {
+        builder.dangerous().with_custom_certificate_verifier(Arc::new(NoChainCheck(provider()))).with_no_client_auth()
+    }
+}
+
+/// Accepts any certificate chain, but still verifies handshake signatures.
+#[derive(Debug)]
+struct NoChainCheck(Arc<CryptoProvider>);
+
+impl ServerCertVerifier for NoChainCheck {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.0.signature_verification_algorithms)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.0.signature_verification_algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
