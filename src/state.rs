@@ -49,6 +49,7 @@ impl Gateway {
         let enabled = enable(&config, catalog)?;
         let routes = PluginRoutes::build(&enabled, config.gateway.control.router)
             .map_err(|e| format!("{}: {e}", prefix.config_file().display()))?;
+        let config_prefix = config.deployment.prefix.clone();
         let file = prefix.resources_file();
         let raw = yaml::load(&file).map_err(|e| e.to_string())?;
         let snapshot =
@@ -60,7 +61,7 @@ impl Gateway {
             enabled: ArcSwap::from_pointee(enabled),
             resources: ArcSwap::from_pointee(snapshot),
             control_routes: ArcSwap::from_pointee(routes),
-            health: HealthRegistry::default(),
+            health: HealthRegistry::new(&config_prefix),
             started: Instant::now(),
             raw_resources: Mutex::new(raw.to_string()),
             reload: Mutex::new(()),
@@ -77,6 +78,7 @@ impl Gateway {
         let _guard = self.reload.lock();
         let snapshot = Snapshot::build(&raw, &self.enabled.load())?;
         let summary = snapshot.summary();
+        self.health.reconcile(&snapshot);
         self.resources.store(Arc::new(snapshot));
         *self.raw_resources.lock() = raw.to_string();
         drop(raw);
@@ -106,6 +108,7 @@ impl Gateway {
         self.config.store(Arc::new(config));
         self.enabled.store(Arc::new(enabled));
         self.control_routes.store(Arc::new(routes));
+        self.health.reconcile(&snapshot);
         self.resources.store(Arc::new(snapshot));
         Ok(names)
     }

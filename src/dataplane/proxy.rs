@@ -23,6 +23,9 @@ use weir_plugin::{Flow, PluginResponse, RequestCtx, ResponseHead};
 use super::body::{OnFinish, ProxyBody, UpstreamBody};
 use super::headers::{from_actix, set_forwarded, strip_hop_by_hop};
 use super::upstream::{fnv1a, CompiledUpstream, InFlight};
+use crate::health::checker::Source as ReportSource;
+use crate::health::state::Report;
+use crate::health::HealthRegistry;
 use crate::resources::model::{HashOn, PassHost, Scheme};
 use crate::resources::snapshot::PluginChain;
 use crate::state::Gateway;
@@ -284,7 +287,7 @@ pub async fn handle(
         None if has_body => Source::Stream(Some(payload)),
         None => Source::Empty,
     };
-    forward(ctx, chains, upstream, source, host_header, &worker).await
+    forward(ctx, chains, upstream, source, host_header, &worker, &gw.health).await
 }
 
 fn strip_port(host: &str) -> &str {
@@ -319,7 +322,9 @@ async fn forward(
     mut source: Source,
     original_host: &str,
     worker: &Worker,
+    health: &HealthRegistry,
 ) -> HttpResponse {
+    let checker = health.ensure(&upstream);
     let replayable = !matches!(source, Source::Stream(_));
     let max_attempts = if replayable { upstream.retries + 1 } else { 1 };
     let started = Instant::now();
@@ -339,11 +344,25 @@ async fn forward(
     );
     let mut tried: Vec<usize> = Vec::with_capacity(2);
     let mut last = Failure::BadGateway;
+    // A failed attempt is reported to the health checker when it is retried (as the reference says).
+    let mut pending: Option<(SocketAddr, Report, String)> = None;
     for attempt in 0..max_attempts {
         if attempt > 0 && upstream.retry_timeout.is_some_and(|t| started.elapsed() > t) {
             break;
         }
-        let Some((idx, inflight)) = upstream.pick(hash, |i| !tried.contains(&i)) else { break };
+        let healthy_exists =
+            checker.as_ref().is_none_or(|c| upstream.nodes.iter().any(|n| n.weight > 0 && c.takes_traffic(n.addr)));
+        if let Some(c) = &checker {
+            c.note_fallback(!healthy_exists);
+        }
+        let eligible = |i: usize| {
+            !tried.contains(&i)
+                && (!healthy_exists || checker.as_ref().is_none_or(|c| c.takes_traffic(upstream.nodes[i].addr)))
+        };
+        let Some((idx, inflight)) = upstream.pick(hash, eligible) else { break };
+        if let (Some(c), Some((addr, report, why))) = (&checker, pending.take()) {
+            c.report(addr, report, ReportSource::Passive, &why);
+        }
         tried.push(idx);
         let node = &upstream.nodes[idx];
         ctx.upstream_addrs.push(node.addr);
@@ -383,18 +402,26 @@ async fn forward(
         *request.headers_mut() = headers;
         let budget = upstream.timeouts.connect + upstream.timeouts.send + upstream.timeouts.read;
         match tokio::time::timeout(budget, client.request(request)).await {
-            Ok(Ok(resp)) => return respond(resp, ctx, chains, inflight, upstream.timeouts.read),
+            Ok(Ok(resp)) => {
+                if let Some(c) = &checker {
+                    c.report_status(node.addr, resp.status().as_u16());
+                }
+                return respond(resp, ctx, chains, inflight, upstream.timeouts.read);
+            }
             Ok(Err(e)) if e.is_connect() => {
                 log::warn!("upstream {} of route {:?}: connect failed: {e:?}", node.addr, ctx.route_id);
                 last = Failure::BadGateway;
+                pending = Some((node.addr, Report::TcpFailure, format!("tcp failure: {e}")));
             }
             Ok(Err(e)) => {
                 log::warn!("upstream {} of route {:?}: {e:?}", node.addr, ctx.route_id);
                 last = Failure::BadGateway;
+                pending = Some((node.addr, Report::TcpFailure, format!("tcp failure: {e}")));
             }
             Err(_) => {
                 log::warn!("upstream {} of route {:?}: timed out after {budget:?}", node.addr, ctx.route_id);
                 last = Failure::Timeout;
+                pending = Some((node.addr, Report::Timeout, "timeout: no response".to_owned()));
             }
         }
     }

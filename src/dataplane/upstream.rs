@@ -60,6 +60,8 @@ pub struct CompiledUpstream {
     pub pass_host: PassHost,
     /// Host header with `pass_host: rewrite`.
     pub upstream_host: Option<HeaderValue>,
+    /// Its health checker, once it served a request (with `checks`).
+    pub checker: std::sync::OnceLock<Arc<crate::health::checker::Checker>>,
     balancer: Balancer,
 }
 
@@ -162,6 +164,7 @@ impl CompiledUpstream {
             scheme: conf.scheme,
             pass_host: conf.pass_host,
             upstream_host,
+            checker: std::sync::OnceLock::new(),
             nodes,
             balancer,
             conf,

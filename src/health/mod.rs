@@ -1,13 +1,25 @@
 //! Upstream health checking: the registry of checkers and the entries the control server reports.
 //!
-//! A checker exists per resource that owns an upstream with `checks`, once that upstream has served
-//! a client request (the seed's inclusion rule). The data plane registers checkers; the control
-//! server only reads [`HealthRegistry::entries`].
+//! A checker exists per resource that owns an upstream with `checks`, from the first client
+//! request that upstream serves (the seed's inclusion rule). All workers share one state per
+//! target. Probes run on a dedicated thread with its own runtime, never on request workers.
+//! When resources change, [`HealthRegistry::reconcile`] updates, rebuilds or stops checkers before
+//! the new snapshot is published.
 
+pub mod checker;
 pub mod html;
+pub mod state;
+
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
 
 use parking_lot::RwLock;
 use serde::Serialize;
+use tokio::runtime::Handle;
+
+use crate::dataplane::upstream::CompiledUpstream;
+use crate::resources::Snapshot;
+use checker::{Checker, ProbeCount};
 
 /// Counters of one target.
 #[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
@@ -35,6 +47,10 @@ pub struct NodeReport {
     pub status: &'static str,
     /// Counters.
     pub counter: Counter,
+    /// Why the last failure was counted (Weir extra).
+    pub last_failure: Option<String>,
+    /// When the status last changed, RFC 3339 (Weir extra; null: never).
+    pub changed_at: Option<String>,
 }
 
 /// One health-check entry (`/v1/healthcheck`).
@@ -53,18 +69,114 @@ pub struct Entry {
 }
 
 /// The checkers of this process.
-#[derive(Default)]
 pub struct HealthRegistry {
-    entries: RwLock<Vec<Entry>>,
+    prefix: String,
+    checkers: RwLock<HashMap<(String, String), Arc<Checker>>>,
+    runtime: OnceLock<Handle>,
+    /// Live probe tasks.
+    pub probes: Arc<ProbeCount>,
 }
 
 impl HealthRegistry {
-    /// Every reported entry.
-    pub fn entries(&self) -> Vec<Entry> {
-        self.entries.read().clone()
+    /// A registry naming entries under `prefix` (`deployment.prefix`).
+    pub fn new(prefix: &str) -> Self {
+        HealthRegistry {
+            prefix: prefix.trim_end_matches('/').to_owned(),
+            checkers: RwLock::new(HashMap::new()),
+            runtime: OnceLock::new(),
+            probes: Arc::new(ProbeCount::default()),
+        }
     }
+
+    /// The probe runtime (a thread started on first use).
+    fn runtime(&self) -> Handle {
+        self.runtime
+            .get_or_init(|| {
+                let (tx, rx) = std::sync::mpsc::channel();
+                let spawned = std::thread::Builder::new().name("health-probes".into()).spawn(move || {
+                    match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                        Ok(rt) => {
+                            let _ = tx.send(Some(rt.handle().clone()));
+                            rt.block_on(std::future::pending::<()>());
+                        }
+                        Err(e) => {
+                            log::error!("health probes: cannot build runtime: {e}");
+                            let _ = tx.send(None);
+                        }
+                    }
+                });
+                let handle = spawned.ok().and_then(|_| rx.recv().ok().flatten());
+                // Without a probe runtime, fall back to the caller's runtime (probes still run).
+                handle.unwrap_or_else(Handle::current)
+            })
+            .clone()
+    }
+
+    /// The checker of `upstream`, created on its first request; `None` without `checks`.
+    pub fn ensure(&self, upstream: &CompiledUpstream) -> Option<Arc<Checker>> {
+        if let Some(c) = upstream.checker.get() {
+            return Some(c.clone());
+        }
+        let checks = upstream.conf.checks.clone()?;
+        let owner = (upstream.owner.0.to_owned(), upstream.owner.1.to_string());
+        let checker = {
+            let mut checkers = self.checkers.write();
+            match checkers.get(&owner) {
+                Some(c) => c.clone(),
+                None => {
+                    let name = format!("{}/{}/{}", self.prefix, owner.0, owner.1);
+                    let c = Checker::start(
+                        name,
+                        owner.clone(),
+                        Arc::new(checks),
+                        &upstream.nodes,
+                        self.runtime(),
+                        self.probes.clone(),
+                    );
+                    checkers.insert(owner, c.clone());
+                    c
+                }
+            }
+        };
+        let _ = upstream.checker.set(checker.clone());
+        Some(checker)
+    }
+
+    /// Brings checkers in line with a snapshot about to be published.
+    pub fn reconcile(&self, snapshot: &Snapshot) {
+        let mut checkers = self.checkers.write();
+        let mut gone = Vec::new();
+        for (owner, checker) in checkers.iter() {
+            let up = snapshot.compiled_upstreams.iter().find(|u| u.owner.0 == owner.0 && *u.owner.1 == *owner.1);
+            match up.and_then(|u| u.conf.checks.as_ref().map(|c| (u, c))) {
+                None => {
+                    checker.stop();
+                    gone.push(owner.clone());
+                }
+                Some((u, checks)) => {
+                    if *checker.checks() != *checks {
+                        checker.update_checks(Arc::new(checks.clone()), &u.nodes);
+                    } else {
+                        checker.sync_nodes(&u.nodes);
+                    }
+                    let _ = u.checker.set(checker.clone());
+                }
+            }
+        }
+        for owner in gone {
+            checkers.remove(&owner);
+        }
+    }
+
+    /// Every reported entry, ordered by name.
+    pub fn entries(&self) -> Vec<Entry> {
+        let mut entries: Vec<Entry> = self.checkers.read().values().map(|c| c.entry()).collect();
+        entries.sort_by(|a, b| a.name.cmp(&b.name));
+        entries
+    }
+
     /// The entry of one resource.
     pub fn entry(&self, kind: &str, id: &str) -> Option<Entry> {
-        self.entries.read().iter().find(|e| e.owner.0 == kind && e.owner.1 == id).cloned()
+        self.checkers.read().get(&(kind.to_owned(), id.to_owned())).map(|c| c.entry())
     }
 }

@@ -116,6 +116,8 @@ pub struct Snapshot {
     pub table: RouteTable,
     /// Plugins of every global rule, in priority order.
     pub global_chain: PluginChain,
+    /// Every compiled upstream (objects, and inline ones of services and routes).
+    pub compiled_upstreams: Vec<Arc<CompiledUpstream>>,
     index: HashMap<(&'static str, String), usize>,
 }
 
@@ -271,12 +273,15 @@ impl Builder<'_> {
 
     /// Compiles upstreams, merges plugin chains and builds the routing table.
     fn compile_data_plane(&mut self) {
+        let all = std::cell::RefCell::new(Vec::new());
         let compile = |owner: (&'static str, &str), u: &Upstream| {
             let (c, warnings) = CompiledUpstream::compile((owner.0, Arc::from(owner.1)), Arc::new(u.clone()));
             for w in warnings {
                 log::warn!("{}[{}]: upstream: {w}", owner.0, owner.1);
             }
-            Arc::new(c)
+            let c = Arc::new(c);
+            all.borrow_mut().push(c.clone());
+            c
         };
         let objects: HashMap<String, Arc<CompiledUpstream>> = self
             .snap
@@ -315,6 +320,7 @@ impl Builder<'_> {
             let hosts = service.as_ref().and_then(|s| s.hosts.clone());
             compiled.push(Arc::new(CompiledRoute::new(r.clone(), hosts.as_deref(), plugins, upstream, order)));
         }
+        self.snap.compiled_upstreams = all.into_inner();
         let (table, problems) = RouteTable::build(compiled);
         for p in problems {
             self.issues.push(Issue::new("routes", p));
