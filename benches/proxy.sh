@@ -85,6 +85,10 @@ plain() {
   for i in $(seq 1 "$1"); do printf '  - {id: %s, uri: /r%s/*, upstream_id: 1}\n' "$i" "$i"; done
   printf '  - {id: bench, uri: /bench, upstream_id: 1}\n'
 }
+checked() {
+  printf 'upstreams:\n  - {id: 1, nodes: {"127.0.0.1:%s": 1}, checks: {active: {type: http, healthy: {interval: 1}}, passive: {}}}\nroutes:\n' "$UP_PORT"
+  printf '  - {id: bench, uri: /bench, upstream_id: 1}\n'
+}
 plugins() {
   printf 'upstreams:\n  - {id: 1, nodes: {"127.0.0.1:%s": 1}}\n' "$UP_PORT"
   printf 'consumers:\n  - {username: bench, plugins: {key-auth: {key: bench-key}}}\nroutes:\n'
@@ -128,6 +132,8 @@ for round in $(seq 1 "$ROUNDS"); do
   run nginx-plain "$NGINX_PORT" | tee -a "$RESULTS"
   plugins > "$WORK/weir/conf/resources.yaml"; start_weir
   run weir-plugins "$WEIR_PORT" "apikey: bench-key" | tee -a "$RESULTS"; stop_weir
+  checked > "$WORK/weir/conf/resources.yaml"; start_weir
+  run weir-checks "$WEIR_PORT" | tee -a "$RESULTS"; stop_weir
   plain 10000 > "$WORK/weir/conf/resources.yaml"; start_weir
   run weir-10k-routes "$WEIR_PORT" | tee -a "$RESULTS"; stop_weir
 done
@@ -151,6 +157,8 @@ if n and w:
     print(f"weir/nginx p99 (plain):            {w[2]/n[2]:.3f}  (target <= 1.20)")
     if "weir-plugins" in med:
         print(f"weir plugins / nginx plain req/s:  {med['weir-plugins'][0]/n[0]:.3f}  (target >= 0.85)")
+    if "weir-checks" in med:
+        print(f"health checks on / off req/s:      {med['weir-checks'][0]/w[0]:.3f}  (target >= 0.97)")
     if "weir-10k-routes" in med:
         print(f"10k routes / 10 routes req/s:      {med['weir-10k-routes'][0]/w[0]:.3f}  (target >= 0.95)")
     print(f"max weir RSS under load:           {max(v[3] for k, v in med.items() if k.startswith('weir'))/1024:.1f} MiB (target <= 40)")
