@@ -46,7 +46,7 @@ impl Gateway {
     pub fn load(prefix: Prefix) -> Result<Arc<Gateway>, String> {
         let catalog = crate::plugins_catalog();
         let config = Config::load(&prefix, catalog).map_err(|e| e.to_string())?;
-        let enabled = enable(&config, catalog)?;
+        let enabled = enable(&config, catalog, &prefix)?;
         let routes = PluginRoutes::build(&enabled, config.gateway.control.router)
             .map_err(|e| format!("{}: {e}", prefix.config_file().display()))?;
         let config_prefix = config.deployment.prefix.clone();
@@ -91,7 +91,7 @@ impl Gateway {
     pub fn reload_plugins(&self) -> Result<Vec<String>, String> {
         let _guard = self.reload.lock();
         let fresh = Config::load(&self.prefix, self.catalog).map_err(|e| e.to_string())?;
-        let enabled = enable(&fresh, self.catalog)?;
+        let enabled = enable(&fresh, self.catalog, &self.prefix)?;
         let router_mode = self.config.load().gateway.control.router;
         let routes = PluginRoutes::build(&enabled, router_mode)
             .map_err(|e| format!("{}: {e}", self.prefix.config_file().display()))?;
@@ -123,12 +123,13 @@ pub fn release_garbage() {
 }
 
 /// The enabled set of `config`, with every enabled plugin initialised with its `plugin_attr`.
-fn enable(config: &Config, catalog: &Catalog) -> Result<EnabledSet, String> {
+fn enable(config: &Config, catalog: &Catalog, prefix: &Prefix) -> Result<EnabledSet, String> {
     let enabled = catalog.enable(&config.enabled_plugin_names(catalog));
+    let env = weir_plugin::InitEnv { data_dir: prefix.data_dir() };
     for entry in &enabled.listed {
         entry
             .plugin
-            .init(config.plugin_attr.get(entry.name))
+            .init(config.plugin_attr.get(entry.name), &env)
             .map_err(|e| format!("plugin_attr.{}: {e}", entry.name))?;
     }
     Ok(enabled)

@@ -98,11 +98,17 @@ impl Weir {
 
     /// Starts without waiting.
     pub fn spawn(prefix: &Prefix) -> Weir {
+        Self::spawn_env(prefix, &[])
+    }
+
+    /// Starts with extra environment variables, without waiting.
+    pub fn spawn_env(prefix: &Prefix, env: &[(&str, &str)]) -> Weir {
         let log = prefix.log_path();
-        let file = std::fs::File::create(&log).expect("create log file");
+        let file = std::fs::OpenOptions::new().create(true).append(true).open(&log).expect("open log file");
         let child = Command::new(BIN)
             .arg("-p")
             .arg(&prefix.dir)
+            .envs(env.iter().copied())
             .env("RUST_LOG", "info")
             .stdout(file.try_clone().expect("clone log handle"))
             .stderr(file)

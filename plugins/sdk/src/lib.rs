@@ -30,6 +30,13 @@ pub use inventory;
 /// credential to consumer). Built once per resource snapshot, handed to every [`Plugin::build`].
 pub type SharedState = Arc<dyn Any + Send + Sync>;
 
+/// Where the plugin may keep state: given to [`Plugin::init`].
+#[derive(Debug, Clone)]
+pub struct InitEnv {
+    /// `<prefix>/data`: durable files of plugins (created on demand by the plugin).
+    pub data_dir: std::path::PathBuf,
+}
+
 /// One consumer as seen by a plugin while a snapshot is being built.
 pub struct ConsumerRef<'a> {
     /// The consumer's username (its identity).
@@ -80,8 +87,8 @@ pub trait Plugin: Send + Sync + 'static {
         None
     }
     /// Called when the plugin is enabled (at start-up and on `PUT /v1/plugins/reload`) with its
-    /// validated `plugin_attr`, before any instance is built.
-    fn init(&self, _attr: Option<&Value>) -> Result<(), String> {
+    /// validated `plugin_attr`, before any instance is built. Must be idempotent.
+    fn init(&self, _attr: Option<&Value>, _env: &InitEnv) -> Result<(), String> {
         Ok(())
     }
     /// Called once when the process stops gracefully, after in-flight requests finished: flush

@@ -1,0 +1,501 @@
+//! Storage of short codes behind one interface, with two backends (SQLite embedded, PostgreSQL
+//! shared) that differ only in their connection and SQL.
+//!
+//! [`Store`] runs a writer thread and reader threads over connections from a [`Connector`]:
+//! - the writer groups the batches waiting for it into one transaction (group commit), each batch
+//!   in its own savepoint, and answers a batch only after the commit, so an acknowledged code is
+//!   durable and a request's entries are stored all together or not at all;
+//! - readers serve lookups and statistics; blocking work never runs on the gateway's workers;
+//! - a failed connection is dropped and re-established on the next job (storage comes back by
+//!   itself); meanwhile jobs fail with [`StoreError::Unavailable`].
+
+pub mod postgres;
+pub mod sqlite;
+
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use tokio::sync::oneshot;
+
+/// Alphabet of codes: [0-9A-Za-z].
+pub const ALPHABET: [char; 62] = [
+    '0', '1', '2', '3', '4', '5', '6', '7', '8', '9', 'A', 'B', 'C', 'D', 'E', 'F', 'G', 'H', 'I', 'J', 'K', 'L', 'M',
+    'N', 'O', 'P', 'Q', 'R', 'S', 'T', 'U', 'V', 'W', 'X', 'Y', 'Z', 'a', 'b', 'c', 'd', 'e', 'f', 'g', 'h', 'i', 'j',
+    'k', 'l', 'm', 'n', 'o', 'p', 'q', 'r', 's', 't', 'u', 'v', 'w', 'x', 'y', 'z',
+];
+/// Length of codes.
+pub const CODE_LEN: usize = 8;
+/// Attempts to find a free code for one entry before the batch fails.
+pub const MAX_CODE_ATTEMPTS: usize = 8;
+
+/// Source of codes (injectable, to test collisions).
+pub trait CodeGen: Send + Sync {
+    /// A new candidate code.
+    fn next(&self) -> String;
+}
+
+/// Codes from a CSPRNG (nanoid's default random source) over [`ALPHABET`].
+pub struct RandomCodes;
+
+impl CodeGen for RandomCodes {
+    fn next(&self) -> String {
+        nanoid::format(nanoid::rngs::default, &ALPHABET, CODE_LEN)
+    }
+}
+
+/// An entry to store.
+#[derive(Debug, Clone)]
+pub struct NewEntry {
+    /// The URL, as submitted.
+    pub origin_url: String,
+    /// Unix seconds after which the code is expired (none: never).
+    pub expires_at: Option<i64>,
+}
+
+/// A stored code.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    /// The code.
+    pub code: String,
+    /// Where it redirects.
+    pub origin_url: String,
+    /// Unix seconds.
+    pub created_at: i64,
+    /// Unix seconds (none: never expires).
+    pub expires_at: Option<i64>,
+}
+
+/// Counts for the stats endpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Counts {
+    /// Stored codes.
+    pub codes: u64,
+    /// Of which expired.
+    pub expired: u64,
+}
+
+/// Why a storage operation failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreError {
+    /// The storage cannot be reached or failed; nothing was stored.
+    Unavailable(String),
+    /// No free code was found within the attempt budget; nothing of the batch was stored.
+    Exhausted,
+}
+
+impl std::fmt::Display for StoreError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StoreError::Unavailable(e) => write!(f, "storage unavailable: {e}"),
+            StoreError::Exhausted => write!(f, "no free short code found"),
+        }
+    }
+}
+
+/// One connection of a backend. Errors are connection-level: the store drops the connection.
+pub trait Conn: Send {
+    /// Runs SQL without results (`BEGIN`, `SAVEPOINT b`, `COMMIT`...).
+    fn exec(&mut self, sql: &str) -> Result<(), String>;
+    /// Inserts unless the code exists; whether it was inserted.
+    fn try_insert(
+        &mut self,
+        code: &str,
+        origin_url: &str,
+        created_at: i64,
+        expires_at: Option<i64>,
+    ) -> Result<bool, String>;
+    /// The record of a code.
+    fn get(&mut self, code: &str) -> Result<Option<Record>, String>;
+    /// Counts.
+    fn counts(&mut self, now: i64) -> Result<Counts, String>;
+    /// Deletes codes expired before `before`; how many.
+    fn purge(&mut self, before: i64) -> Result<u64, String>;
+}
+
+/// Opens connections of one backend.
+pub trait Connector: Send + Sync + 'static {
+    /// `sqlite` or `postgres`.
+    fn backend(&self) -> &'static str;
+    /// Where, for logs (no secrets).
+    fn describe(&self) -> String;
+    /// A new connection, with the schema migrated.
+    fn connect(&self) -> Result<Box<dyn Conn>, String>;
+}
+
+struct WriteJob {
+    entries: Vec<NewEntry>,
+    now: i64,
+    reply: oneshot::Sender<Result<Vec<String>, StoreError>>,
+}
+
+enum ReadJob {
+    Get(String, oneshot::Sender<Result<Option<Record>, StoreError>>),
+    Counts(i64, oneshot::Sender<Result<Counts, StoreError>>),
+    Purge(i64, oneshot::Sender<Result<u64, StoreError>>),
+}
+
+/// The store: a writer thread and reader threads over one backend.
+pub struct Store {
+    backend: &'static str,
+    describe: String,
+    writes: Mutex<Sender<WriteJob>>,
+    reads: Mutex<Sender<ReadJob>>,
+}
+
+/// Batches the writer groups into one transaction at most.
+const MAX_GROUP: usize = 256;
+
+impl Store {
+    /// Starts the store's threads; `readers` reader threads.
+    pub fn start(connector: Arc<dyn Connector>, codes: Arc<dyn CodeGen>, readers: usize) -> Arc<Store> {
+        let (wtx, wrx) = channel::<WriteJob>();
+        let (rtx, rrx) = channel::<ReadJob>();
+        let c = connector.clone();
+        let _ = std::thread::Builder::new().name("short-url-writer".into()).spawn(move || writer(c, codes, wrx));
+        let rrx = Arc::new(Mutex::new(rrx));
+        for i in 0..readers.max(1) {
+            let (c, rx) = (connector.clone(), rrx.clone());
+            let _ = std::thread::Builder::new().name(format!("short-url-reader-{i}")).spawn(move || reader(c, rx));
+        }
+        Arc::new(Store {
+            backend: connector.backend(),
+            describe: connector.describe(),
+            writes: Mutex::new(wtx),
+            reads: Mutex::new(rtx),
+        })
+    }
+
+    /// `sqlite` or `postgres`.
+    pub fn backend(&self) -> &'static str {
+        self.backend
+    }
+
+    /// Where the data lives (for logs).
+    pub fn describe(&self) -> &str {
+        &self.describe
+    }
+
+    /// Stores a batch in one transaction; the codes, in entry order, once committed.
+    pub async fn create(&self, entries: Vec<NewEntry>, now: i64) -> Result<Vec<String>, StoreError> {
+        let (reply, rx) = oneshot::channel();
+        if self.writes.lock().send(WriteJob { entries, now, reply }).is_err() {
+            return Err(StoreError::Unavailable("writer stopped".into()));
+        }
+        rx.await.unwrap_or_else(|_| Err(StoreError::Unavailable("writer stopped".into())))
+    }
+
+    /// The record of a code.
+    pub async fn get(&self, code: &str) -> Result<Option<Record>, StoreError> {
+        let (reply, rx) = oneshot::channel();
+        self.read(ReadJob::Get(code.to_owned(), reply))?;
+        rx.await.unwrap_or_else(|_| Err(StoreError::Unavailable("reader stopped".into())))
+    }
+
+    /// Counts.
+    pub async fn counts(&self, now: i64) -> Result<Counts, StoreError> {
+        let (reply, rx) = oneshot::channel();
+        self.read(ReadJob::Counts(now, reply))?;
+        rx.await.unwrap_or_else(|_| Err(StoreError::Unavailable("reader stopped".into())))
+    }
+
+    /// Deletes codes that expired before `before` (blocking; for the sweeper thread).
+    pub fn purge_blocking(&self, before: i64) -> Result<u64, StoreError> {
+        let (reply, rx) = oneshot::channel();
+        self.read(ReadJob::Purge(before, reply))?;
+        rx.blocking_recv().unwrap_or_else(|_| Err(StoreError::Unavailable("reader stopped".into())))
+    }
+
+    fn read(&self, job: ReadJob) -> Result<(), StoreError> {
+        self.reads.lock().send(job).map_err(|_| StoreError::Unavailable("readers stopped".into()))
+    }
+}
+
+/// Reconnects at most this often while the storage is down.
+const RECONNECT_EVERY: Duration = Duration::from_millis(500);
+
+struct Link {
+    connector: Arc<dyn Connector>,
+    conn: Option<Box<dyn Conn>>,
+    last_attempt: Option<Instant>,
+    down_since: Option<Instant>,
+}
+
+impl Link {
+    fn new(connector: Arc<dyn Connector>) -> Self {
+        Link { connector, conn: None, last_attempt: None, down_since: None }
+    }
+
+    fn get(&mut self) -> Result<&mut Box<dyn Conn>, StoreError> {
+        if self.conn.is_none() {
+            if self.last_attempt.is_some_and(|t| t.elapsed() < RECONNECT_EVERY) {
+                return Err(StoreError::Unavailable("storage is down; retrying".into()));
+            }
+            self.last_attempt = Some(Instant::now());
+            match self.connector.connect() {
+                Ok(c) => {
+                    if self.down_since.take().is_some() {
+                        log::info!("short-url: storage {} is back", self.connector.describe());
+                    }
+                    self.conn = Some(c);
+                }
+                Err(e) => {
+                    if self.down_since.is_none() {
+                        self.down_since = Some(Instant::now());
+                        log::error!("short-url: storage {} unavailable: {e}", self.connector.describe());
+                    }
+                    return Err(StoreError::Unavailable(e));
+                }
+            }
+        }
+        self.conn.as_mut().ok_or_else(|| StoreError::Unavailable("no connection".into()))
+    }
+
+    fn failed(&mut self, e: &str) {
+        if self.down_since.is_none() {
+            self.down_since = Some(Instant::now());
+            log::error!("short-url: storage {} failed: {e}", self.connector.describe());
+        }
+        self.conn = None;
+    }
+}
+
+fn writer(connector: Arc<dyn Connector>, codes: Arc<dyn CodeGen>, rx: Receiver<WriteJob>) {
+    let mut link = Link::new(connector);
+    while let Ok(first) = rx.recv() {
+        let mut jobs = vec![first];
+        while jobs.len() < MAX_GROUP {
+            match rx.try_recv() {
+                Ok(j) => jobs.push(j),
+                Err(_) => break,
+            }
+        }
+        let results = match link.get() {
+            Err(e) => jobs.iter().map(|_| Err(e.clone())).collect(),
+            Ok(conn) => match write_group(conn.as_mut(), &jobs, codes.as_ref()) {
+                Ok(results) => results,
+                Err(e) => {
+                    link.failed(&e);
+                    jobs.iter().map(|_| Err(StoreError::Unavailable(e.clone()))).collect()
+                }
+            },
+        };
+        for (job, result) in jobs.into_iter().zip(results) {
+            let _ = job.reply.send(result);
+        }
+    }
+}
+
+/// One transaction for all jobs, one savepoint per job. `Err`: nothing was committed.
+fn write_group(
+    conn: &mut dyn Conn,
+    jobs: &[WriteJob],
+    codes: &dyn CodeGen,
+) -> Result<Vec<Result<Vec<String>, StoreError>>, String> {
+    conn.exec("BEGIN")?;
+    let run = |conn: &mut dyn Conn| -> Result<Vec<Result<Vec<String>, StoreError>>, String> {
+        let mut results = Vec::with_capacity(jobs.len());
+        for job in jobs {
+            conn.exec("SAVEPOINT batch")?;
+            let mut out = Vec::with_capacity(job.entries.len());
+            let mut exhausted = false;
+            'entries: for e in &job.entries {
+                for _ in 0..MAX_CODE_ATTEMPTS {
+                    let code = codes.next();
+                    if conn.try_insert(&code, &e.origin_url, job.now, e.expires_at)? {
+                        out.push(code);
+                        continue 'entries;
+                    }
+                }
+                exhausted = true;
+                break;
+            }
+            if exhausted {
+                conn.exec("ROLLBACK TO SAVEPOINT batch")?;
+                conn.exec("RELEASE SAVEPOINT batch")?;
+                results.push(Err(StoreError::Exhausted));
+            } else {
+                conn.exec("RELEASE SAVEPOINT batch")?;
+                results.push(Ok(out));
+            }
+        }
+        Ok(results)
+    };
+    match run(conn) {
+        Ok(results) => {
+            conn.exec("COMMIT")?;
+            Ok(results)
+        }
+        Err(e) => {
+            let _ = conn.exec("ROLLBACK");
+            Err(e)
+        }
+    }
+}
+
+fn reader(connector: Arc<dyn Connector>, rx: Arc<Mutex<Receiver<ReadJob>>>) {
+    let mut link = Link::new(connector);
+    loop {
+        let job = match rx.lock().recv() {
+            Ok(j) => j,
+            Err(_) => return,
+        };
+        macro_rules! run {
+            ($reply:expr, $op:expr) => {{
+                let result = match link.get() {
+                    Err(e) => Err(e),
+                    Ok(conn) => match $op(conn) {
+                        Ok(v) => Ok(v),
+                        Err(e) => {
+                            link.failed(&e);
+                            Err(StoreError::Unavailable(e))
+                        }
+                    },
+                };
+                let _ = $reply.send(result);
+            }};
+        }
+        match job {
+            ReadJob::Get(code, reply) => run!(reply, |c: &mut Box<dyn Conn>| c.get(&code)),
+            ReadJob::Counts(now, reply) => run!(reply, |c: &mut Box<dyn Conn>| c.counts(now)),
+            ReadJob::Purge(before, reply) => run!(reply, |c: &mut Box<dyn Conn>| c.purge(before)),
+        }
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod suite {
+    //! One test suite, run against every backend.
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// Hands out a fixed sequence of codes, then random ones.
+    pub struct Scripted(pub Mutex<Vec<String>>, pub AtomicUsize);
+    impl CodeGen for Scripted {
+        fn next(&self) -> String {
+            self.1.fetch_add(1, Ordering::SeqCst);
+            let mut v = self.0.lock();
+            if v.is_empty() {
+                RandomCodes.next()
+            } else {
+                v.remove(0)
+            }
+        }
+    }
+
+    fn block<F: std::future::Future>(f: F) -> F::Output {
+        tokio::runtime::Builder::new_current_thread().build().map(|rt| rt.block_on(f)).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn entry(url: &str, expires_at: Option<i64>) -> NewEntry {
+        NewEntry { origin_url: url.into(), expires_at }
+    }
+
+    pub fn run(connector: Arc<dyn Connector>) {
+        let scripted = Arc::new(Scripted(Mutex::new(vec![]), AtomicUsize::new(0)));
+        let store = Store::start(connector, scripted.clone(), 2);
+        // Create and read back, in order.
+        let codes =
+            block(store.create(vec![entry("http://a.example/1", None), entry("http://a.example/2", Some(500))], 100))
+                .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(codes.len(), 2);
+        assert!(codes.iter().all(|c| c.len() == CODE_LEN && c.chars().all(|ch| ch.is_ascii_alphanumeric())));
+        let r = block(store.get(&codes[1])).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            r,
+            Some(Record {
+                code: codes[1].clone(),
+                origin_url: "http://a.example/2".into(),
+                created_at: 100,
+                expires_at: Some(500)
+            })
+        );
+        assert_eq!(block(store.get("zzzzzzzz")), Ok(None));
+
+        // A collision is retried with a new code, never overwritten.
+        let taken = codes[0].clone();
+        *scripted.0.lock() = vec![taken.clone(), "Fresh001".into()];
+        let again = block(store.create(vec![entry("http://b.example/", None)], 200)).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(again, vec!["Fresh001".to_owned()]);
+        assert_eq!(block(store.get(&taken)).ok().flatten().map(|r| r.origin_url), Some("http://a.example/1".into()));
+
+        // Exhausted attempts fail the whole batch: nothing of it is stored.
+        *scripted.0.lock() = std::iter::once("Partial1".to_owned())
+            .chain(std::iter::repeat_n(taken.clone(), MAX_CODE_ATTEMPTS))
+            .collect();
+        let r = block(store.create(vec![entry("http://c.example/1", None), entry("http://c.example/2", None)], 300));
+        assert_eq!(r, Err(StoreError::Exhausted));
+        assert_eq!(block(store.get("Partial1")), Ok(None), "one request = one transaction");
+
+        // Counts and purge.
+        let c = block(store.counts(1000)).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c, Counts { codes: 3, expired: 1 });
+        assert_eq!(store.purge_blocking(1000), Ok(1));
+        assert_eq!(block(store.get(&codes[1])), Ok(None));
+
+        // Concurrent batches are grouped and all committed with distinct codes.
+        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap_or_else(|e| panic!("{e}"));
+        let all: Vec<Vec<String>> = rt.block_on(async {
+            let futs: Vec<_> = (0..16)
+                .map(|i| {
+                    let s = store.clone();
+                    async move {
+                        s.create((0..100).map(|j| entry(&format!("http://d.example/{i}/{j}"), None)).collect(), 400)
+                            .await
+                    }
+                })
+                .collect();
+            let mut out = Vec::new();
+            for f in futs {
+                out.push(f.await.unwrap_or_default());
+            }
+            out
+        });
+        let mut flat: Vec<String> = all.into_iter().flatten().collect();
+        assert_eq!(flat.len(), 1600);
+        flat.sort();
+        flat.dedup();
+        assert_eq!(flat.len(), 1600);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sqlite_backend_passes_the_suite() {
+        let dir = std::env::temp_dir().join(format!("weir-short-url-suite-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        suite::run(Arc::new(sqlite::Sqlite::new(dir.join("t.db"))));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn postgres_backend_passes_the_suite() {
+        let Some(url) = std::env::var("WEIR_TEST_POSTGRES_URL").ok().filter(|u| !u.is_empty()) else {
+            eprintln!("SKIPPED postgres_backend_passes_the_suite: set WEIR_TEST_POSTGRES_URL (.ci/run does) to run it");
+            return;
+        };
+        // A fresh database per run, so that counts start at zero.
+        let db = format!("weir_suite_{}", std::process::id());
+        let mut admin = ::postgres::Client::connect(&url, ::postgres::NoTls).unwrap_or_else(|e| panic!("{e}"));
+        let _ = admin.batch_execute(&format!("DROP DATABASE IF EXISTS {db}"));
+        admin.batch_execute(&format!("CREATE DATABASE {db}")).unwrap_or_else(|e| panic!("{e}"));
+        let mut u = url::Url::parse(&url).unwrap_or_else(|e| panic!("{e}"));
+        u.set_path(&db);
+        suite::run(Arc::new(postgres::Postgres::new(u.to_string())));
+    }
+
+    #[test]
+    fn random_codes_are_eight_alphanumerics_and_distinct() {
+        let mut seen = std::collections::HashSet::new();
+        for _ in 0..10_000 {
+            let c = RandomCodes.next();
+            assert_eq!(c.len(), CODE_LEN);
+            assert!(c.chars().all(|ch| ch.is_ascii_alphanumeric()));
+            assert!(seen.insert(c));
+        }
+    }
+}

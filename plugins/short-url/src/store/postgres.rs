@@ -1,0 +1,136 @@
+//! The shared backend: PostgreSQL, so several gateway instances create and resolve one set of
+//! codes. Migrations are versioned in `short_url_migrations` and applied under an advisory lock,
+//! so instances starting together do not race.
+
+use postgres::{Client, NoTls};
+
+use super::{Conn, Connector, Counts, Record};
+
+/// Schema versions, applied in order.
+const MIGRATIONS: &[&str] = &["CREATE TABLE IF NOT EXISTS short_url_codes (
+        code TEXT PRIMARY KEY,
+        origin_url TEXT NOT NULL,
+        created_at BIGINT NOT NULL,
+        expires_at BIGINT
+    );
+    CREATE INDEX IF NOT EXISTS short_url_codes_expires_at ON short_url_codes (expires_at)
+        WHERE expires_at IS NOT NULL;"];
+
+/// Arbitrary key of the migration advisory lock.
+const MIGRATION_LOCK: i64 = 0x5745_4952_5355; // "WEIRSU"
+
+/// Opens connections to one database.
+pub struct Postgres {
+    url: String,
+}
+
+impl Postgres {
+    /// A connector for `url`.
+    pub fn new(url: String) -> Self {
+        Postgres { url }
+    }
+}
+
+fn e(err: postgres::Error) -> String {
+    err.to_string()
+}
+
+/// `url` without its password, for logs.
+fn redact(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(mut u) => {
+            if u.password().is_some() {
+                let _ = u.set_password(Some("***"));
+            }
+            u.to_string()
+        }
+        Err(_) => "postgres://(unparsable url)".into(),
+    }
+}
+
+impl Connector for Postgres {
+    fn backend(&self) -> &'static str {
+        "postgres"
+    }
+    fn describe(&self) -> String {
+        redact(&self.url)
+    }
+    fn connect(&self) -> Result<Box<dyn Conn>, String> {
+        let mut config: postgres::Config = self.url.parse().map_err(e)?;
+        config.connect_timeout(std::time::Duration::from_secs(3));
+        let mut client = config.connect(NoTls).map_err(e)?;
+        migrate(&mut client)?;
+        Ok(Box::new(PgConn(client, None)))
+    }
+}
+
+fn migrate(c: &mut Client) -> Result<(), String> {
+    let mut tx = c.transaction().map_err(e)?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK]).map_err(e)?;
+    tx.batch_execute("CREATE TABLE IF NOT EXISTS short_url_migrations (version INT PRIMARY KEY, applied_at TIMESTAMPTZ NOT NULL DEFAULT now())")
+        .map_err(e)?;
+    let done: i32 = tx.query_one("SELECT coalesce(max(version), 0) FROM short_url_migrations", &[]).map_err(e)?.get(0);
+    for (i, sql) in MIGRATIONS.iter().enumerate().skip(done.max(0) as usize) {
+        tx.batch_execute(sql).map_err(|err| format!("migration {}: {err}", i + 1))?;
+        tx.execute("INSERT INTO short_url_migrations (version) VALUES ($1)", &[&((i + 1) as i32)]).map_err(e)?;
+    }
+    tx.commit().map_err(e)
+}
+
+struct PgConn(Client, Option<postgres::Statement>);
+
+impl Conn for PgConn {
+    fn exec(&mut self, sql: &str) -> Result<(), String> {
+        self.0.batch_execute(sql).map_err(e)
+    }
+    fn try_insert(
+        &mut self,
+        code: &str,
+        origin_url: &str,
+        created_at: i64,
+        expires_at: Option<i64>,
+    ) -> Result<bool, String> {
+        let stmt = match &self.1 {
+            Some(s) => s.clone(),
+            None => {
+                let s = self
+                    .0
+                    .prepare(
+                        "INSERT INTO short_url_codes (code, origin_url, created_at, expires_at) VALUES ($1, $2, $3, $4) ON CONFLICT (code) DO NOTHING",
+                    )
+                    .map_err(e)?;
+                self.1 = Some(s.clone());
+                s
+            }
+        };
+        Ok(self.0.execute(&stmt, &[&code, &origin_url, &created_at, &expires_at]).map_err(e)? == 1)
+    }
+    fn get(&mut self, code: &str) -> Result<Option<Record>, String> {
+        let row = self
+            .0
+            .query_opt("SELECT origin_url, created_at, expires_at FROM short_url_codes WHERE code = $1", &[&code])
+            .map_err(e)?;
+        Ok(row.map(|r| Record {
+            code: code.to_owned(),
+            origin_url: r.get(0),
+            created_at: r.get(1),
+            expires_at: r.get(2),
+        }))
+    }
+    fn counts(&mut self, now: i64) -> Result<Counts, String> {
+        let r = self
+            .0
+            .query_one(
+                "SELECT count(*), count(*) FILTER (WHERE expires_at IS NOT NULL AND expires_at <= $1) FROM short_url_codes",
+                &[&now],
+            )
+            .map_err(e)?;
+        let (codes, expired): (i64, i64) = (r.get(0), r.get(1));
+        Ok(Counts { codes: codes as u64, expired: expired as u64 })
+    }
+    fn purge(&mut self, before: i64) -> Result<u64, String> {
+        self.0
+            .execute("DELETE FROM short_url_codes WHERE expires_at IS NOT NULL AND expires_at < $1", &[&before])
+            .map_err(e)
+    }
+}

@@ -1,0 +1,120 @@
+//! The embedded backend: SQLite (bundled) in WAL mode with `synchronous=FULL`, so a committed
+//! transaction survives a crash or power loss. Migrations are versioned with `user_version`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use rusqlite::{params, Connection, OptionalExtension};
+
+use super::{Conn, Connector, Counts, Record};
+
+/// Schema versions, applied in order.
+const MIGRATIONS: &[&str] = &["CREATE TABLE codes (
+        code TEXT PRIMARY KEY,
+        origin_url TEXT NOT NULL,
+        created_at INTEGER NOT NULL,
+        expires_at INTEGER
+    ) WITHOUT ROWID;
+    CREATE INDEX codes_expires_at ON codes (expires_at) WHERE expires_at IS NOT NULL;"];
+
+/// Opens connections to one database file.
+pub struct Sqlite {
+    path: PathBuf,
+}
+
+impl Sqlite {
+    /// A connector for `path` (created with its directory on first connect).
+    pub fn new(path: PathBuf) -> Self {
+        Sqlite { path }
+    }
+}
+
+fn e(err: rusqlite::Error) -> String {
+    err.to_string()
+}
+
+impl Connector for Sqlite {
+    fn backend(&self) -> &'static str {
+        "sqlite"
+    }
+    fn describe(&self) -> String {
+        format!("sqlite:{}", self.path.display())
+    }
+    fn connect(&self) -> Result<Box<dyn Conn>, String> {
+        if let Some(dir) = self.path.parent() {
+            std::fs::create_dir_all(dir).map_err(|err| format!("{}: {err}", dir.display()))?;
+        }
+        let conn = Connection::open(&self.path).map_err(e)?;
+        conn.busy_timeout(Duration::from_secs(5)).map_err(e)?;
+        conn.execute_batch("PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL;").map_err(e)?;
+        migrate(&conn)?;
+        Ok(Box::new(SqliteConn(conn)))
+    }
+}
+
+fn migrate(conn: &Connection) -> Result<(), String> {
+    let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0)).map_err(e)?;
+    for (i, sql) in MIGRATIONS.iter().enumerate().skip(version.max(0) as usize) {
+        let tx_sql = format!("BEGIN IMMEDIATE; {sql}; PRAGMA user_version = {}; COMMIT;", i + 1);
+        if let Err(err) = conn.execute_batch(&tx_sql) {
+            let _ = conn.execute_batch("ROLLBACK");
+            // Another connection may have migrated concurrently.
+            let now: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0)).map_err(e)?;
+            if now < (i + 1) as i64 {
+                return Err(format!("migration {}: {err}", i + 1));
+            }
+        }
+    }
+    Ok(())
+}
+
+struct SqliteConn(Connection);
+
+impl Conn for SqliteConn {
+    fn exec(&mut self, sql: &str) -> Result<(), String> {
+        self.0.execute_batch(sql).map_err(e)
+    }
+    fn try_insert(
+        &mut self,
+        code: &str,
+        origin_url: &str,
+        created_at: i64,
+        expires_at: Option<i64>,
+    ) -> Result<bool, String> {
+        let mut stmt = self
+            .0
+            .prepare_cached(
+                "INSERT INTO codes (code, origin_url, created_at, expires_at) VALUES (?1, ?2, ?3, ?4) ON CONFLICT(code) DO NOTHING",
+            )
+            .map_err(e)?;
+        Ok(stmt.execute(params![code, origin_url, created_at, expires_at]).map_err(e)? == 1)
+    }
+    fn get(&mut self, code: &str) -> Result<Option<Record>, String> {
+        let mut stmt =
+            self.0.prepare_cached("SELECT origin_url, created_at, expires_at FROM codes WHERE code = ?1").map_err(e)?;
+        stmt.query_row(params![code], |r| {
+            Ok(Record { code: code.to_owned(), origin_url: r.get(0)?, created_at: r.get(1)?, expires_at: r.get(2)? })
+        })
+        .optional()
+        .map_err(e)
+    }
+    fn counts(&mut self, now: i64) -> Result<Counts, String> {
+        let codes: i64 = self.0.query_row("SELECT count(*) FROM codes", [], |r| r.get(0)).map_err(e)?;
+        let expired: i64 = self
+            .0
+            .query_row(
+                "SELECT count(*) FROM codes WHERE expires_at IS NOT NULL AND expires_at <= ?1",
+                params![now],
+                |r| r.get(0),
+            )
+            .map_err(e)?;
+        Ok(Counts { codes: codes as u64, expired: expired as u64 })
+    }
+    fn purge(&mut self, before: i64) -> Result<u64, String> {
+        let n = self
+            .0
+            .execute("DELETE FROM codes WHERE expires_at IS NOT NULL AND expires_at < ?1", params![before])
+            .map_err(e)?;
+        Ok(n as u64)
+    }
+}
