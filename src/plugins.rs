@@ -109,12 +109,14 @@ impl Catalog {
         let mut by_priority = listed.clone();
         by_priority.sort_by(|a, b| b.priority.cmp(&a.priority).then(a.name.cmp(b.name)));
         let index = listed.iter().map(|e| (e.name, e.clone())).collect();
-        EnabledSet { listed, by_priority, index }
+        EnabledSet { schema_json: std::sync::OnceLock::new(), listed, by_priority, index }
     }
 }
 
 /// The enabled plugins.
 pub struct EnabledSet {
+    /// The serialized `/v1/schema` document of this set, built on first request.
+    pub schema_json: std::sync::OnceLock<bytes::Bytes>,
     /// In the order of config.yaml's `plugins:` list.
     pub listed: Vec<Arc<PluginEntry>>,
     /// By priority (descending), then name.

@@ -7,6 +7,7 @@ use std::net::SocketAddr;
 
 /// Loads `prefix` and serves until a termination signal. Errors are fit for the user.
 pub fn run(prefix: Prefix) -> Result<(), String> {
+    let begun = std::time::Instant::now();
     let gateway = Gateway::load(prefix)?;
     crate::state::release_garbage();
     let config = gateway.config.load_full();
@@ -36,7 +37,7 @@ pub fn run(prefix: Prefix) -> Result<(), String> {
         log::info!(
             "weir {} started in {} ms; plugins: [{}]; resources: {}",
             env!("CARGO_PKG_VERSION"),
-            gateway.started.elapsed().as_millis(),
+            begun.elapsed().as_millis(),
             names.join(", "),
             gateway.resources.load().summary()
         );

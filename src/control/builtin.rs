@@ -172,12 +172,17 @@ pub fn shadowed_by(pattern: &str) -> Option<String> {
 pub fn handle(endpoint: Endpoint, req: &HttpRequest, gw: &Gateway) -> HttpResponse {
     match endpoint {
         Endpoint::Schema => {
-            let doc = json!({
-                "main": KindSchemas::get().describe(),
-                "plugins": gw.enabled.load().describe(),
-                "stream-plugins": {},
+            // The document changes only with the enabled set: serialize it once per set.
+            let enabled = gw.enabled.load();
+            let body = enabled.schema_json.get_or_init(|| {
+                let doc = json!({
+                    "main": KindSchemas::get().describe(),
+                    "plugins": enabled.describe(),
+                    "stream-plugins": {},
+                });
+                bytes::Bytes::from(doc.to_string())
             });
-            json_response(StatusCode::OK, &doc)
+            HttpResponse::Ok().insert_header((CONTENT_TYPE, "application/json")).body(body.clone())
         }
         Endpoint::Healthchecks => {
             let entries = gw.health.entries();

@@ -63,11 +63,30 @@ fn check_limits(req: &HttpRequest) -> Option<HttpResponse> {
     None
 }
 
-type HttpClient = Client<HttpsConnector<HttpConnector>, ProxyBody>;
+/// An upstream client: plain HTTP, or HTTPS (whose TLS configuration, and the system root
+/// certificates, are loaded only when an https upstream exists).
+#[derive(Clone)]
+enum HttpClient {
+    Plain(Client<HttpConnector, ProxyBody>),
+    Tls(Client<HttpsConnector<HttpConnector>, ProxyBody>),
+}
+
+impl HttpClient {
+    async fn request(
+        &self,
+        req: http::Request<ProxyBody>,
+    ) -> Result<http::Response<hyper::body::Incoming>, hyper_util::client::legacy::Error> {
+        match self {
+            HttpClient::Plain(c) => c.request(req).await,
+            HttpClient::Tls(c) => c.request(req).await,
+        }
+    }
+}
 
 /// What distinguishes one upstream client (and its pool) from another.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 struct ClientKey {
+    tls: bool,
     connect_timeout: Duration,
     verify: bool,
     pool_size: u32,
@@ -85,6 +104,7 @@ impl Worker {
     fn client(&self, upstream: &CompiledUpstream) -> HttpClient {
         let pool = upstream.conf.keepalive_pool;
         let key = ClientKey {
+            tls: upstream.scheme == Scheme::Https,
             connect_timeout: upstream.timeouts.connect,
             verify: upstream.conf.tls.is_none_or(|t| t.verify),
             pool_size: pool.map_or(320, |p| p.size),
@@ -98,15 +118,20 @@ impl Worker {
         http.set_nodelay(true);
         http.enforce_http(false);
         http.set_connect_timeout(Some(key.connect_timeout));
-        let connector = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config(super::tls::client_config(key.verify))
-            .https_or_http()
-            .enable_http1()
-            .wrap_connector(http);
-        let client = Client::builder(TokioExecutor::new())
+        let mut builder = Client::builder(TokioExecutor::new());
+        builder
             .pool_idle_timeout(Duration::from_millis(key.idle_timeout_ms.max(1)))
-            .pool_max_idle_per_host(key.pool_size as usize)
-            .build(connector);
+            .pool_max_idle_per_host(key.pool_size as usize);
+        let client = if key.tls {
+            let connector = hyper_rustls::HttpsConnectorBuilder::new()
+                .with_tls_config(super::tls::client_config(key.verify))
+                .https_only()
+                .enable_http1()
+                .wrap_connector(http);
+            HttpClient::Tls(builder.build(connector))
+        } else {
+            HttpClient::Plain(builder.build(http))
+        };
         clients.push((key, client.clone()));
         client
     }

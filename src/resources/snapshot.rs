@@ -239,11 +239,12 @@ impl Builder<'_> {
                 meta_by_plugin.insert(m.id.clone(), m);
             }
         }
-        for (o, r) in &routes {
+        // Resources without plugins get no entry: lookups fall back to an empty chain.
+        for (o, r) in routes.iter().filter(|(_, r)| !r.plugins.is_empty()) {
             let chain = self.chain(o, &r.plugins, &shared, &meta_by_plugin);
             self.snap.chains.insert(("routes", r.id.0.clone()), chain);
         }
-        for (o, s) in &services {
+        for (o, s) in services.iter().filter(|(_, s)| !s.plugins.is_empty()) {
             let chain = self.chain(o, &s.plugins, &shared, &meta_by_plugin);
             self.snap.chains.insert(("services", s.id.0.clone()), chain);
         }

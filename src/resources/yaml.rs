@@ -36,7 +36,14 @@ fn stamp(path: &Path) -> Option<Stamp> {
 pub fn watch(path: PathBuf, gateway: &Arc<Gateway>) {
     let weak: Weak<Gateway> = Arc::downgrade(gateway);
     let mut last = stamp(&path);
-    let mut last_text = std::fs::read(&path).ok();
+    // A hash of the content, not the content: a large file is not kept twice in memory.
+    let digest = |bytes: Option<Vec<u8>>| {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        bytes.hash(&mut h);
+        h.finish()
+    };
+    let mut last_text = digest(std::fs::read(&path).ok());
     let spawned = std::thread::Builder::new().name("resources-watch".into()).spawn(move || loop {
         std::thread::sleep(POLL_INTERVAL);
         let Some(gateway) = weak.upgrade() else { return };
@@ -45,7 +52,7 @@ pub fn watch(path: PathBuf, gateway: &Arc<Gateway>) {
             continue;
         }
         last = now;
-        let text = std::fs::read(&path).ok();
+        let text = digest(std::fs::read(&path).ok());
         if text == last_text {
             continue;
         }
