@@ -84,7 +84,7 @@ dump_codes() { # a sample of stored codes for the random-lookup script
 echo "backend: $BACKEND, ${DURATION}s runs, 16 connections, weir on cpu 0, wrk on cpu 1"
 start
 out=$(wrkrun -s "$WORK/create.lua" "http://127.0.0.1:$PORT/short/v1/urls"); summary "create, empty store (URLs)" "$out" 100
-code=$(curl -s -X POST "127.0.0.1:$PORT/short/v1/urls" -d '[{"origin_url":"https://hot.example/"}]' | python3 -c 'import json,sys; print(json.load(sys.stdin)["data"][0]["data"]["short_code"])')
+code=$(curl -s -X POST "127.0.0.1:$PORT/short/v1/urls" -H 'Content-Type: application/json' -d '[{"origin_url":"https://hot.example/"}]' | python3 -c 'import json,sys; print(json.load(sys.stdin)["data"][0]["data"]["short_code"])')
 out=$(wrkrun "http://127.0.0.1:$PORT/s/$code"); summary "redirect, cached hot code" "$out" 1
 fill "$STORED"
 echo "stored codes: $(count)"

@@ -112,6 +112,10 @@ pub trait Conn: Send {
     fn counts(&mut self, now: i64) -> Result<Counts, String>;
     /// Deletes codes expired before `before`; how many.
     fn purge(&mut self, before: i64) -> Result<u64, String>;
+    /// Periodic housekeeping beside the writer (SQLite: a passive WAL checkpoint).
+    fn maintain(&mut self) -> Result<(), String> {
+        Ok(())
+    }
 }
 
 /// Opens connections of one backend.
@@ -142,6 +146,13 @@ pub struct Store {
     describe: String,
     writes: Mutex<Sender<WriteJob>>,
     reads: Mutex<Sender<ReadJob>>,
+    alive: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        self.alive.store(false, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 /// Batches the writer groups into one transaction at most.
@@ -154,6 +165,9 @@ impl Store {
         let (rtx, rrx) = channel::<ReadJob>();
         let c = connector.clone();
         let _ = std::thread::Builder::new().name("short-url-writer".into()).spawn(move || writer(c, codes, wrx));
+        let alive = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let (mc, flag) = (connector.clone(), alive.clone());
+        let _ = std::thread::Builder::new().name("short-url-maint".into()).spawn(move || maintainer(mc, flag));
         let rrx = Arc::new(Mutex::new(rrx));
         for i in 0..readers.max(1) {
             let (c, rx) = (connector.clone(), rrx.clone());
@@ -164,6 +178,7 @@ impl Store {
             describe: connector.describe(),
             writes: Mutex::new(wtx),
             reads: Mutex::new(rtx),
+            alive,
         })
     }
 
@@ -330,6 +345,22 @@ fn write_group(
         Err(e) => {
             let _ = conn.exec("ROLLBACK");
             Err(e)
+        }
+    }
+}
+
+/// Runs `Conn::maintain` twice a second until the store is dropped.
+fn maintainer(connector: Arc<dyn Connector>, alive: Arc<std::sync::atomic::AtomicBool>) {
+    let mut link = Link::new(connector);
+    loop {
+        std::thread::sleep(Duration::from_millis(500));
+        if !alive.load(std::sync::atomic::Ordering::SeqCst) {
+            return;
+        }
+        if let Ok(conn) = link.get() {
+            if let Err(e) = conn.maintain() {
+                link.failed(&e);
+            }
         }
     }
 }
