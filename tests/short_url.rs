@@ -323,7 +323,7 @@ impl Relay {
 /// A fresh database on the test server, or None (test skipped) without WEIR_TEST_POSTGRES_URL.
 fn postgres_db(name: &str) -> Option<url::Url> {
     let Some(base) = std::env::var("WEIR_TEST_POSTGRES_URL").ok().filter(|u| !u.is_empty()) else {
-        eprintln!("SKIPPED {name}: set WEIR_TEST_POSTGRES_URL to a PostgreSQL the tests may create databases in (.ci/run does)");
+        skip(name, "set WEIR_TEST_POSTGRES_URL to a PostgreSQL the tests may create databases in (.ci/run does)");
         return None;
     };
     let db = format!("weir_{name}_{}", std::process::id());

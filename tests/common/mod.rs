@@ -331,3 +331,9 @@ pub fn download_count(addr: SocketAddr, path: &str) -> (u16, u64) {
 }
 
 pub mod tls_upstream;
+
+/// Reports a skipped test on the terminal (libtest captures `eprintln!` of passing tests; direct
+/// writes to stderr are not captured).
+pub fn skip(test: &str, why: &str) {
+    let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {why}");
+}
