@@ -88,7 +88,10 @@ async fn wait_for_signal() {
     let int = signal(SignalKind::interrupt());
     match (term, int) {
         (Ok(mut term), Ok(mut int)) => {
-            tokio_select(term.recv(), int.recv()).await;
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
         }
         _ => {
             let _ = actix_rt::signal::ctrl_c().await;
@@ -99,30 +102,4 @@ async fn wait_for_signal() {
 #[cfg(not(unix))]
 async fn wait_for_signal() {
     let _ = actix_rt::signal::ctrl_c().await;
-}
-
-/// Resolves when either future does.
-async fn tokio_select<A, B>(a: A, b: B)
-where
-    A: std::future::Future,
-    B: std::future::Future,
-{
-    let a = std::pin::pin!(a);
-    let b = std::pin::pin!(b);
-    let mut a = Some(a);
-    let mut b = Some(b);
-    std::future::poll_fn(|cx| {
-        if let Some(f) = a.as_mut() {
-            if f.as_mut().poll(cx).is_ready() {
-                return std::task::Poll::Ready(());
-            }
-        }
-        if let Some(f) = b.as_mut() {
-            if f.as_mut().poll(cx).is_ready() {
-                return std::task::Poll::Ready(());
-            }
-        }
-        std::task::Poll::Pending
-    })
-    .await;
 }

@@ -22,15 +22,21 @@ impl Issue {
     pub fn new(path: impl Into<String>, reason: impl Into<String>) -> Self {
         Issue { path: path.into(), reason: reason.into() }
     }
-    /// The same issue, located under `prefix` (e.g. `routes[0]`).
+    /// The same issue, located under key path `prefix` (e.g. `plugins.key-auth`).
     pub fn under(self, prefix: &str) -> Self {
         let path = match (prefix.is_empty(), self.path.is_empty()) {
             (true, _) => self.path,
             (false, true) => prefix.to_owned(),
             (false, false) if self.path.starts_with('[') => format!("{prefix}{}", self.path),
-            (false, false) if prefix.ends_with(')') => format!("{prefix}: {}", self.path),
             (false, false) => format!("{prefix}.{}", self.path),
         };
+        Issue { path, reason: self.reason }
+    }
+
+    /// The same issue, inside the resource named `owner` (e.g. `routes[0] (id 1)`), which is
+    /// written before the key path: `routes[0] (id 1): upstream.nodes`.
+    pub fn in_resource(self, owner: &str) -> Self {
+        let path = if self.path.is_empty() { owner.to_owned() } else { format!("{owner}: {}", self.path) };
         Issue { path, reason: self.reason }
     }
 }

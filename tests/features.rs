@@ -7,31 +7,17 @@ use common::*;
 
 #[test]
 fn schema_lists_exactly_the_compiled_plugins() {
-    let mut expected: Vec<&str> = Vec::new();
-    if cfg!(feature = "example-plugin") {
-        expected.push("example-plugin");
-    }
-    if cfg!(feature = "key-auth") {
-        expected.push("key-auth");
-    }
-    if cfg!(feature = "short-url") {
-        expected.push("short-url");
-    }
-    if cfg!(feature = "limit-count") {
-        expected.push("limit-count");
-    }
-    if cfg!(feature = "proxy-rewrite") {
-        expected.push("proxy-rewrite");
-    }
-    if cfg!(feature = "response-rewrite") {
-        expected.push("response-rewrite");
-    }
-    if cfg!(feature = "request-id") {
-        expected.push("request-id");
-    }
-    if cfg!(feature = "file-logger") {
-        expected.push("file-logger");
-    }
+    let compiled = [
+        ("example-plugin", cfg!(feature = "example-plugin")),
+        ("key-auth", cfg!(feature = "key-auth")),
+        ("short-url", cfg!(feature = "short-url")),
+        ("limit-count", cfg!(feature = "limit-count")),
+        ("proxy-rewrite", cfg!(feature = "proxy-rewrite")),
+        ("response-rewrite", cfg!(feature = "response-rewrite")),
+        ("request-id", cfg!(feature = "request-id")),
+        ("file-logger", cfg!(feature = "file-logger")),
+    ];
+    let mut expected: Vec<&str> = compiled.iter().filter(|(_, on)| *on).map(|(name, _)| *name).collect();
     expected.sort_unstable();
     let p = Prefix::new("", "", "");
     let _w = Weir::start(&p);

@@ -10,13 +10,6 @@ use common::upstream::Upstream;
 use common::*;
 use serde_json::{json, Value};
 
-fn start(resources: &str) -> (Prefix, Weir) {
-    let p = Prefix::new("", "", resources);
-    let w = Weir::start(&p);
-    w.wait_ready(p.node());
-    (p, w)
-}
-
 fn entry(p: &Prefix, kind: &str, id: &str) -> Value {
     get(p.control(), &format!("/v1/healthcheck/{kind}/{id}")).json()
 }

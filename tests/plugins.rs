@@ -8,13 +8,6 @@ use common::upstream::Upstream;
 use common::*;
 use serde_json::json;
 
-fn start(resources: &str) -> (Prefix, Weir) {
-    let p = Prefix::new("", "", resources);
-    let w = Weir::start(&p);
-    w.wait_ready(p.node());
-    (p, w)
-}
-
 fn up(u: &Upstream) -> String {
     format!("{{nodes: {{\"{}\": 1}}}}", u.node())
 }

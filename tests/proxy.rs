@@ -9,13 +9,6 @@ use common::upstream::Upstream;
 use common::*;
 use serde_json::json;
 
-fn start(resources: &str) -> (Prefix, Weir) {
-    let p = Prefix::new("", "", resources);
-    let w = Weir::start(&p);
-    w.wait_ready(p.node());
-    (p, w)
-}
-
 fn node_of(p: &Prefix, path: &str) -> String {
     let r = get(p.node(), path);
     assert_eq!(r.status, 200, "{path}: {}", r.text());

@@ -86,11 +86,9 @@ pub fn method_bit(m: &str) -> u16 {
     }
 }
 
+/// `HttpMethod` is declared in the bit order of [`method_bit`] (checked by a test).
 fn methods_mask(methods: &[HttpMethod]) -> u16 {
-    methods.iter().fold(0, |acc, m| {
-        let name = serde_json::to_value(m).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default();
-        acc | method_bit(&name)
-    })
+    methods.iter().fold(0, |acc, m| acc | 1 << (*m as u16))
 }
 
 impl CompiledRoute {
@@ -343,6 +341,25 @@ mod tests {
 
     fn id(t: &RouteTable, m: &str, host: &str, path: &str) -> Option<String> {
         t.find(m, host, path, IP).map(|m| m.route.id.to_string())
+    }
+
+    #[test]
+    fn method_enum_order_matches_the_bits() {
+        use HttpMethod::*;
+        for (m, name) in [
+            (GET, "GET"),
+            (POST, "POST"),
+            (PUT, "PUT"),
+            (DELETE, "DELETE"),
+            (PATCH, "PATCH"),
+            (HEAD, "HEAD"),
+            (OPTIONS, "OPTIONS"),
+            (CONNECT, "CONNECT"),
+            (TRACE, "TRACE"),
+            (PURGE, "PURGE"),
+        ] {
+            assert_eq!(methods_mask(&[m]), method_bit(name), "{name}");
+        }
     }
 
     #[test]

@@ -82,6 +82,15 @@ pub enum Source {
 struct Targets {
     list: Vec<Arc<Target>>,
     by_addr: HashMap<(IpAddr, u16), usize>,
+    /// `checks.active.port`, kept here so that a node lookup takes this one lock only.
+    port: Option<u16>,
+}
+
+impl Targets {
+    fn of(&self, addr: SocketAddr) -> Option<&Arc<Target>> {
+        let port = self.port.unwrap_or(addr.port());
+        self.by_addr.get(&(addr.ip(), port)).map(|&i| &self.list[i])
+    }
 }
 
 /// Counts live probe tasks (for tests and leak checks).
@@ -187,7 +196,7 @@ impl Checker {
             }
         }
         let by_addr = list.iter().enumerate().map(|(i, t)| ((t.key.ip, t.key.port), i)).collect();
-        *targets = Targets { list, by_addr };
+        *targets = Targets { list, by_addr, port: checks.active.port };
     }
 
     /// Applies a changed `checks`: thresholds and probe settings change; targets whose identity
@@ -220,21 +229,13 @@ impl Checker {
         *target.probe.lock() = Some(handle.abort_handle());
     }
 
-    fn port_for(&self, addr: SocketAddr) -> u16 {
-        self.checks.read().active.port.unwrap_or(addr.port())
-    }
-
     fn target(&self, addr: SocketAddr) -> Option<Arc<Target>> {
-        let port = self.port_for(addr);
-        let targets = self.targets.read();
-        targets.by_addr.get(&(addr.ip(), port)).map(|&i| targets.list[i].clone())
+        self.targets.read().of(addr).cloned()
     }
 
     /// Whether the node at `addr` may take traffic (unknown nodes may).
     pub fn takes_traffic(&self, addr: SocketAddr) -> bool {
-        let port = self.port_for(addr);
-        let targets = self.targets.read();
-        targets.by_addr.get(&(addr.ip(), port)).is_none_or(|&i| targets.list[i].status().takes_traffic())
+        self.targets.read().of(addr).is_none_or(|t| t.status().takes_traffic())
     }
 
     /// Notes whether the balancer had to fall back to all nodes; logs transitions only.

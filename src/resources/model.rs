@@ -57,7 +57,8 @@ impl JsonSchema for Id {
 /// Plugin configurations keyed by plugin name (each validated against that plugin's schema).
 pub type PluginConfs = BTreeMap<String, Value>;
 
-/// HTTP methods a route can match.
+/// HTTP methods a route can match. The declaration order is the bit order of the router's method
+/// mask: append new methods at the end.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, JsonSchema, PartialEq, Eq, Hash)]
 #[allow(clippy::upper_case_acronyms)]
 pub enum HttpMethod {

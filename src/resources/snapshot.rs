@@ -338,7 +338,7 @@ impl Builder<'_> {
     }
 
     fn issue(&mut self, owner: &str, path: &str, reason: &str) {
-        self.issues.push(Issue::new(path, reason).under(owner));
+        self.issues.push(Issue::new(path, reason).in_resource(owner));
     }
 
     /// Validates every item of one list against its kind schema, then deserializes it.
@@ -349,7 +349,7 @@ impl Builder<'_> {
         for (i, item) in items.iter().enumerate() {
             let o = owner(list, i, item);
             if let Err(found) = schema.check(item) {
-                self.issues.extend(found.into_iter().map(|f| f.under(&o)));
+                self.issues.extend(found.into_iter().map(|f| f.in_resource(&o)));
                 continue;
             }
             match serde_json::from_value::<T>(item.clone()) {
@@ -428,7 +428,7 @@ impl Builder<'_> {
                     continue;
                 };
                 if let Err(found) = schema.check(conf) {
-                    self.issues.extend(found.into_iter().map(|f| f.under(&format!("{o}: {path}"))));
+                    self.issues.extend(found.into_iter().map(|f| f.under(&path).in_resource(o)));
                     continue;
                 }
                 per_plugin
@@ -467,7 +467,7 @@ impl Builder<'_> {
             return false;
         };
         if let Err(found) = schema.check(&Value::Object(m.fields.clone())) {
-            self.issues.extend(found.into_iter().map(|f| f.under(o)));
+            self.issues.extend(found.into_iter().map(|f| f.in_resource(o)));
             return false;
         }
         true
@@ -485,8 +485,7 @@ impl Builder<'_> {
             let path = format!("plugins.{name}");
             let Some(entry) = self.enabled_plugin(o, &path, name) else { continue };
             if let Err(found) = entry.schema.check(conf) {
-                let at = format!("{o}: {path}");
-                self.issues.extend(found.into_iter().map(|f| f.under(&at)));
+                self.issues.extend(found.into_iter().map(|f| f.under(&path).in_resource(o)));
                 continue;
             }
             let meta = metadata.get(name).map(|m| Value::Object(m.fields.clone()));

@@ -171,6 +171,14 @@ impl Drop for Weir {
     }
 }
 
+/// Starts a gateway on `resources` (default config on free ports) and waits for both listeners.
+pub fn start(resources: &str) -> (Prefix, Weir) {
+    let p = Prefix::new("", "", resources);
+    let w = Weir::start(&p);
+    w.wait_ready(p.node());
+    (p, w)
+}
+
 /// Runs `weir` with `args` to completion: (exit code, stdout + stderr).
 pub fn run_weir(args: &[&str]) -> (i32, String) {
     let out = Command::new(BIN).args(args).env("RUST_LOG", "info").output().expect("run weir");

@@ -86,7 +86,7 @@ impl Plugin for ExamplePlugin {
         ]
     }
     fn build(&self, conf: &Value, _ctx: &BuildContext<'_>) -> Result<Arc<dyn PluginInstance>, String> {
-        let _conf: Conf = serde_json::from_value(conf.clone()).map_err(|e| e.to_string())?;
+        let _conf: Conf = weir_plugin::parse_conf(conf)?;
         Ok(Arc::new(Instance))
     }
 }

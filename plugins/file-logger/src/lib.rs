@@ -191,10 +191,10 @@ impl Plugin for FileLogger {
         Some(schema_of::<Metadata>())
     }
     fn build(&self, conf: &Value, ctx: &BuildContext<'_>) -> Result<Arc<dyn PluginInstance>, String> {
-        let c: Conf = serde_json::from_value(conf.clone()).map_err(|e| e.to_string())?;
+        let c: Conf = weir_plugin::parse_conf(conf)?;
         let format = match ctx.metadata {
             Some(m) => {
-                let meta: Metadata = serde_json::from_value(m.clone()).map_err(|e| e.to_string())?;
+                let meta: Metadata = weir_plugin::parse_conf(m)?;
                 if meta.log_format.is_empty() {
                     default_format()
                 } else {

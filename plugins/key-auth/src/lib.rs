@@ -72,11 +72,10 @@ impl KeyIndex {
     fn build(consumers: &[ConsumerRef<'_>]) -> Result<KeyIndex, String> {
         let hasher = RandomState::new();
         let mut buckets: HashMap<u64, Bucket> = HashMap::new();
-        let mut owners: HashMap<&str, &str> = HashMap::new();
+        let mut owners: HashMap<String, &str> = HashMap::new();
         for c in consumers {
-            let conf: ConsumerConf = serde_json::from_value(c.conf.clone()).map_err(|e| e.to_string())?;
-            let key = c.conf.get("key").and_then(Value::as_str).unwrap_or_default();
-            if let Some(first) = owners.insert(key, c.username) {
+            let conf: ConsumerConf = weir_plugin::parse_conf(c.conf)?;
+            if let Some(first) = owners.insert(conf.key.clone(), c.username) {
                 return Err(format!("consumers `{first}` and `{}` have the same key; keys must be unique", c.username));
             }
             let h = hasher.hash_one(conf.key.as_bytes());
@@ -157,7 +156,7 @@ impl Plugin for KeyAuth {
         Ok(Some(Arc::new(KeyIndex::build(consumers)?)))
     }
     fn build(&self, conf: &Value, ctx: &BuildContext<'_>) -> Result<Arc<dyn PluginInstance>, String> {
-        let conf: Conf = serde_json::from_value(conf.clone()).map_err(|e| e.to_string())?;
+        let conf: Conf = weir_plugin::parse_conf(conf)?;
         let index = ctx.shared.and_then(|s| s.clone().downcast::<KeyIndex>().ok());
         Ok(Arc::new(Instance { conf, index }))
     }

@@ -169,7 +169,7 @@ impl Plugin for LimitCount {
         schema_of::<Conf>()
     }
     fn build(&self, conf: &Value, ctx: &BuildContext<'_>) -> Result<Arc<dyn PluginInstance>, String> {
-        let parsed: Conf = serde_json::from_value(conf.clone()).map_err(|e| e.to_string())?;
+        let parsed: Conf = weir_plugin::parse_conf(conf)?;
         let mut h = DefaultHasher::new();
         ctx.owner.split(' ').next().unwrap_or(ctx.owner).hash(&mut h);
         conf.to_string().hash(&mut h);

@@ -1,29 +1,16 @@
 //! `proxy-rewrite`: rewrites the request sent upstream: URI (literal with `$variables`, or a
 //! regex replacement), Host, method, and headers (add / set / remove).
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use regex::Regex;
 use schemars::JsonSchema;
 use serde::Deserialize;
-use weir_plugin::http::{HeaderName, HeaderValue, Method};
-use weir_plugin::{register_plugin, schema_of, BuildContext, Flow, Plugin, PluginInstance, RequestCtx, Value};
-
-/// Header operations.
-#[derive(Debug, Default, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct HeaderOps {
-    /// Appended (existing values kept).
-    #[serde(default)]
-    pub add: BTreeMap<String, String>,
-    /// Replaced.
-    #[serde(default)]
-    pub set: BTreeMap<String, String>,
-    /// Removed.
-    #[serde(default)]
-    pub remove: Vec<String>,
-}
+use weir_plugin::http::{HeaderValue, Method};
+use weir_plugin::{
+    register_plugin, schema_of, BuildContext, Flow, HeaderOps, NamedHeaderOps, Plugin, PluginInstance, RequestCtx,
+    Value,
+};
 
 /// Methods `method` may set.
 #[derive(Debug, Clone, Copy, Deserialize, JsonSchema)]
@@ -65,16 +52,13 @@ pub struct Conf {
 /// The plugin.
 pub struct ProxyRewrite;
 
-type Pairs = Vec<(HeaderName, String)>;
-
 struct Instance {
     uri: Option<String>,
     regex: Option<(Regex, String)>,
     host: Option<HeaderValue>,
     method: Option<Method>,
-    add: Pairs,
-    set: Pairs,
-    remove: Vec<HeaderName>,
+    /// Values are templates (`$variables`), expanded per request.
+    headers: NamedHeaderOps,
 }
 
 /// Substitutes `$name` (letters, digits, `_`) with variables of the request.
@@ -99,14 +83,6 @@ fn interpolate(template: &str, ctx: &RequestCtx) -> String {
     out
 }
 
-fn header_pairs(map: &BTreeMap<String, String>) -> Result<Pairs, String> {
-    map.iter()
-        .map(|(k, v)| {
-            HeaderName::from_bytes(k.as_bytes()).map(|n| (n, v.clone())).map_err(|e| format!("header `{k}`: {e}"))
-        })
-        .collect()
-}
-
 impl PluginInstance for Instance {
     fn rewrite(&self, ctx: &mut RequestCtx) -> Flow {
         if let Some(uri) = &self.uri {
@@ -129,15 +105,15 @@ impl PluginInstance for Instance {
         if let Some(h) = &self.host {
             ctx.headers.insert(weir_plugin::http::header::HOST, h.clone());
         }
-        for name in &self.remove {
+        for name in &self.headers.remove {
             ctx.headers.remove(name);
         }
-        for (name, v) in &self.set {
+        for (name, v) in &self.headers.set {
             if let Ok(v) = HeaderValue::from_str(&interpolate(v, ctx)) {
                 ctx.headers.insert(name.clone(), v);
             }
         }
-        for (name, v) in &self.add {
+        for (name, v) in &self.headers.add {
             if let Ok(v) = HeaderValue::from_str(&interpolate(v, ctx)) {
                 ctx.headers.append(name.clone(), v);
             }
@@ -157,7 +133,7 @@ impl Plugin for ProxyRewrite {
         schema_of::<Conf>()
     }
     fn build(&self, conf: &Value, _ctx: &BuildContext<'_>) -> Result<Arc<dyn PluginInstance>, String> {
-        let c: Conf = serde_json::from_value(conf.clone()).map_err(|e| e.to_string())?;
+        let c: Conf = weir_plugin::parse_conf(conf)?;
         let regex = match &c.regex_uri {
             Some(pair) => {
                 let re = Regex::new(&pair[0]).map_err(|e| format!("regex_uri: {e}"))?;
@@ -165,7 +141,7 @@ impl Plugin for ProxyRewrite {
             }
             None => None,
         };
-        let ops = c.headers.unwrap_or_default();
+        let headers = c.headers.unwrap_or_default().named()?;
         Ok(Arc::new(Instance {
             uri: c.uri,
             regex,
@@ -179,13 +155,7 @@ impl Plugin for ProxyRewrite {
                 RewriteMethod::HEAD => Method::HEAD,
                 RewriteMethod::OPTIONS => Method::OPTIONS,
             }),
-            add: header_pairs(&ops.add)?,
-            set: header_pairs(&ops.set)?,
-            remove: ops
-                .remove
-                .iter()
-                .map(|k| HeaderName::from_bytes(k.as_bytes()).map_err(|e| format!("header `{k}`: {e}")))
-                .collect::<Result<_, _>>()?,
+            headers,
         }))
     }
 }

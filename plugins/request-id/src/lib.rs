@@ -102,7 +102,7 @@ impl Plugin for RequestId {
         schema_of::<Conf>()
     }
     fn build(&self, conf: &Value, _ctx: &BuildContext<'_>) -> Result<Arc<dyn PluginInstance>, String> {
-        let c: Conf = serde_json::from_value(conf.clone()).map_err(|e| e.to_string())?;
+        let c: Conf = weir_plugin::parse_conf(conf)?;
         let header = HeaderName::from_bytes(c.header_name.as_bytes()).map_err(|e| format!("header_name: {e}"))?;
         Ok(Arc::new(Instance { header, include: c.include_in_response, algorithm: c.algorithm }))
     }

@@ -1,30 +1,14 @@
 //! `response-rewrite`: rewrites what the client receives: status, body, headers (add / set /
 //! remove). Applies to upstream responses and to responses produced by other plugins.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use schemars::JsonSchema;
 use serde::Deserialize;
 use weir_plugin::http::{HeaderName, HeaderValue, StatusCode};
 use weir_plugin::{
-    register_plugin, schema_of, BuildContext, Bytes, Plugin, PluginInstance, RequestCtx, ResponseHead, Value,
+    register_plugin, schema_of, BuildContext, Bytes, HeaderOps, Plugin, PluginInstance, RequestCtx, ResponseHead, Value,
 };
-
-/// Header operations.
-#[derive(Debug, Default, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct HeaderOps {
-    /// Appended.
-    #[serde(default)]
-    pub add: BTreeMap<String, String>,
-    /// Replaced.
-    #[serde(default)]
-    pub set: BTreeMap<String, String>,
-    /// Removed.
-    #[serde(default)]
-    pub remove: Vec<String>,
-}
 
 /// Route configuration.
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -53,13 +37,11 @@ struct Instance {
     remove: Vec<HeaderName>,
 }
 
-fn pairs(map: &BTreeMap<String, String>) -> Result<Vec<(HeaderName, HeaderValue)>, String> {
-    map.iter()
-        .map(|(k, v)| {
-            let n = HeaderName::from_bytes(k.as_bytes()).map_err(|e| format!("header `{k}`: {e}"))?;
-            let v = HeaderValue::from_str(v).map_err(|e| format!("header `{k}`: {e}"))?;
-            Ok((n, v))
-        })
+/// Response header values are fixed: parse them once, at build time.
+fn values(pairs: Vec<(HeaderName, String)>) -> Result<Vec<(HeaderName, HeaderValue)>, String> {
+    pairs
+        .into_iter()
+        .map(|(n, v)| HeaderValue::from_str(&v).map(|v| (n.clone(), v)).map_err(|e| format!("header `{n}`: {e}")))
         .collect()
 }
 
@@ -103,18 +85,14 @@ impl Plugin for ResponseRewrite {
         schema_of::<Conf>()
     }
     fn build(&self, conf: &Value, _ctx: &BuildContext<'_>) -> Result<Arc<dyn PluginInstance>, String> {
-        let c: Conf = serde_json::from_value(conf.clone()).map_err(|e| e.to_string())?;
-        let ops = c.headers.unwrap_or_default();
+        let c: Conf = weir_plugin::parse_conf(conf)?;
+        let ops = c.headers.unwrap_or_default().named()?;
         Ok(Arc::new(Instance {
             status: c.status_code.map(|s| StatusCode::from_u16(s).map_err(|e| e.to_string())).transpose()?,
             body: c.body.map(Bytes::from),
-            add: pairs(&ops.add)?,
-            set: pairs(&ops.set)?,
-            remove: ops
-                .remove
-                .iter()
-                .map(|k| HeaderName::from_bytes(k.as_bytes()).map_err(|e| format!("header `{k}`: {e}")))
-                .collect::<Result<_, _>>()?,
+            add: values(ops.add)?,
+            set: values(ops.set)?,
+            remove: ops.remove,
         }))
     }
 }

@@ -74,10 +74,7 @@ impl ControlRequest {
     }
     /// The raw value of query argument `name` (`""` when it has no value).
     pub fn arg(&self, name: &str) -> Option<&str> {
-        self.query.split('&').find_map(|pair| {
-            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-            (k == name).then_some(v)
-        })
+        crate::query_arg(&self.query, name)
     }
     /// A request header (name compared case-insensitively).
     pub fn header(&self, name: &str) -> Option<&str> {

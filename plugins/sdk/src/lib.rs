@@ -9,6 +9,7 @@
 //! `inventory`, sorts them by priority (descending) and name, and rejects duplicates.
 
 pub mod control;
+pub mod headers;
 pub mod phase;
 pub mod schema;
 
@@ -17,6 +18,7 @@ use std::sync::Arc;
 
 pub use bytes::Bytes;
 pub use control::{ControlEndpoint, ControlFuture, ControlHandler, ControlRequest, ControlResponse};
+pub use headers::{HeaderOps, NamedHeaderOps};
 pub use http;
 pub use phase::{Consumer, Flow, FlowFuture, PluginInstance, PluginResponse, RequestCtx, ResponseHead};
 pub use schema::schema_of;
@@ -25,6 +27,20 @@ pub use serde_json::{self, Value};
 
 #[doc(hidden)]
 pub use inventory;
+
+/// Deserializes a validated plugin configuration (or metadata) into its Rust type, without
+/// copying the JSON value.
+pub fn parse_conf<T: serde::de::DeserializeOwned>(conf: &Value) -> Result<T, String> {
+    T::deserialize(conf).map_err(|e| e.to_string())
+}
+
+/// The raw value of argument `name` in a query string (`""` when it has no value).
+pub fn query_arg<'q>(query: &'q str, name: &str) -> Option<&'q str> {
+    query.split('&').find_map(|pair| {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        (k == name).then_some(v)
+    })
+}
 
 /// Shared, per-snapshot state a plugin derives from all consumers (for example an index from
 /// credential to consumer). Built once per resource snapshot, handed to every [`Plugin::build`].

@@ -144,10 +144,7 @@ impl RequestCtx {
 
     /// The raw value of query argument `name`.
     pub fn arg(&self, name: &str) -> Option<&str> {
-        self.query.split('&').find_map(|pair| {
-            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-            (k == name).then_some(v)
-        })
+        crate::query_arg(&self.query, name)
     }
 
     /// A route path parameter.

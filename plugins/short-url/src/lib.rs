@@ -179,7 +179,7 @@ fn day_secs() -> i64 {
 impl Meta {
     fn from(metadata: Option<&Value>) -> Result<Meta, String> {
         let m: Metadata = match metadata {
-            Some(v) => serde_json::from_value(v.clone()).map_err(|e| e.to_string())?,
+            Some(v) => weir_plugin::parse_conf(v)?,
             None => Metadata { short_base: None, redirect_status: None, max_valid_day: None, default_valid_day: None },
         };
         let short_base = m.short_base.unwrap_or_else(|| DEFAULT_SHORT_BASE.to_owned()).trim_end_matches('/').to_owned();
@@ -370,7 +370,7 @@ fn redirect_or_gone(code: &str, origin: &str, expires_at: Option<i64>, now: i64,
 fn storage_from(attr: Option<&Value>) -> Result<Storage, String> {
     match attr {
         None => Ok(Storage::default()),
-        Some(v) => serde_json::from_value::<Attr>(v.clone()).map(|a| a.storage).map_err(|e| e.to_string()),
+        Some(v) => weir_plugin::parse_conf::<Attr>(v).map(|a| a.storage),
     }
 }
 
@@ -505,7 +505,7 @@ impl Plugin for ShortUrl {
         ]
     }
     fn build(&self, conf: &Value, ctx: &BuildContext<'_>) -> Result<Arc<dyn PluginInstance>, String> {
-        let c: Conf = serde_json::from_value(conf.clone()).map_err(|e| e.to_string())?;
+        let c: Conf = weir_plugin::parse_conf(conf)?;
         let meta = Arc::new(Meta::from(ctx.metadata)?);
         Ok(Arc::new(Instance { action: c.action, meta, shared: self.shared.clone() }))
     }
