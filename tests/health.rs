@@ -211,6 +211,16 @@ fn entries_appear_after_the_first_request_only() {
     assert_eq!(e["nodes"][0]["hostname"], "127.0.0.1");
     let r = get(p.control(), "/v1/healthcheck/routes/3");
     assert_eq!((r.status, r.json()), (404, json!({"error_msg": "no checker for routes[3]"})));
+    // Asking for HTML gives the list page with that one entry; errors stay JSON.
+    let html = [("Accept", "text/html,application/xhtml+xml;q=0.9")];
+    let r = request(p.control(), "GET", "/v1/healthcheck/upstreams/7", &html, b"");
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("content-type"), Some("text/html; charset=utf-8"));
+    let page = r.text();
+    assert!(page.contains("/weir/upstreams/7"), "{page}");
+    assert!(!page.contains("/weir/services/s"), "only the asked entry: {page}");
+    let r = request(p.control(), "GET", "/v1/healthcheck/routes/3", &html, b"");
+    assert_eq!((r.status, r.json()), (404, json!({"error_msg": "no checker for routes[3]"})));
 }
 
 #[test]

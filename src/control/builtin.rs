@@ -196,7 +196,7 @@ pub fn handle(endpoint: Endpoint, req: &HttpRequest, gw: &Gateway) -> HttpRespon
         Endpoint::HealthMissingId(src_type) => {
             error(StatusCode::NOT_FOUND, format!("missing src id for src type {src_type}"))
         }
-        Endpoint::Healthcheck(src_type, id) => healthcheck(gw, &src_type, &id),
+        Endpoint::Healthcheck(src_type, id) => healthcheck(gw, &src_type, &id, wants_html(req)),
         Endpoint::Gc => gc(gw),
         Endpoint::PluginMetadatas => {
             let snap = gw.resources.load();
@@ -247,7 +247,9 @@ fn wants_html(req: &HttpRequest) -> bool {
         .any(|v| v.split(',').any(|t| t.split(';').next().unwrap_or("").trim().eq_ignore_ascii_case("text/html")))
 }
 
-fn healthcheck(gw: &Gateway, src_type: &str, id: &str) -> HttpResponse {
+/// One checker's entry: JSON, or (when the client asks for HTML, as APISIX does) the list page with
+/// that one entry. Errors stay JSON either way.
+fn healthcheck(gw: &Gateway, src_type: &str, id: &str, html: bool) -> HttpResponse {
     let snap = gw.resources.load();
     let exists = match src_type {
         "routes" => snap.route(id).is_some(),
@@ -259,6 +261,9 @@ fn healthcheck(gw: &Gateway, src_type: &str, id: &str) -> HttpResponse {
         return error(StatusCode::NOT_FOUND, format!("{src_type}[{id}] not found"));
     }
     match gw.health.entry(src_type, id) {
+        Some(entry) if html => HttpResponse::Ok()
+            .insert_header((CONTENT_TYPE, "text/html; charset=utf-8"))
+            .body(html::render(std::slice::from_ref(&entry))),
         Some(entry) => json_response(StatusCode::OK, &serde_json::to_value(&entry).unwrap_or_default()),
         None => error(StatusCode::NOT_FOUND, format!("no checker for {src_type}[{id}]")),
     }
