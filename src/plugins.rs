@@ -109,7 +109,7 @@ impl Catalog {
         let mut by_priority = listed.clone();
         by_priority.sort_by(|a, b| b.priority.cmp(&a.priority).then(a.name.cmp(b.name)));
         let index = listed.iter().map(|e| (e.name, e.clone())).collect();
-        EnabledSet { schema_json: std::sync::OnceLock::new(), listed, by_priority, index }
+        EnabledSet { schema_json: std::sync::OnceLock::new(), listed, by_priority, index, check_only: false }
     }
 }
 
@@ -122,6 +122,8 @@ pub struct EnabledSet {
     /// By priority (descending), then name.
     pub by_priority: Vec<Arc<PluginEntry>>,
     index: HashMap<&'static str, Arc<PluginEntry>>,
+    /// Built for `weir -t`: plugins validate but open nothing.
+    pub check_only: bool,
 }
 
 impl EnabledSet {

@@ -44,9 +44,19 @@ pub struct Gateway {
 impl Gateway {
     /// Loads configuration and resources of `prefix`; every error names its file and key.
     pub fn load(prefix: Prefix) -> Result<Arc<Gateway>, String> {
+        Self::load_mode(prefix, false)
+    }
+
+    /// `weir -t`: validates everything [`Gateway::load`] does, with no side effect: no database
+    /// opened, no file or directory created, no thread started, no port bound.
+    pub fn check(prefix: Prefix) -> Result<(), String> {
+        Self::load_mode(prefix, true).map(drop)
+    }
+
+    fn load_mode(prefix: Prefix, check_only: bool) -> Result<Arc<Gateway>, String> {
         let catalog = crate::plugins_catalog();
         let config = Config::load(&prefix, catalog).map_err(|e| e.to_string())?;
-        let enabled = enable(&config, catalog, &prefix)?;
+        let enabled = enable(&config, catalog, &prefix, check_only)?;
         let routes = PluginRoutes::build(&enabled, config.gateway.control.router)
             .map_err(|e| format!("{}: {e}", prefix.config_file().display()))?;
         let config_prefix = config.deployment.prefix.clone();
@@ -91,7 +101,7 @@ impl Gateway {
     pub fn reload_plugins(&self) -> Result<Vec<String>, String> {
         let _guard = self.reload.lock();
         let fresh = Config::load(&self.prefix, self.catalog).map_err(|e| e.to_string())?;
-        let enabled = enable(&fresh, self.catalog, &self.prefix)?;
+        let enabled = enable(&fresh, self.catalog, &self.prefix, false)?;
         let router_mode = self.config.load().gateway.control.router;
         let routes = PluginRoutes::build(&enabled, router_mode)
             .map_err(|e| format!("{}: {e}", self.prefix.config_file().display()))?;
@@ -123,9 +133,10 @@ pub fn release_garbage() {
 }
 
 /// The enabled set of `config`, with every enabled plugin initialised with its `plugin_attr`.
-fn enable(config: &Config, catalog: &Catalog, prefix: &Prefix) -> Result<EnabledSet, String> {
-    let enabled = catalog.enable(&config.enabled_plugin_names(catalog));
-    let env = weir_plugin::InitEnv { data_dir: prefix.data_dir() };
+fn enable(config: &Config, catalog: &Catalog, prefix: &Prefix, check_only: bool) -> Result<EnabledSet, String> {
+    let mut enabled = catalog.enable(&config.enabled_plugin_names(catalog));
+    enabled.check_only = check_only;
+    let env = weir_plugin::InitEnv { data_dir: prefix.data_dir(), check_only };
     for entry in &enabled.listed {
         entry
             .plugin

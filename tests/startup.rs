@@ -30,6 +30,65 @@ fn test_mode_accepts_valid_and_rejects_invalid() {
     assert!(out.contains("resources.yaml: routes[0] (id 1): upstream_id: upstream `7` does not exist"), "{out}");
 }
 
+/// Every file and directory under `dir`, relative, sorted.
+fn tree(dir: &std::path::Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let path = e.path();
+            out.push(path.strip_prefix(dir).map(|p| p.display().to_string()).unwrap_or_default());
+            if path.is_dir() {
+                stack.push(path);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn test_mode_has_no_side_effects() {
+    // A data plane port held by someone else, a log file in a directory that does not exist yet,
+    // the SQLite store, and PostgreSQL on a port where nothing listens: -t must touch none of them.
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let busy_port = busy.local_addr().expect("addr").port();
+    let pg_port = free_port();
+    let p = Prefix::new("", "", "");
+    p.write(
+        "conf/config.yaml",
+        &format!("gateway:\n  node_listen: [{busy_port}]\n  control:\n    port: {}\n", p.control_port),
+    );
+    p.write_resources(
+        "routes:\n  - {id: 1, uri: /a, upstream: {nodes: {\"127.0.0.1:80\": 1}}, plugins: {file-logger: {path: logs/deep/access.log}}}\n  - {id: 2, uri: /s, plugins: {short-url: {action: create}}}\n",
+    );
+    let before = tree(&p.dir);
+    let (code, out) = run_weir(&["-t", "-p", &path_str(&p.dir)]);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(tree(&p.dir), before, "weir -t created files: {out}");
+    // PostgreSQL storage is not connected to, but a malformed URL is still an error.
+    p.write(
+        "conf/config.yaml",
+        &format!(
+            "gateway:\n  node_listen: [{busy_port}]\n  control:\n    port: {}\nplugin_attr:\n  short-url:\n    storage: {{backend: postgres, url: \"postgres://weir@127.0.0.1:{pg_port}/weir\"}}\n",
+            p.control_port
+        ),
+    );
+    let (code, out) = run_weir(&["-t", "-p", &path_str(&p.dir)]);
+    assert_eq!(code, 0, "{out}");
+    p.write(
+        "conf/config.yaml",
+        &format!(
+            "gateway:\n  control:\n    port: {}\nplugin_attr:\n  short-url:\n    storage: {{backend: postgres, url: \"postgres://weir@127.0.0.1:notaport/weir\"}}\n",
+            p.control_port
+        ),
+    );
+    let (code, out) = run_weir(&["-t", "-p", &path_str(&p.dir)]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("plugin_attr.short-url: storage.url: "), "{out}");
+    drop(busy);
+}
+
 #[test]
 fn shipped_configuration_is_valid() {
     let root = env!("CARGO_MANIFEST_DIR");

@@ -489,7 +489,12 @@ impl Builder<'_> {
                 continue;
             }
             let meta = metadata.get(name).map(|m| Value::Object(m.fields.clone()));
-            let ctx = BuildContext { owner: o, metadata: meta.as_ref(), shared: shared.get(entry.name) };
+            let ctx = BuildContext {
+                owner: o,
+                metadata: meta.as_ref(),
+                shared: shared.get(entry.name),
+                check_only: self.enabled.check_only,
+            };
             match entry.plugin.build(conf, &ctx) {
                 Ok(instance) => chain.push(BoundPlugin { entry, instance }),
                 Err(e) => self.issue(o, &path, &e),

@@ -155,7 +155,8 @@ pub struct FileLogger {
 }
 
 struct Instance {
-    writer: Arc<Writer>,
+    /// None under `weir -t` (nothing is opened).
+    writer: Option<Arc<Writer>>,
     format: Vec<(String, String)>,
 }
 
@@ -173,7 +174,9 @@ impl PluginInstance for Instance {
             };
             line.insert(field.clone(), value);
         }
-        self.writer.send(Msg::Line(Value::Object(line).to_string()));
+        if let Some(w) = &self.writer {
+            w.send(Msg::Line(Value::Object(line).to_string()));
+        }
     }
 }
 
@@ -204,6 +207,9 @@ impl Plugin for FileLogger {
             None => default_format(),
         };
         let path = PathBuf::from(&c.path);
+        if ctx.check_only {
+            return Ok(Arc::new(Instance { writer: None, format }));
+        }
         let mut writers = self.writers.lock();
         let writer = match writers.get(&path) {
             Some(w) => w.clone(),
@@ -213,7 +219,7 @@ impl Plugin for FileLogger {
                 w
             }
         };
-        Ok(Arc::new(Instance { writer, format }))
+        Ok(Arc::new(Instance { writer: Some(writer), format }))
     }
     fn reopen_logs(&self) {
         for w in self.writers.lock().values() {

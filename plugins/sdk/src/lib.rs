@@ -51,6 +51,9 @@ pub type SharedState = Arc<dyn Any + Send + Sync>;
 pub struct InitEnv {
     /// `<prefix>/data`: durable files of plugins (created on demand by the plugin).
     pub data_dir: std::path::PathBuf,
+    /// `weir -t`: validate only. The plugin must not open databases, create files or
+    /// directories, or start threads; it reports what is malformed and returns.
+    pub check_only: bool,
 }
 
 /// One consumer as seen by a plugin while a snapshot is being built.
@@ -69,6 +72,9 @@ pub struct BuildContext<'a> {
     pub metadata: Option<&'a Value>,
     /// The result of [`Plugin::prepare_consumers`] for this snapshot, if the plugin returned one.
     pub shared: Option<&'a SharedState>,
+    /// `weir -t`: build an instance that validates its configuration but opens nothing (no
+    /// files, no connections); it never serves a request.
+    pub check_only: bool,
 }
 
 /// A gateway plugin. Implementations are registered with [`register_plugin!`].

@@ -420,6 +420,12 @@ impl Plugin for ShortUrl {
     }
     fn init(&self, attr: Option<&Value>, env: &InitEnv) -> Result<(), String> {
         let storage = storage_from(attr)?;
+        if let Storage::Postgres { url, .. } = &storage {
+            store::postgres::check_url(url)?;
+        }
+        if env.check_only {
+            return Ok(());
+        }
         {
             let current = self.shared.store.read();
             if current.as_ref().is_some_and(|(s, dir, _)| *s == storage && *dir == env.data_dir) {

@@ -31,6 +31,11 @@ impl Postgres {
     }
 }
 
+/// Whether `url` is a connection string the driver accepts (checked at load, without connecting).
+pub fn check_url(url: &str) -> Result<(), String> {
+    url.parse::<postgres::Config>().map(drop).map_err(|err| format!("storage.url: {err}"))
+}
+
 fn e(err: postgres::Error) -> String {
     err.to_string()
 }
