@@ -53,6 +53,25 @@ pub struct GatewaySection {
     /// Data-plane worker threads: `auto` (one per core) or a count.
     #[serde(default)]
     pub worker_processes: WorkerProcesses,
+    /// Merge repeated slashes of request paths before routing and forwarding (nginx
+    /// `merge_slashes`, default true).
+    #[serde(default = "yes")]
+    pub merge_slashes: bool,
+    /// What to do with an encoded slash (`%2F`) in a request path: `keep` it encoded, as part of
+    /// its segment (default), or `reject` the request with 400.
+    #[serde(default)]
+    pub escaped_slashes: EscapedSlashes,
+}
+
+/// `gateway.escaped_slashes`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum EscapedSlashes {
+    /// `%2F` stays encoded and is data inside its segment (for matching and forwarding).
+    #[default]
+    Keep,
+    /// Requests whose path holds `%2F` answer 400.
+    Reject,
 }
 
 impl Default for GatewaySection {
@@ -62,6 +81,8 @@ impl Default for GatewaySection {
             enable_control: true,
             control: Control::default(),
             worker_processes: WorkerProcesses::default(),
+            merge_slashes: true,
+            escaped_slashes: EscapedSlashes::Keep,
         }
     }
 }

@@ -28,6 +28,7 @@ pub mod control;
 pub mod dataplane;
 pub mod error;
 pub mod health;
+pub mod logging;
 pub mod memory;
 pub mod plugins;
 pub mod resources;

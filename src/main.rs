@@ -11,7 +11,7 @@ use weir::state::Gateway;
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 fn main() -> ExitCode {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    weir::logging::init();
     let command = match cli::parse(std::env::args_os().skip(1)) {
         Ok(c) => c,
         Err(e) => {
@@ -34,7 +34,7 @@ fn main() -> ExitCode {
         }
         Command::Test { prefix } => {
             let prefix = Prefix::new(prefix);
-            match Gateway::load(prefix.clone()) {
+            match Gateway::check(prefix.clone()) {
                 Ok(_) => {
                     println!(
                         "weir: configuration {} and resources {} are valid",

@@ -210,11 +210,11 @@ fn gc_reports_memory_and_returns_freed_pages() {
     );
     let w = Weir::start(&p);
     w.wait_ready(p.node());
-    // A burst of allocation from real traffic: 300 concurrent 60 KiB uploads (small bodies are
+    // A burst of allocation from real traffic: 500 concurrent 60 KiB uploads (small bodies are
     // buffered so they can be retried) held by a slow upstream, then all released.
     let node = p.node();
     let body = vec![b'x'; 60 * 1024];
-    let threads: Vec<_> = (0..300)
+    let threads: Vec<_> = (0..500)
         .map(|_| {
             let body = body.clone();
             std::thread::spawn(move || request(node, "POST", "/sleep/1500", &[], &body).status)

@@ -1,11 +1,13 @@
 //! Bodies crossing the proxy.
 //!
 //! Upstream-ward, [`ProxyBody`] is empty (no body channel for body-less requests: that costs
-//! throughput), a buffered body, or a bounded channel fed from the client connection (actix's
-//! payload is not `Send`, hyper's client needs a `Send` body). Client-ward, [`UpstreamBody`]
-//! streams hyper's body into actix, runs body filters, and runs the log phase when it is done.
+//! throughput), a buffered body, or a bounded channel fed from the client connection. Client-ward,
+//! [`UpstreamBody`] streams hyper's body into actix, runs body filters, hands the upstream
+//! connection back to the pool at the end, and runs the log phase when it is dropped.
 
+use std::cell::Cell;
 use std::pin::Pin;
+use std::rc::Rc;
 use std::task::{Context, Poll};
 
 use actix_web::body::{BodySize, MessageBody};
@@ -13,14 +15,17 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use tokio::sync::mpsc;
 
+use super::client::{Conn, Pool};
+
 /// An upstream request body.
 pub enum ProxyBody {
     /// No body.
     Empty,
     /// A whole body.
     Full(Option<Bytes>),
-    /// Streamed from the client; `len` from Content-Length when known.
-    Channel { rx: mpsc::Receiver<Result<Bytes, std::io::Error>>, len: Option<u64> },
+    /// Streamed from the client; `len` from Content-Length when known. `stalled` is set while
+    /// the channel waits on the client (the upstream read timeout does not run then).
+    Channel { rx: mpsc::Receiver<Result<Bytes, std::io::Error>>, len: Option<u64>, stalled: Rc<Cell<bool>> },
 }
 
 impl Body for ProxyBody {
@@ -31,12 +36,16 @@ impl Body for ProxyBody {
         match self.get_mut() {
             ProxyBody::Empty => Poll::Ready(None),
             ProxyBody::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
-            ProxyBody::Channel { rx, .. } => match rx.poll_recv(cx) {
-                Poll::Ready(Some(Ok(b))) => Poll::Ready(Some(Ok(Frame::data(b)))),
-                Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e))),
-                Poll::Ready(None) => Poll::Ready(None),
-                Poll::Pending => Poll::Pending,
-            },
+            ProxyBody::Channel { rx, stalled, .. } => {
+                let polled = rx.poll_recv(cx);
+                stalled.set(polled.is_pending());
+                match polled {
+                    Poll::Ready(Some(Ok(b))) => Poll::Ready(Some(Ok(Frame::data(b)))),
+                    Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e))),
+                    Poll::Ready(None) => Poll::Ready(None),
+                    Poll::Pending => Poll::Pending,
+                }
+            }
         }
     }
 
@@ -68,24 +77,24 @@ pub trait OnFinish: 'static {
     }
 }
 
-/// The upstream's response body on its way to the client.
+/// The upstream's response body on its way to the client. Its connection goes back to the pool
+/// when the body has been read to the end; a body abandoned half-way closes it.
 pub struct UpstreamBody<F: OnFinish> {
     inner: hyper::body::Incoming,
     size: BodySize,
     hooks: F,
-    read_timeout: std::time::Duration,
-    timer: Option<Pin<Box<tokio::time::Sleep>>>,
+    conn: Option<(Conn, Rc<Pool>)>,
     done: bool,
 }
 
 impl<F: OnFinish> UpstreamBody<F> {
     /// Wraps `inner`; `len` is the Content-Length to announce (when no filter changes the body).
-    pub fn new(inner: hyper::body::Incoming, len: Option<u64>, hooks: F, read_timeout: std::time::Duration) -> Self {
+    pub fn new(inner: hyper::body::Incoming, len: Option<u64>, hooks: F, conn: Conn, pool: Rc<Pool>) -> Self {
         let size = match len {
             Some(n) if !hooks.filters_body() => BodySize::Sized(n),
             _ => BodySize::Stream,
         };
-        UpstreamBody { inner, size, hooks, read_timeout, timer: None, done: false }
+        UpstreamBody { inner, size, hooks, conn: Some((conn, pool)), done: false }
     }
 }
 
@@ -102,46 +111,38 @@ impl<F: OnFinish + Unpin> MessageBody for UpstreamBody<F> {
             return Poll::Ready(None);
         }
         loop {
+            // Read timeouts are enforced on the upstream socket (see `client`).
             match Pin::new(&mut this.inner).poll_frame(cx) {
-                Poll::Pending => {
-                    // Read timeout between two reads from the upstream, as nginx's proxy_read_timeout.
-                    let timeout = this.read_timeout;
-                    let timer = this.timer.get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
-                    if timer.as_mut().poll(cx).is_ready() {
-                        return Poll::Ready(Some(Err("upstream read timed out".into())));
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(None) => {
+                    this.done = true;
+                    if let Some((conn, pool)) = this.conn.take() {
+                        pool.release(conn);
                     }
-                    return Poll::Pending;
+                    if this.hooks.filters_body() {
+                        let mut last = Bytes::new();
+                        this.hooks.chunk(&mut last, true);
+                        if !last.is_empty() {
+                            return Poll::Ready(Some(Ok(last)));
+                        }
+                    }
+                    return Poll::Ready(None);
                 }
-                Poll::Ready(frame) => {
-                    this.timer = None;
-                    match frame {
-                        None => {
-                            this.done = true;
-                            if this.hooks.filters_body() {
-                                let mut last = Bytes::new();
-                                this.hooks.chunk(&mut last, true);
-                                if !last.is_empty() {
-                                    return Poll::Ready(Some(Ok(last)));
-                                }
-                            }
-                            return Poll::Ready(None);
-                        }
-                        Some(Err(e)) => return Poll::Ready(Some(Err(Box::new(e)))),
-                        Some(Ok(frame)) => {
-                            let Ok(mut data) = frame.into_data() else { continue };
-                            if this.hooks.filters_body() {
-                                this.hooks.chunk(&mut data, false);
-                            }
-                            if data.is_empty() {
-                                continue;
-                            }
-                            return Poll::Ready(Some(Ok(data)));
-                        }
+                Poll::Ready(Some(Err(e))) => {
+                    this.conn = None;
+                    return Poll::Ready(Some(Err(Box::new(e))));
+                }
+                Poll::Ready(Some(Ok(frame))) => {
+                    let Ok(mut data) = frame.into_data() else { continue };
+                    if this.hooks.filters_body() {
+                        this.hooks.chunk(&mut data, false);
                     }
+                    if data.is_empty() {
+                        continue;
+                    }
+                    return Poll::Ready(Some(Ok(data)));
                 }
             }
         }
     }
 }
-
-use std::future::Future;

@@ -2,7 +2,9 @@
 //! plugins, proxied to upstream nodes.
 
 pub mod body;
+pub mod client;
 pub mod headers;
+pub mod normalize;
 pub mod proxy;
 pub mod router;
 pub mod tls;
@@ -14,7 +16,7 @@ use std::time::Duration;
 use actix_web::http::KeepAlive;
 use actix_web::{web, App, HttpServer};
 
-use crate::config::Config;
+use crate::config::{Config, EscapedSlashes};
 use crate::state::Gateway;
 
 /// Seconds in-flight requests get to finish on SIGTERM.
@@ -23,10 +25,14 @@ pub const SHUTDOWN_GRACE_SECS: u64 = 30;
 /// Binds every data-plane listener (the caller runs the server).
 pub fn server(gateway: Arc<Gateway>, config: &Config) -> Result<actix_web::dev::Server, String> {
     let data = web::Data::from(gateway);
+    let rules = normalize::PathRules {
+        merge_slashes: config.gateway.merge_slashes,
+        reject_escaped_slashes: config.gateway.escaped_slashes == EscapedSlashes::Reject,
+    };
     let mut server = HttpServer::new(move || {
         App::new()
             .app_data(data.clone())
-            .app_data(web::Data::new(proxy::Worker::default()))
+            .app_data(web::Data::new(proxy::Worker::new(rules)))
             .default_service(web::to(proxy::handle))
     })
     .workers(config.gateway.worker_processes.count())

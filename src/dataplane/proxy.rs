@@ -1,9 +1,10 @@
 //! The request path: match a route, run the plugin phases, pick a node, forward, stream back.
 
-use std::cell::RefCell;
+use std::cell::Cell;
 use std::future::poll_fn;
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -12,16 +13,14 @@ use actix_web::{web, HttpRequest, HttpResponse};
 use bytes::{Bytes, BytesMut};
 use futures_core::Stream;
 use http::{HeaderValue, Method, StatusCode};
-use hyper_rustls::HttpsConnector;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 use serde_json::json;
 use tokio::sync::mpsc;
 use weir_plugin::{Flow, PluginResponse, RequestCtx, ResponseHead};
 
 use super::body::{OnFinish, ProxyBody, UpstreamBody};
+use super::client::{Conn, Pool, PoolKey, PoolSettings};
 use super::headers::{from_actix, set_forwarded, strip_hop_by_hop};
+use super::normalize::{normalize, PathRules};
 use super::upstream::{fnv1a, CompiledUpstream, InFlight};
 use crate::health::checker::Source as ReportSource;
 use crate::health::state::Report;
@@ -63,77 +62,17 @@ fn check_limits(req: &HttpRequest) -> Option<HttpResponse> {
     None
 }
 
-/// An upstream client: plain HTTP, or HTTPS (whose TLS configuration, and the system root
-/// certificates, are loaded only when an https upstream exists).
-#[derive(Clone)]
-enum HttpClient {
-    Plain(Client<HttpConnector, ProxyBody>),
-    Tls(Client<HttpsConnector<HttpConnector>, ProxyBody>),
-}
-
-impl HttpClient {
-    async fn request(
-        &self,
-        req: http::Request<ProxyBody>,
-    ) -> Result<http::Response<hyper::body::Incoming>, hyper_util::client::legacy::Error> {
-        match self {
-            HttpClient::Plain(c) => c.request(req).await,
-            HttpClient::Tls(c) => c.request(req).await,
-        }
-    }
-}
-
-/// What distinguishes one upstream client (and its pool) from another.
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
-struct ClientKey {
-    tls: bool,
-    connect_timeout: Duration,
-    verify: bool,
-    pool_size: u32,
-    idle_timeout_ms: u64,
-}
-
-/// Per-worker state: upstream connection pools, one client per distinct connection setting
-/// (typically a handful), looked up without hashing.
-#[derive(Default)]
+/// Per-worker state: the upstream connection pool and the path rules (the worker's runtime is
+/// single-threaded, so nothing here is locked).
 pub struct Worker {
-    clients: RefCell<Vec<(ClientKey, HttpClient)>>,
+    pool: Rc<Pool>,
+    rules: PathRules,
 }
 
 impl Worker {
-    fn client(&self, upstream: &CompiledUpstream) -> HttpClient {
-        let pool = upstream.conf.keepalive_pool;
-        let key = ClientKey {
-            tls: upstream.scheme == Scheme::Https,
-            connect_timeout: upstream.timeouts.connect,
-            verify: upstream.conf.tls.is_none_or(|t| t.verify),
-            pool_size: pool.map_or(320, |p| p.size),
-            idle_timeout_ms: pool.map_or(60_000, |p| (p.idle_timeout * 1000.0) as u64),
-        };
-        let mut clients = self.clients.borrow_mut();
-        if let Some((_, c)) = clients.iter().find(|(k, _)| *k == key) {
-            return c.clone();
-        }
-        let mut http = HttpConnector::new();
-        http.set_nodelay(true);
-        http.enforce_http(false);
-        http.set_connect_timeout(Some(key.connect_timeout));
-        let mut builder = Client::builder(TokioExecutor::new());
-        builder
-            .pool_idle_timeout(Duration::from_millis(key.idle_timeout_ms.max(1)))
-            .pool_max_idle_per_host(key.pool_size as usize);
-        let client = if key.tls {
-            let connector = hyper_rustls::HttpsConnectorBuilder::new()
-                .with_tls_config(super::tls::client_config(key.verify))
-                .https_only()
-                .enable_http1()
-                .wrap_connector(http);
-            HttpClient::Tls(builder.build(connector))
-        } else {
-            HttpClient::Plain(builder.build(http))
-        };
-        clients.push((key, client.clone()));
-        client
+    /// A worker normalizing paths with `rules`.
+    pub fn new(rules: PathRules) -> Self {
+        Worker { pool: Rc::new(Pool::default()), rules }
     }
 }
 
@@ -220,24 +159,68 @@ async fn resolve(mut flow: Flow) -> Option<PluginResponse> {
     }
 }
 
-async fn read_body(payload: &mut web::Payload, limit: usize) -> Result<Bytes, HttpResponse> {
-    let mut buf = BytesMut::new();
+/// Reads the request body up to `limit` bytes. `Ok(Err(prefix))` when the body is longer: the
+/// chunks read so far, to be sent before the rest.
+async fn read_body(
+    payload: &mut web::Payload,
+    limit: usize,
+    remote: SocketAddr,
+) -> Result<Result<Bytes, Vec<Bytes>>, HttpResponse> {
+    let mut chunks: Vec<Bytes> = Vec::new();
+    let mut total = 0;
     while let Some(chunk) = poll_fn(|cx| Pin::new(&mut *payload).poll_next(cx)).await {
-        let chunk =
-            chunk.map_err(|e| error_response(ActixStatus::BAD_REQUEST, &format!("cannot read request body: {e}")))?;
-        if buf.len() + chunk.len() > limit {
-            return Err(error_response(ActixStatus::PAYLOAD_TOO_LARGE, "request body too large"));
+        let chunk = chunk.map_err(|e| {
+            // A client-side protocol error: one short line, never at error level.
+            log::debug!("client {remote}: invalid request body: {e}");
+            let why = match e {
+                actix_web::error::PayloadError::Overflow => "it is larger than allowed",
+                actix_web::error::PayloadError::EncodingCorrupted => "its encoding is malformed",
+                _ => "it ended early, or its chunked encoding is malformed",
+            };
+            error_response(ActixStatus::BAD_REQUEST, &format!("400 Bad Request: invalid request body: {why}"))
+        })?;
+        total += chunk.len();
+        chunks.push(chunk);
+        if total > limit {
+            return Ok(Err(chunks));
         }
-        buf.extend_from_slice(&chunk);
     }
-    Ok(buf.freeze())
+    Ok(Ok(match chunks.len() {
+        0 => Bytes::new(),
+        1 => chunks.pop().unwrap_or_default(),
+        _ => {
+            let mut buf = BytesMut::with_capacity(total);
+            for c in &chunks {
+                buf.extend_from_slice(c);
+            }
+            buf.freeze()
+        }
+    }))
 }
 
 /// Where the upstream request body comes from.
 enum Source {
     Empty,
     Buffered(Bytes),
-    Stream(Option<web::Payload>),
+    /// Streamed (taken by the first attempt; given back when it was never sent).
+    Stream(Option<ProxyBody>),
+}
+
+fn is_idempotent(ctx: &RequestCtx) -> bool {
+    !ctx.non_idempotent && !matches!(ctx.method.as_str(), "POST" | "PATCH" | "LOCK")
+}
+
+/// Runs `rewrite` then `access` of `chains`; a plugin's answer ends the request.
+async fn access_phases(ctx: &mut RequestCtx, chains: &[PluginChain; 2]) -> Option<PluginResponse> {
+    for phase in 0..2 {
+        for p in chains.iter().flat_map(|c| c.iter()) {
+            let flow = if phase == 0 { p.instance.rewrite(ctx) } else { p.instance.access(ctx) };
+            if let Some(resp) = resolve(flow).await {
+                return Some(resp);
+            }
+        }
+    }
+    None
 }
 
 /// The data-plane handler.
@@ -250,23 +233,32 @@ pub async fn handle(
     if let Some(refused) = check_limits(&req) {
         return refused;
     }
-    let snap = gw.resources.load_full();
     let remote = req.peer_addr().unwrap_or(SocketAddr::from(([0, 0, 0, 0], 0)));
+    // One normalized path for routing, plugins and the upstream (docs/data-plane.md).
+    let path = match normalize(req.uri().path(), worker.rules) {
+        Ok(p) => p.into_owned(),
+        Err(e) => {
+            log::debug!("client {remote}: invalid path: {e}");
+            return error_response(ActixStatus::BAD_REQUEST, &format!("400 Bad Request: invalid path: {e}"));
+        }
+    };
+    let snap = gw.resources.load_full();
     let local = req.app_config().local_addr();
     let host_header = req.headers().get(actix_web::http::header::HOST).and_then(|v| v.to_str().ok()).unwrap_or("");
     let host = strip_port(host_header);
-    let Some(matched) = snap.table.find(req.method().as_str(), host, req.path(), remote.ip()) else {
-        return error_response(ActixStatus::NOT_FOUND, "404 Route Not Found");
-    };
+    let matched = snap.table.find(req.method().as_str(), host, &path, remote.ip());
     let method = Method::from_bytes(req.method().as_str().as_bytes()).unwrap_or(Method::GET);
-    let mut ctx = RequestCtx::new(
-        method,
-        req.path().to_owned(),
-        req.query_string().to_owned(),
-        from_actix(req.headers()),
-        remote,
-        local,
-    );
+    let mut ctx =
+        RequestCtx::new(method, path, req.query_string().to_owned(), from_actix(req.headers()), remote, local);
+    let Some(matched) = matched else {
+        // As APISIX: global rules run for unmatched requests too, then the 404 is sent.
+        let chains = [snap.global_chain.clone(), PluginChain::from([])];
+        if let Some(resp) = access_phases(&mut ctx, &chains).await {
+            return plugin_response(resp, Finish::new(ctx, chains));
+        }
+        let not_found = PluginResponse::json(StatusCode::NOT_FOUND, &json!({ "error_msg": "404 Route Not Found" }));
+        return plugin_response(not_found, Finish::new(ctx, chains));
+    };
     let route = matched.route;
     ctx.route_id = Some(route.id.clone());
     ctx.service_id = route.service_id.clone();
@@ -280,26 +272,32 @@ pub async fn handle(
         .and_then(|v| v.parse().ok());
     let chunked = req.headers().contains_key(actix_web::http::header::TRANSFER_ENCODING);
     let has_body = chunked || declared_len.is_some_and(|n| n > 0);
-    let mut body_buf: Option<Bytes> = None;
     let wants_body = chains.iter().flat_map(|c| c.iter()).any(|p| p.instance.wants_request_body());
-    let small = declared_len.is_some_and(|n| n <= REPLAYABLE_BODY) && !chunked;
-    if (wants_body || small) && has_body {
-        match read_body(&mut payload, MAX_BUFFERED_BODY).await {
-            Ok(b) => body_buf = Some(b),
+    // Small bodies, and the first REPLAYABLE_BODY bytes of chunked ones, are read before any
+    // upstream is contacted: a malformed chunked body is refused before an upstream sees a byte of
+    // it, and a read body can be replayed on the next node.
+    let small = declared_len.is_some_and(|n| n <= REPLAYABLE_BODY);
+    let mut source = Source::Empty;
+    if has_body && (wants_body || small || chunked) {
+        let limit = if wants_body { MAX_BUFFERED_BODY } else { REPLAYABLE_BODY as usize };
+        match read_body(&mut payload, limit, remote).await {
+            Ok(Ok(b)) => source = Source::Buffered(b),
+            Ok(Err(_)) if wants_body => {
+                return error_response(ActixStatus::PAYLOAD_TOO_LARGE, "413 Request Entity Too Large")
+            }
+            Ok(Err(prefix)) => source = Source::Stream(Some(pump(prefix, payload, declared_len))),
             Err(resp) => return resp,
         }
+    } else if has_body {
+        source = Source::Stream(Some(pump(Vec::new(), payload, declared_len)));
     }
-
     if wants_body {
-        ctx.body = body_buf.take();
-    }
-    for phase in 0..2 {
-        for p in chains.iter().flat_map(|c| c.iter()) {
-            let flow = if phase == 0 { p.instance.rewrite(&mut ctx) } else { p.instance.access(&mut ctx) };
-            if let Some(resp) = resolve(flow).await {
-                return plugin_response(resp, Finish::new(ctx, chains));
-            }
+        if let Source::Buffered(b) = &source {
+            ctx.body = Some(b.clone());
         }
+    }
+    if let Some(resp) = access_phases(&mut ctx, &chains).await {
+        return plugin_response(resp, Finish::new(ctx, chains));
     }
 
     let Some(upstream) = route.upstream.clone() else {
@@ -307,11 +305,10 @@ pub async fn handle(
         let _finish = Finish::new(ctx, chains);
         return error_response(ActixStatus::SERVICE_UNAVAILABLE, "missing upstream configuration in Route or Service");
     };
-    let source = match ctx.body.take().or(body_buf) {
-        Some(b) => Source::Buffered(b),
-        None if has_body => Source::Stream(Some(payload)),
-        None => Source::Empty,
-    };
+    if let Some(b) = ctx.body.take() {
+        // A plugin may have replaced the body it read.
+        source = Source::Buffered(b);
+    }
     forward(ctx, chains, upstream, source, host_header, &worker, &gw.health).await
 }
 
@@ -335,9 +332,16 @@ fn hash_key(ctx: &RequestCtx, upstream: &CompiledUpstream) -> Option<u32> {
     Some(fnv1a(value.unwrap_or_else(|| ctx.remote_addr.ip().to_string()).as_bytes()))
 }
 
-enum Failure {
-    BadGateway,
-    Timeout,
+/// `keepalive_pool` of an upstream, with APISIX's defaults.
+fn pool_settings(upstream: &CompiledUpstream) -> PoolSettings {
+    match upstream.conf.keepalive_pool {
+        Some(p) => PoolSettings {
+            size: p.size as usize,
+            idle_timeout: Duration::from_secs_f64(p.idle_timeout.max(0.0)),
+            requests: p.requests,
+        },
+        None => PoolSettings { size: 320, idle_timeout: Duration::from_secs(60), requests: 1000 },
+    }
 }
 
 async fn forward(
@@ -350,16 +354,12 @@ async fn forward(
     health: &HealthRegistry,
 ) -> HttpResponse {
     let checker = health.ensure(&upstream);
-    let replayable = !matches!(source, Source::Stream(_));
-    let max_attempts = if replayable { upstream.retries + 1 } else { 1 };
+    let idempotent = is_idempotent(&ctx);
+    let max_attempts = upstream.retries + 1;
     let started = Instant::now();
-    let client = worker.client(&upstream);
+    let settings = pool_settings(&upstream);
     let hash = hash_key(&ctx, &upstream);
     let original_host = HeaderValue::from_str(original_host).ok();
-    let scheme = match upstream.scheme {
-        Scheme::Http => "http",
-        Scheme::Https => "https",
-    };
     set_forwarded(
         &mut ctx.headers,
         &ctx.remote_addr.ip().to_string(),
@@ -367,14 +367,34 @@ async fn forward(
         original_host.as_ref(),
         ctx.local_addr.port(),
     );
+    let target: http::uri::PathAndQuery = {
+        let t = if ctx.query.is_empty() { ctx.path.clone() } else { format!("{}?{}", ctx.path, ctx.query) };
+        match t.parse() {
+            Ok(t) => t,
+            Err(e) => return error_response(ActixStatus::BAD_REQUEST, &format!("400 Bad Request: invalid path: {e}")),
+        }
+    };
+    let stalled = matches!(source, Source::Stream(_)).then(|| match &source {
+        Source::Stream(Some(ProxyBody::Channel { stalled, .. })) => stalled.clone(),
+        _ => Rc::new(Cell::new(false)),
+    });
     let mut tried: Vec<usize> = Vec::with_capacity(2);
-    let mut last = Failure::BadGateway;
+    let mut last_timeout = false;
     // A failed attempt is reported to the health checker when it is retried (as the reference says).
     let mut pending: Option<(SocketAddr, Report, String)> = None;
     for attempt in 0..max_attempts {
         if attempt > 0 && upstream.retry_timeout.is_some_and(|t| started.elapsed() > t) {
             break;
         }
+        let body = match &mut source {
+            Source::Empty => ProxyBody::Empty,
+            Source::Buffered(b) => ProxyBody::Full(Some(b.clone())),
+            Source::Stream(slot) => match slot.take() {
+                Some(b) => b,
+                // Already (partly) sent to a node: it cannot be sent again.
+                None => break,
+            },
+        };
         let healthy_exists =
             checker.as_ref().is_none_or(|c| upstream.nodes.iter().any(|n| n.weight > 0 && c.takes_traffic(n.addr)));
         if let Some(c) = &checker {
@@ -391,79 +411,80 @@ async fn forward(
         tried.push(idx);
         let node = &upstream.nodes[idx];
         ctx.upstream_addrs.push(node.addr);
-        let uri = if ctx.query.is_empty() {
-            format!("{scheme}://{}{}", node.authority, ctx.path)
-        } else {
-            format!("{scheme}://{}{}?{}", node.authority, ctx.path, ctx.query)
-        };
         // The last attempt may move the headers out, unless a plugin reads them after the request.
         let keep = attempt + 1 < max_attempts || chains.iter().any(|c| !c.is_empty());
         let mut headers = if keep { ctx.headers.clone() } else { std::mem::take(&mut ctx.headers) };
         match upstream.pass_host {
-            PassHost::Pass => {}
-            PassHost::Node => {
+            PassHost::Pass if headers.contains_key(http::header::HOST) => {}
+            PassHost::Pass | PassHost::Node => {
                 headers.insert(http::header::HOST, node.host_header.clone());
             }
             PassHost::Rewrite => {
-                if let Some(h) = &upstream.upstream_host {
-                    headers.insert(http::header::HOST, h.clone());
-                }
+                let host = upstream.upstream_host.clone().unwrap_or_else(|| node.host_header.clone());
+                headers.insert(http::header::HOST, host);
             }
         }
-        let body = match &mut source {
-            Source::Empty => ProxyBody::Empty,
-            Source::Buffered(b) => ProxyBody::Full(Some(b.clone())),
-            Source::Stream(p) => match p.take() {
-                Some(payload) => pump(payload, headers.get(http::header::CONTENT_LENGTH)),
-                None => ProxyBody::Empty,
-            },
-        };
         let mut request = http::Request::new(body);
         *request.method_mut() = ctx.method.clone();
-        *request.uri_mut() = match uri.parse() {
-            Ok(u) => u,
-            Err(e) => return error_response(ActixStatus::BAD_REQUEST, &format!("invalid request path: {e}")),
-        };
+        *request.uri_mut() = http::Uri::from(target.clone());
         *request.headers_mut() = headers;
-        let budget = upstream.timeouts.connect + upstream.timeouts.send + upstream.timeouts.read;
-        match tokio::time::timeout(budget, client.request(request)).await {
-            Ok(Ok(resp)) => {
+        let key = PoolKey {
+            addr: node.addr,
+            tls: (upstream.scheme == Scheme::Https).then(|| {
+                let name = node.authority.rsplit_once(':').map_or(node.authority.as_str(), |(h, _)| h);
+                let name = name.trim_start_matches('[').trim_end_matches(']');
+                (Arc::from(name), upstream.conf.tls.is_none_or(|t| t.verify))
+            }),
+        };
+        match worker.pool.send(&key, settings, &upstream.timeouts, request, stalled.clone()).await {
+            Ok((resp, conn)) => {
                 if let Some(c) = &checker {
                     c.report_status(node.addr, resp.status().as_u16());
                 }
-                return respond(resp, ctx, chains, inflight, upstream.timeouts.read);
+                return respond(resp, conn, worker.pool.clone(), ctx, chains, inflight);
             }
-            Ok(Err(e)) if e.is_connect() => {
-                log::warn!("upstream {} of route {:?}: connect failed: {e:?}", node.addr, ctx.route_id);
-                last = Failure::BadGateway;
-                pending = Some((node.addr, Report::TcpFailure, format!("tcp failure: {e}")));
-            }
-            Ok(Err(e)) => {
-                log::warn!("upstream {} of route {:?}: {e:?}", node.addr, ctx.route_id);
-                last = Failure::BadGateway;
-                pending = Some((node.addr, Report::TcpFailure, format!("tcp failure: {e}")));
-            }
-            Err(_) => {
-                log::warn!("upstream {} of route {:?}: timed out after {budget:?}", node.addr, ctx.route_id);
-                last = Failure::Timeout;
-                pending = Some((node.addr, Report::Timeout, "timeout: no response".to_owned()));
+            Err(e) => {
+                log::warn!("upstream {} of route {:?}: {}", node.addr, ctx.route_id, e.reason);
+                last_timeout = e.timeout;
+                let report = if e.timeout { Report::Timeout } else { Report::TcpFailure };
+                let why = if e.timeout { "timeout: no response" } else { "tcp failure" };
+                pending = Some((node.addr, report, format!("{why}: {}", e.reason)));
+                if let (Some(back), Source::Stream(slot)) = (e.request, &mut source) {
+                    // Never sent: the streamed body is intact and may go to the next node.
+                    *slot = Some(back.into_body());
+                }
+                if e.sent && !idempotent {
+                    // The node may have acted on it: never send a non-idempotent request twice.
+                    break;
+                }
             }
         }
     }
-    let (status, msg) = match last {
-        Failure::Timeout => (ActixStatus::GATEWAY_TIMEOUT, "504 Gateway Timeout: the upstream did not answer in time"),
-        Failure::BadGateway => (ActixStatus::BAD_GATEWAY, "502 Bad Gateway: no upstream node could serve the request"),
+    if let (Some(c), Some((addr, report, why))) = (&checker, pending.take()) {
+        if tried.len() > 1 {
+            c.report(addr, report, ReportSource::Passive, &why);
+        }
+    }
+    let (status, msg) = if last_timeout {
+        (ActixStatus::GATEWAY_TIMEOUT, "504 Gateway Timeout: the upstream did not answer in time")
+    } else {
+        (ActixStatus::BAD_GATEWAY, "502 Bad Gateway: no upstream node could serve the request")
     };
     ctx.status = status.as_u16();
     let _finish = Finish::new(ctx, chains);
     error_response(status, msg)
 }
 
-/// Streams the client's body to the upstream through a bounded channel.
-fn pump(mut payload: web::Payload, content_length: Option<&HeaderValue>) -> ProxyBody {
-    let len = content_length.and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok());
+/// Streams the client's body (after the chunks already read) to the upstream through a bounded
+/// channel.
+fn pump(prefix: Vec<Bytes>, mut payload: web::Payload, len: Option<u64>) -> ProxyBody {
     let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(4);
     actix_web::rt::spawn(async move {
+        for chunk in prefix {
+            if tx.send(Ok(chunk)).await.is_err() {
+                return;
+            }
+        }
         while let Some(chunk) = poll_fn(|cx| Pin::new(&mut payload).poll_next(cx)).await {
             let item = chunk.map_err(std::io::Error::other);
             let failed = item.is_err();
@@ -472,15 +493,16 @@ fn pump(mut payload: web::Payload, content_length: Option<&HeaderValue>) -> Prox
             }
         }
     });
-    ProxyBody::Channel { rx, len }
+    ProxyBody::Channel { rx, len, stalled: Rc::new(Cell::new(false)) }
 }
 
 fn respond(
     resp: http::Response<hyper::body::Incoming>,
+    conn: Conn,
+    pool: Rc<Pool>,
     mut ctx: RequestCtx,
     chains: [PluginChain; 2],
     inflight: Option<InFlight>,
-    read_timeout: Duration,
 ) -> HttpResponse {
     let (parts, incoming) = resp.into_parts();
     let len = parts
@@ -498,12 +520,21 @@ fn respond(
         p.instance.header_filter(&mut ctx, &mut head);
     }
     ctx.status = head.status.as_u16();
-    let no_body = head.status == StatusCode::NO_CONTENT || head.status == StatusCode::NOT_MODIFIED;
+    let no_body =
+        head.status == StatusCode::NO_CONTENT || head.status == StatusCode::NOT_MODIFIED || ctx.method == Method::HEAD;
     let mut finish = Finish::new(ctx, chains);
     finish._inflight = inflight;
     let mut out = to_actix(head);
     if no_body {
+        use http_body::Body as _;
+        if incoming.is_end_stream() {
+            pool.release(conn);
+        }
+        if let Some(n) = len.filter(|_| !finish.filters_body) {
+            // HEAD: announce the length the upstream gave.
+            return out.no_chunking(n).finish();
+        }
         return out.finish();
     }
-    out.body(UpstreamBody::new(incoming, len, finish, read_timeout))
+    out.body(UpstreamBody::new(incoming, len, finish, conn, pool))
 }

@@ -72,7 +72,8 @@ pub struct Consumer {
 pub struct RequestCtx {
     /// Request method (mutable: `proxy-rewrite`).
     pub method: Method,
-    /// Request path, not decoded (mutable: `proxy-rewrite`).
+    /// Request path, normalized by the gateway (see docs/data-plane.md): what routing matched
+    /// and what the upstream receives (mutable: `proxy-rewrite`).
     pub path: String,
     /// Raw query string without `?` (empty when none).
     pub query: String,
@@ -104,6 +105,9 @@ pub struct RequestCtx {
     pub response_headers: Vec<(HeaderName, HeaderValue)>,
     /// Variables set by plugins, readable as `$name`.
     pub vars: Vec<(Cow<'static, str>, String)>,
+    /// Set by a plugin to treat this request as non-idempotent (as POST, PATCH and LOCK are): once
+    /// any byte of it reached an upstream node, it is never sent to another one.
+    pub non_idempotent: bool,
 }
 
 impl RequestCtx {
@@ -134,6 +138,7 @@ impl RequestCtx {
             body: None,
             response_headers: Vec::new(),
             vars: Vec::new(),
+            non_idempotent: false,
         }
     }
 

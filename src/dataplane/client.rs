@@ -1,0 +1,449 @@
+//! Upstream connections: connect (TCP, then TLS) under `timeout.connect`, HTTP/1.1 over hyper's
+//! connection API, nginx's send and read timeouts enforced on the socket itself, and a per-worker
+//! LIFO pool that honours `keepalive_pool` (`size`, `idle_timeout`, `requests`).
+//!
+//! Timeouts follow nginx: `send` bounds each write that makes no progress (`proxy_send_timeout`),
+//! `read` bounds each wait for bytes from the upstream, the response head included, once the
+//! request has been handed over (`proxy_read_timeout`); neither is a budget for the whole
+//! exchange. While the request body waits on a slow client, no read timer runs.
+//!
+//! Whether any byte of a request reached the upstream is reported with every failure
+//! ([`SendError::sent`]), so that the caller never retries a non-idempotent request that an
+//! upstream may already have acted on. A pooled connection found closed before the request was
+//! written gives the request back and the next connection is tried.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use hyper::body::Incoming;
+use hyper::client::conn::http1::{self, SendRequest};
+use hyper_util::rt::TokioIo;
+use rustls::pki_types::ServerName;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+use tokio::time::Sleep;
+use tokio_rustls::client::TlsStream;
+use tokio_rustls::TlsConnector;
+
+use super::body::ProxyBody;
+use super::upstream::Timeouts;
+
+/// Which connections may serve a request: same address, same TLS identity.
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+pub struct PoolKey {
+    /// Address to connect to.
+    pub addr: SocketAddr,
+    /// `(server name, verify)` for TLS.
+    pub tls: Option<(Arc<str>, bool)>,
+}
+
+/// `keepalive_pool` of an upstream.
+#[derive(Clone, Copy, Debug)]
+pub struct PoolSettings {
+    /// Idle connections kept per key.
+    pub size: usize,
+    /// How long an idle connection is kept.
+    pub idle_timeout: Duration,
+    /// Requests one connection serves before it is closed.
+    pub requests: u32,
+}
+
+/// A failed exchange.
+pub struct SendError {
+    /// Whether some of the request may have reached the upstream.
+    pub sent: bool,
+    /// A timeout (504) rather than an error (502).
+    pub timeout: bool,
+    /// What happened, for the log.
+    pub reason: String,
+    /// The request, when it was never handed to a connection (it can be sent elsewhere as is).
+    pub request: Option<http::Request<ProxyBody>>,
+}
+
+/// State shared between a connection's socket wrapper and the request using it.
+struct IoState {
+    /// A request is in flight.
+    active: Cell<bool>,
+    /// Bumped when a request starts or ends, so that a timer armed before re-arms.
+    epoch: Cell<u32>,
+    send: Cell<Duration>,
+    read: Cell<Duration>,
+    idle: Duration,
+    /// Set while the request body waits on the client (no read timer then).
+    client_stalled: RefCell<Option<Rc<Cell<bool>>>>,
+}
+
+impl IoState {
+    fn begin(&self, t: &Timeouts, stalled: Option<Rc<Cell<bool>>>) {
+        self.send.set(t.send);
+        self.read.set(t.read);
+        *self.client_stalled.borrow_mut() = stalled;
+        self.active.set(true);
+        self.epoch.set(self.epoch.get().wrapping_add(1));
+    }
+    fn end(&self) {
+        self.active.set(false);
+        self.client_stalled.borrow_mut().take();
+        self.epoch.set(self.epoch.get().wrapping_add(1));
+    }
+    fn stalled(&self) -> bool {
+        self.client_stalled.borrow().as_ref().is_some_and(|s| s.get())
+    }
+}
+
+/// A connected socket, plain or TLS.
+enum Stream {
+    Plain(TcpStream),
+    Tls(Box<TlsStream<TcpStream>>),
+}
+
+/// A timer armed on first use and reset, never reallocated, afterwards.
+struct Timer {
+    sleep: Option<Pin<Box<Sleep>>>,
+    /// The epoch it was armed in (None: disarmed).
+    armed: Option<u32>,
+}
+
+impl Timer {
+    fn new() -> Self {
+        Timer { sleep: None, armed: None }
+    }
+    fn disarm(&mut self) {
+        self.armed = None;
+    }
+    /// Moves an armed timer's deadline to `after` from now (its waker stays registered, so the
+    /// new deadline holds even if nobody polls it before then).
+    fn restart(&mut self, after: Duration) {
+        if let (Some(_), Some(s)) = (self.armed, &mut self.sleep) {
+            s.as_mut().reset(tokio::time::Instant::now() + after);
+        }
+    }
+    /// Arms (unless armed in this epoch) and polls; true when the time is up.
+    fn expired(&mut self, cx: &mut Context<'_>, epoch: u32, after: Duration) -> bool {
+        if self.armed != Some(epoch) {
+            let deadline = tokio::time::Instant::now() + after;
+            match &mut self.sleep {
+                Some(s) => s.as_mut().reset(deadline),
+                None => self.sleep = Some(Box::pin(tokio::time::sleep_until(deadline))),
+            }
+            self.armed = Some(epoch);
+        }
+        let fired = self.sleep.as_mut().is_some_and(|s| s.as_mut().poll(cx).is_ready());
+        if fired {
+            self.armed = None;
+        }
+        fired
+    }
+}
+
+/// The socket of an upstream connection with nginx's send/read timeouts and the pool's idle
+/// timeout.
+struct TimedIo {
+    stream: Stream,
+    state: Rc<IoState>,
+    read_timer: Timer,
+    write_timer: Timer,
+}
+
+fn timed_out(what: &str) -> io::Error {
+    io::Error::new(io::ErrorKind::TimedOut, what.to_owned())
+}
+
+impl AsyncRead for TimedIo {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let polled = match &mut this.stream {
+            Stream::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        };
+        if polled.is_ready() {
+            this.read_timer.disarm();
+            return polled;
+        }
+        let state = &this.state;
+        let epoch = state.epoch.get();
+        if !state.active.get() {
+            // Idle in the pool: close once the idle timeout passes (EOF ends the connection).
+            if this.read_timer.expired(cx, epoch, state.idle) {
+                return Poll::Ready(Ok(()));
+            }
+        } else if state.stalled() {
+            this.read_timer.disarm();
+        } else if this.read_timer.expired(cx, epoch, state.read.get()) {
+            return Poll::Ready(Err(timed_out("upstream read timed out")));
+        }
+        Poll::Pending
+    }
+}
+
+impl TimedIo {
+    /// `wrote`: bytes were written (a flush that had nothing to do is not progress).
+    fn write_progress<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        polled: Poll<io::Result<T>>,
+        wrote: impl Fn(&T) -> bool,
+    ) -> Poll<io::Result<T>> {
+        if let Poll::Ready(r) = &polled {
+            self.write_timer.disarm();
+            if r.as_ref().is_ok_and(wrote) && self.state.active.get() {
+                // Progress on the request restarts the wait for the answer.
+                self.read_timer.restart(self.state.read.get());
+            }
+            return polled;
+        }
+        if self.write_timer.expired(cx, self.state.epoch.get(), self.state.send.get()) {
+            return Poll::Ready(Err(timed_out("upstream send timed out")));
+        }
+        Poll::Pending
+    }
+}
+
+impl AsyncWrite for TimedIo {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let polled = match &mut this.stream {
+            Stream::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+        };
+        this.write_progress(cx, polled, |n| *n > 0)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let polled = match &mut this.stream {
+            Stream::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
+        };
+        this.write_progress(cx, polled, |n| *n > 0)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match &self.stream {
+            Stream::Plain(s) => s.is_write_vectored(),
+            Stream::Tls(s) => s.is_write_vectored(),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let polled = match &mut this.stream {
+            Stream::Plain(s) => Pin::new(s).poll_flush(cx),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+        };
+        this.write_progress(cx, polled, |_| false)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match &mut self.get_mut().stream {
+            Stream::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+        }
+    }
+}
+
+/// A connection serving one request; hand it back with [`Pool::release`] once the response is
+/// fully read.
+pub struct Conn {
+    key: PoolKey,
+    sender: SendRequest<ProxyBody>,
+    state: Rc<IoState>,
+    served: u32,
+    settings: PoolSettings,
+}
+
+struct Idle {
+    sender: SendRequest<ProxyBody>,
+    state: Rc<IoState>,
+    served: u32,
+    since: Instant,
+}
+
+/// Per-worker upstream connections (the worker's runtime is single-threaded: no locks).
+#[derive(Default)]
+pub struct Pool {
+    idle: RefCell<HashMap<PoolKey, Vec<Idle>>>,
+    tls: RefCell<[Option<TlsConnector>; 2]>,
+}
+
+/// Whether an error (or one of its causes) is a timeout.
+fn is_timeout(err: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    while let Some(e) = cur {
+        if e.downcast_ref::<io::Error>().is_some_and(|io| io.kind() == io::ErrorKind::TimedOut) {
+            return true;
+        }
+        cur = e.source();
+    }
+    false
+}
+
+/// Error text with its causes.
+fn describe(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = err.to_string();
+    let mut cur = err.source();
+    while let Some(e) = cur {
+        out.push_str(": ");
+        out.push_str(&e.to_string());
+        cur = e.source();
+    }
+    out
+}
+
+impl Pool {
+    fn tls_connector(&self, verify: bool) -> TlsConnector {
+        let mut slots = self.tls.borrow_mut();
+        slots[usize::from(verify)]
+            .get_or_insert_with(|| {
+                let mut config = super::tls::client_config(verify);
+                config.alpn_protocols = vec![b"http/1.1".to_vec()];
+                TlsConnector::from(Arc::new(config))
+            })
+            .clone()
+    }
+
+    /// The most recently used idle connection of `key` that is still usable.
+    fn checkout(&self, key: &PoolKey, settings: &PoolSettings) -> Option<Idle> {
+        let mut idle = self.idle.borrow_mut();
+        let list = idle.get_mut(key)?;
+        while let Some(c) = list.pop() {
+            if !c.sender.is_closed() && c.since.elapsed() < settings.idle_timeout {
+                return Some(c);
+            }
+        }
+        None
+    }
+
+    /// Returns a connection whose response was read to the end.
+    pub fn release(&self, conn: Conn) {
+        conn.state.end();
+        let served = conn.served + 1;
+        if served >= conn.settings.requests || conn.sender.is_closed() || conn.settings.size == 0 {
+            return;
+        }
+        let mut idle = self.idle.borrow_mut();
+        let list = idle.entry(conn.key).or_default();
+        if list.len() >= conn.settings.size {
+            // Full: the least recently used connection goes (nginx's upstream keepalive).
+            list.remove(0);
+        }
+        list.push(Idle { sender: conn.sender, state: conn.state, served, since: Instant::now() });
+    }
+
+    async fn connect(&self, key: &PoolKey) -> io::Result<Stream> {
+        let tcp = TcpStream::connect(key.addr).await?;
+        tcp.set_nodelay(true)?;
+        match &key.tls {
+            None => Ok(Stream::Plain(tcp)),
+            Some((name, verify)) => {
+                let name = ServerName::try_from(name.to_string())
+                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
+                let tls = self.tls_connector(*verify).connect(name, tcp).await?;
+                Ok(Stream::Tls(Box::new(tls)))
+            }
+        }
+    }
+
+    /// Sends `req` on a pooled connection of `key`, or on a new one. `stalled` is set while the
+    /// request body waits on the client.
+    pub async fn send(
+        &self,
+        key: &PoolKey,
+        settings: PoolSettings,
+        t: &Timeouts,
+        mut req: http::Request<ProxyBody>,
+        stalled: Option<Rc<Cell<bool>>>,
+    ) -> Result<(http::Response<Incoming>, Conn), SendError> {
+        while let Some(mut idle) = self.checkout(key, &settings) {
+            idle.state.begin(t, stalled.clone());
+            match idle.sender.try_send_request(req).await {
+                Ok(resp) => {
+                    let conn = Conn {
+                        key: key.clone(),
+                        sender: idle.sender,
+                        state: idle.state,
+                        served: idle.served,
+                        settings,
+                    };
+                    return Ok((resp, conn));
+                }
+                Err(mut e) => match e.take_message() {
+                    // Closed before the request was written: nothing was sent, try the next one.
+                    Some(back) => req = back,
+                    None => {
+                        let err = e.into_error();
+                        return Err(SendError {
+                            sent: true,
+                            timeout: is_timeout(&err),
+                            reason: describe(&err),
+                            request: None,
+                        });
+                    }
+                },
+            }
+        }
+        let stream = match tokio::time::timeout(t.connect, self.connect(key)).await {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => {
+                return Err(SendError {
+                    sent: false,
+                    timeout: e.kind() == io::ErrorKind::TimedOut,
+                    reason: format!("connect failed: {e}"),
+                    request: Some(req),
+                })
+            }
+            Err(_) => {
+                return Err(SendError {
+                    sent: false,
+                    timeout: true,
+                    reason: format!("connect timed out after {:?}", t.connect),
+                    request: Some(req),
+                })
+            }
+        };
+        let state = Rc::new(IoState {
+            active: Cell::new(false),
+            epoch: Cell::new(0),
+            send: Cell::new(t.send),
+            read: Cell::new(t.read),
+            idle: settings.idle_timeout,
+            client_stalled: RefCell::new(None),
+        });
+        let io = TimedIo { stream, state: state.clone(), read_timer: Timer::new(), write_timer: Timer::new() };
+        let (mut sender, connection) = match http1::Builder::new().handshake(TokioIo::new(io)).await {
+            Ok(pair) => pair,
+            Err(e) => return Err(SendError { sent: false, timeout: false, reason: describe(&e), request: Some(req) }),
+        };
+        actix_web::rt::spawn(async move {
+            if let Err(e) = connection.await {
+                log::debug!("upstream connection closed: {e}");
+            }
+        });
+        state.begin(t, stalled);
+        match sender.try_send_request(req).await {
+            Ok(resp) => Ok((resp, Conn { key: key.clone(), sender, state, served: 0, settings })),
+            Err(mut e) => {
+                let back = e.take_message();
+                let err = e.into_error();
+                Err(SendError {
+                    sent: back.is_none(),
+                    timeout: is_timeout(&err),
+                    reason: describe(&err),
+                    request: back,
+                })
+            }
+        }
+    }
+}
