@@ -27,6 +27,8 @@ pub mod config;
 pub mod control;
 pub mod dataplane;
 pub mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod health;
 pub mod logging;
 pub mod memory;

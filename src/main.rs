@@ -6,7 +6,7 @@ use weir::cli::{self, Command};
 use weir::config::Prefix;
 use weir::state::Gateway;
 
-#[cfg(not(target_env = "msvc"))]
+#[cfg(all(feature = "jemalloc", not(target_env = "msvc")))]
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 

@@ -1,5 +1,6 @@
-//! Memory accounting and reclamation (`POST /v1/gc`): jemalloc is the global allocator, so freed
-//! memory can be returned to the operating system on demand instead of waiting for decay.
+//! Memory accounting and reclamation (`POST /v1/gc`): jemalloc is the global allocator (feature
+//! `jemalloc`, on by default), so freed memory can be returned to the operating system on demand
+//! instead of waiting for decay. Without it, allocator figures read 0 and purging does nothing.
 
 use serde::Serialize;
 
@@ -20,7 +21,7 @@ pub fn stats() -> MemoryStats {
     MemoryStats { allocated, resident, rss: process_rss().unwrap_or(0) }
 }
 
-#[cfg(not(target_env = "msvc"))]
+#[cfg(all(feature = "jemalloc", not(target_env = "msvc")))]
 fn allocator_stats() -> (u64, u64) {
     use tikv_jemalloc_ctl::{epoch, stats};
     // Statistics are cached by jemalloc; advancing the epoch refreshes them.
@@ -30,13 +31,13 @@ fn allocator_stats() -> (u64, u64) {
     (allocated, resident)
 }
 
-#[cfg(target_env = "msvc")]
+#[cfg(not(all(feature = "jemalloc", not(target_env = "msvc"))))]
 fn allocator_stats() -> (u64, u64) {
     (0, 0)
 }
 
 /// Returns every unused dirty page of every arena to the OS and flushes this thread's cache.
-#[cfg(not(target_env = "msvc"))]
+#[cfg(all(feature = "jemalloc", not(target_env = "msvc")))]
 pub fn purge() -> Result<(), String> {
     use std::ffi::c_char;
     use std::ptr::null_mut;
@@ -57,7 +58,7 @@ pub fn purge() -> Result<(), String> {
     call(b"arena.4096.purge\0")
 }
 
-#[cfg(target_env = "msvc")]
+#[cfg(not(all(feature = "jemalloc", not(target_env = "msvc"))))]
 pub fn purge() -> Result<(), String> {
     Ok(())
 }

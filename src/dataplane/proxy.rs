@@ -460,11 +460,6 @@ async fn forward(
             }
         }
     }
-    if let (Some(c), Some((addr, report, why))) = (&checker, pending.take()) {
-        if tried.len() > 1 {
-            c.report(addr, report, ReportSource::Passive, &why);
-        }
-    }
     let (status, msg) = if last_timeout {
         (ActixStatus::GATEWAY_TIMEOUT, "504 Gateway Timeout: the upstream did not answer in time")
     } else {

@@ -232,44 +232,16 @@ impl Instance {
             }
         }
         let body = ctx.body.take().unwrap_or_default();
-        if body.len() > MAX_BODY {
-            return request_error(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                &format!("request body larger than {MAX_BODY} bytes"),
-                now,
-            );
-        }
-        let entries: Vec<Value> = match serde_json::from_slice::<Value>(&body) {
-            Err(e) => {
-                return request_error(StatusCode::BAD_REQUEST, &format!("request body is not valid JSON: {e}"), now)
-            }
-            Ok(Value::Array(a)) => a,
-            Ok(_) => {
-                return request_error(StatusCode::BAD_REQUEST, "request body must be a JSON array of entries", now)
-            }
-        };
-        if entries.is_empty() {
-            return request_error(
-                StatusCode::BAD_REQUEST,
-                "request body is an empty array: send 1 to 100 entries",
-                now,
-            );
-        }
-        if entries.len() > MAX_ENTRIES {
-            return request_error(
-                StatusCode::BAD_REQUEST,
-                &format!("too many entries: at most {MAX_ENTRIES} per request, got {}", entries.len()),
-                now,
-            );
-        }
         let limits = validate::Limits {
             short_base: self.meta.base_url.as_ref(),
             max_valid_day: self.meta.max_valid_day,
             default_valid_day: self.meta.default_valid_day,
             day_secs: self.meta.day_secs,
         };
-        let checked: Vec<Result<store::NewEntry, validate::Rejected>> =
-            entries.iter().map(|e| validate::entry(e, &limits, now)).collect();
+        let checked = match validate::batch(&body, &limits, now) {
+            Ok(c) => c,
+            Err((status, message)) => return request_error(status, &message, now),
+        };
         let valid: Vec<store::NewEntry> = checked.iter().filter_map(|c| c.as_ref().ok().cloned()).collect();
         if valid.is_empty() {
             let items = checked.iter().map(|c| item_err(c.as_ref().err(), now)).collect();

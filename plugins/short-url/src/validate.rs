@@ -2,8 +2,10 @@
 //! names the field and the reason.
 
 use serde_json::Value;
+use weir_plugin::http::StatusCode;
 
 use crate::store::NewEntry;
+use crate::{MAX_BODY, MAX_ENTRIES};
 
 /// Longest accepted `origin_url`, in bytes.
 pub const MAX_URL_BYTES: usize = 2048;
@@ -27,6 +29,49 @@ pub struct Rejected {
     pub origin_url: Option<String>,
     /// The message.
     pub message: String,
+}
+
+/// Parses and validates a whole request body: 1 to [`MAX_ENTRIES`] entries in a JSON array,
+/// at most [`MAX_BODY`] bytes. A request-level problem is `Err((status, message))`; otherwise each
+/// entry's own result, in order.
+pub fn batch(
+    body: &[u8],
+    limits: &Limits<'_>,
+    now: i64,
+) -> Result<Vec<Result<NewEntry, Rejected>>, (StatusCode, String)> {
+    if body.len() > MAX_BODY {
+        return Err((StatusCode::PAYLOAD_TOO_LARGE, format!("request body larger than {MAX_BODY} bytes")));
+    }
+    let entries: Vec<Value> = match serde_json::from_slice::<Value>(body) {
+        Err(e) => return Err((StatusCode::BAD_REQUEST, format!("request body is not valid JSON: {e}"))),
+        Ok(Value::Array(a)) => a,
+        Ok(_) => return Err((StatusCode::BAD_REQUEST, "request body must be a JSON array of entries".into())),
+    };
+    if entries.is_empty() {
+        return Err((StatusCode::BAD_REQUEST, "request body is an empty array: send 1 to 100 entries".into()));
+    }
+    if entries.len() > MAX_ENTRIES {
+        return Err((
+            StatusCode::BAD_REQUEST,
+            format!("too many entries: at most {MAX_ENTRIES} per request, got {}", entries.len()),
+        ));
+    }
+    Ok(entries.iter().map(|e| entry(e, limits, now)).collect())
+}
+
+/// Fuzzing entry point: any body, with the default limits. Panics when an invariant breaks.
+#[doc(hidden)]
+pub fn fuzz_batch(body: &[u8]) {
+    let base = url::Url::parse("https://s.example/").ok();
+    let limits = Limits { short_base: base.as_ref(), max_valid_day: 365, default_valid_day: None, day_secs: 86_400 };
+    let now = 1_700_000_000;
+    if let Ok(results) = batch(body, &limits, now) {
+        assert!(!results.is_empty() && results.len() <= MAX_ENTRIES);
+        for r in results.into_iter().flatten() {
+            assert!(r.origin_url.len() <= MAX_URL_BYTES, "accepted an over-long url");
+            assert!(r.expires_at.is_none_or(|t| t > now && t <= now + 365 * 86_400), "bad expiry {:?}", r.expires_at);
+        }
+    }
 }
 
 /// Validates one entry at time `now` (Unix seconds).

@@ -1,0 +1,85 @@
+//! Fuzzing entry points: each takes arbitrary bytes, runs one parser of untrusted input the way
+//! Weir runs it, and panics when an invariant breaks. The cargo-fuzz targets under `fuzz/` call
+//! these, and `tests/fuzz_corpus.rs` runs them over the seed corpus as ordinary tests.
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::Path;
+use std::sync::{Arc, OnceLock};
+
+use crate::dataplane::normalize::{normalize, PathRules};
+use crate::dataplane::router::{CompiledRoute, RouteTable};
+use crate::resources::model::Route;
+
+/// Routes the path fuzzer matches against: a protected prefix, an open one, a parameter route.
+fn table() -> &'static RouteTable {
+    static TABLE: OnceLock<RouteTable> = OnceLock::new();
+    TABLE.get_or_init(|| {
+        let routes = [("api", "/api/*"), ("pub", "/pub/*"), ("user", "/users/:id/posts"), ("exact", "/exact")]
+            .into_iter()
+            .enumerate()
+            .filter_map(|(i, (id, uri))| {
+                let route: Route = serde_json::from_value(serde_json::json!({"id": id, "uri": uri})).ok()?;
+                Some(Arc::new(CompiledRoute::new(Arc::new(route), None, Arc::from([]), None, i)))
+            })
+            .collect();
+        RouteTable::build(routes).0
+    })
+}
+
+/// Path normalization, then route matching, under each operator setting.
+pub fn path_route(data: &[u8]) {
+    let Ok(raw) = std::str::from_utf8(data) else { return };
+    let settings = [
+        PathRules::default(),
+        PathRules { merge_slashes: false, reject_escaped_slashes: false },
+        PathRules { merge_slashes: true, reject_escaped_slashes: true },
+    ];
+    for rules in settings {
+        let Ok(path) = normalize(raw, rules) else { continue };
+        assert!(path.starts_with('/'), "{raw:?} -> {path:?}");
+        assert_eq!(normalize(&path, rules).as_deref(), Ok(&*path), "not idempotent for {raw:?}");
+        assert!(!path.bytes().any(|b| b < 0x20 || b == 0x7f || b == b'\\'), "{raw:?} -> {path:?}");
+        for seg in path.split('/') {
+            let base = seg.split(';').next().unwrap_or("");
+            assert!(base != "." && base != "..", "dot segment left in {path:?} (from {raw:?})");
+        }
+        if rules.merge_slashes {
+            assert!(!path.contains("//"), "{raw:?} -> {path:?}");
+        }
+        if rules.reject_escaped_slashes {
+            assert!(!path.to_ascii_uppercase().contains("%2F"), "{raw:?} -> {path:?}");
+        }
+        if let Some(m) = table().find("GET", "h", &path, IpAddr::V4(Ipv4Addr::LOCALHOST)) {
+            match &*m.route.id {
+                "api" => assert!(path.starts_with("/api/"), "{path:?} matched /api/*"),
+                "pub" => assert!(path.starts_with("/pub/"), "{path:?} matched /pub/*"),
+                "exact" => assert_eq!(&*path, "/exact"),
+                _ => {}
+            }
+        }
+    }
+}
+
+/// config.yaml: YAML parsing and validation, as `weir -t` runs them.
+pub fn config_yaml(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else { return };
+    let path = Path::new("conf/config.yaml");
+    if let Ok(raw) = crate::config::parse_yaml(path, text) {
+        let _ = crate::config::Config::from_value(path, &raw, crate::plugins_catalog());
+    }
+}
+
+/// resources.yaml: YAML parsing and the whole snapshot build (schemas, references, plugin
+/// configurations, route table), with every compiled-in plugin enabled in check-only mode.
+pub fn resources_yaml(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else { return };
+    let Ok(raw) = crate::config::parse_yaml(Path::new("conf/resources.yaml"), text) else { return };
+    static ENABLED: OnceLock<crate::plugins::EnabledSet> = OnceLock::new();
+    let enabled = ENABLED.get_or_init(|| {
+        let catalog = crate::plugins_catalog();
+        let mut set = catalog.enable(&catalog.names());
+        set.check_only = true;
+        set
+    });
+    let _ = crate::resources::snapshot::Snapshot::build(&raw, enabled);
+}

@@ -1,0 +1,41 @@
+//! The fuzz targets run over their seed corpus (`fuzz/corpus/<target>`) and over every input a
+//! fuzzer ever crashed on (`fuzz/regressions/<target>`), as ordinary tests: the invariants the
+//! fuzzers check hold on every input we know of, on every `cargo test`.
+
+use std::path::Path;
+
+fn each_input(target: &str, run: fn(&[u8])) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz");
+    let mut count = 0;
+    for dir in ["corpus", "regressions"] {
+        let Ok(entries) = std::fs::read_dir(root.join(dir).join(target)) else { continue };
+        for entry in entries.flatten() {
+            let data = std::fs::read(entry.path()).unwrap_or_else(|e| panic!("{}: {e}", entry.path().display()));
+            let outcome = std::panic::catch_unwind(|| run(&data));
+            assert!(outcome.is_ok(), "{target} broke an invariant on {}", entry.path().display());
+            count += 1;
+        }
+    }
+    assert!(count > 0, "no seed corpus for {target}");
+}
+
+#[test]
+fn path_route() {
+    each_input("path_route", weir::fuzzing::path_route);
+}
+
+#[test]
+fn config_yaml() {
+    each_input("config_yaml", weir::fuzzing::config_yaml);
+}
+
+#[test]
+fn resources_yaml() {
+    each_input("resources_yaml", weir::fuzzing::resources_yaml);
+}
+
+#[cfg(feature = "short-url")]
+#[test]
+fn short_url_body() {
+    each_input("short_url_body", weir_plugin_short_url::validate::fuzz_batch);
+}
