@@ -54,6 +54,18 @@ pub struct NewEntry {
     pub expires_at: Option<i64>,
 }
 
+/// A row to insert.
+pub struct NewRow<'a> {
+    /// The candidate code.
+    pub code: &'a str,
+    /// Where it redirects.
+    pub origin_url: &'a str,
+    /// Unix seconds.
+    pub created_at: i64,
+    /// Unix seconds (none: never expires).
+    pub expires_at: Option<i64>,
+}
+
 /// A stored code.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Record {
@@ -106,6 +118,12 @@ pub trait Conn: Send {
         created_at: i64,
         expires_at: Option<i64>,
     ) -> Result<bool, String>;
+    /// Inserts every row whose code is free and says, row by row, whether it was inserted (a
+    /// code repeated within `rows` is inserted once). Backends with round trips override this to
+    /// send the whole batch at once; the default inserts row by row.
+    fn insert_many(&mut self, rows: &[NewRow<'_>]) -> Result<Vec<bool>, String> {
+        rows.iter().map(|r| self.try_insert(r.code, r.origin_url, r.created_at, r.expires_at)).collect()
+    }
     /// The record of a code.
     fn get(&mut self, code: &str) -> Result<Option<Record>, String>;
     /// Counts.
@@ -313,19 +331,38 @@ fn write_group(
         let mut results = Vec::with_capacity(jobs.len());
         for job in jobs {
             conn.exec("SAVEPOINT batch")?;
-            let mut out = Vec::with_capacity(job.entries.len());
-            let mut exhausted = false;
-            'entries: for e in &job.entries {
-                for _ in 0..MAX_CODE_ATTEMPTS {
-                    let code = codes.next();
-                    if conn.try_insert(&code, &e.origin_url, job.now, e.expires_at)? {
-                        out.push(code);
-                        continue 'entries;
+            // All entries of the job in one statement; the few whose random code was taken get a
+            // new one in the next round.
+            let mut assigned: Vec<Option<String>> = vec![None; job.entries.len()];
+            let mut pending: Vec<usize> = (0..job.entries.len()).collect();
+            for _ in 0..MAX_CODE_ATTEMPTS {
+                if pending.is_empty() {
+                    break;
+                }
+                let candidates: Vec<String> = pending.iter().map(|_| codes.next()).collect();
+                let rows: Vec<NewRow<'_>> = pending
+                    .iter()
+                    .zip(&candidates)
+                    .map(|(&i, code)| NewRow {
+                        code,
+                        origin_url: &job.entries[i].origin_url,
+                        created_at: job.now,
+                        expires_at: job.entries[i].expires_at,
+                    })
+                    .collect();
+                let inserted = conn.insert_many(&rows)?;
+                let mut still = Vec::new();
+                for ((i, code), ok) in pending.into_iter().zip(candidates).zip(inserted) {
+                    if ok {
+                        assigned[i] = Some(code);
+                    } else {
+                        still.push(i);
                     }
                 }
-                exhausted = true;
-                break;
+                pending = still;
             }
+            let exhausted = !pending.is_empty();
+            let out: Vec<String> = assigned.into_iter().flatten().collect();
             if exhausted {
                 conn.exec("ROLLBACK TO SAVEPOINT batch")?;
                 conn.exec("RELEASE SAVEPOINT batch")?;

@@ -4,7 +4,7 @@
 
 use postgres::{Client, NoTls};
 
-use super::{Conn, Connector, Counts, Record};
+use super::{Conn, Connector, Counts, NewRow, Record};
 
 /// Schema versions, applied in order.
 const MIGRATIONS: &[&str] = &["CREATE TABLE IF NOT EXISTS short_url_codes (
@@ -65,7 +65,7 @@ impl Connector for Postgres {
         config.connect_timeout(std::time::Duration::from_secs(3));
         let mut client = config.connect(NoTls).map_err(e)?;
         migrate(&mut client)?;
-        Ok(Box::new(PgConn(client, None)))
+        Ok(Box::new(PgConn(client, None, None)))
     }
 }
 
@@ -82,7 +82,7 @@ fn migrate(c: &mut Client) -> Result<(), String> {
     tx.commit().map_err(e)
 }
 
-struct PgConn(Client, Option<postgres::Statement>);
+struct PgConn(Client, Option<postgres::Statement>, Option<postgres::Statement>);
 
 impl Conn for PgConn {
     fn exec(&mut self, sql: &str) -> Result<(), String> {
@@ -109,6 +109,32 @@ impl Conn for PgConn {
             }
         };
         Ok(self.0.execute(&stmt, &[&code, &origin_url, &created_at, &expires_at]).map_err(e)? == 1)
+    }
+    /// One round trip for the whole batch: the columns as arrays, unnested server-side.
+    fn insert_many(&mut self, rows: &[NewRow<'_>]) -> Result<Vec<bool>, String> {
+        let stmt = match &self.2 {
+            Some(s) => s.clone(),
+            None => {
+                let s = self
+                    .0
+                    .prepare(
+                        "INSERT INTO short_url_codes (code, origin_url, created_at, expires_at)
+                         SELECT * FROM unnest($1::text[], $2::text[], $3::int8[], $4::int8[])
+                         ON CONFLICT (code) DO NOTHING RETURNING code",
+                    )
+                    .map_err(e)?;
+                self.2 = Some(s.clone());
+                s
+            }
+        };
+        let codes: Vec<&str> = rows.iter().map(|r| r.code).collect();
+        let urls: Vec<&str> = rows.iter().map(|r| r.origin_url).collect();
+        let created: Vec<i64> = rows.iter().map(|r| r.created_at).collect();
+        let expires: Vec<Option<i64>> = rows.iter().map(|r| r.expires_at).collect();
+        let returned = self.0.query(&stmt, &[&codes, &urls, &created, &expires]).map_err(e)?;
+        let mut inserted: std::collections::HashSet<String> = returned.iter().map(|r| r.get(0)).collect();
+        // A code returned once marks its first row only (a repeat within the batch was skipped).
+        Ok(rows.iter().map(|r| inserted.remove(r.code)).collect())
     }
     fn get(&mut self, code: &str) -> Result<Option<Record>, String> {
         let row = self
