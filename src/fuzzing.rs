@@ -83,3 +83,30 @@ pub fn resources_yaml(data: &[u8]) {
     });
     let _ = crate::resources::snapshot::Snapshot::build(&raw, enabled);
 }
+
+/// Runs the request framer over `data` fed `step` bytes at a time: (bytes passed, refusal).
+fn frame(data: &[u8], step: usize) -> (usize, Option<crate::dataplane::framing::Refusal>) {
+    use crate::dataplane::framing::{Fed, Framer};
+    let mut framer = Framer::default();
+    let (mut held, mut passed) = (Vec::new(), 0);
+    for chunk in data.chunks(step.max(1)) {
+        held.extend_from_slice(chunk);
+        match framer.feed(&held) {
+            Fed::Pass(n) => {
+                assert!(n <= held.len());
+                passed += n;
+                held.drain(..n);
+            }
+            Fed::Refuse(r) => return (passed, Some(r)),
+        }
+    }
+    (passed, None)
+}
+
+/// The request framer (smuggling checks): the same verdict however the bytes are split across
+/// reads, and never more bytes passed than received.
+pub fn request_stream(data: &[u8]) {
+    let whole = frame(data, data.len());
+    let step = 1 + usize::from(data.first().copied().unwrap_or(0) % 13);
+    assert_eq!(frame(data, step), whole, "split into {step}-byte reads");
+}

@@ -23,7 +23,7 @@ pub fn run(prefix: Prefix) -> Result<(), String> {
         } else {
             log::info!("control server disabled (gateway.enable_control: false)");
         }
-        let data_plane = crate::dataplane::server(gateway.clone(), &config)?;
+        let data_plane = crate::dataplane::server::DataPlane::start(gateway.clone(), &config)?;
         for l in &config.gateway.node_listen {
             log::info!(
                 "data plane listening on http://{} ({} workers)",
@@ -31,7 +31,6 @@ pub fn run(prefix: Prefix) -> Result<(), String> {
                 config.gateway.worker_processes.count()
             );
         }
-        servers.push(data_plane);
         yaml::watch(gateway.prefix.resources_file(), &gateway);
         let names: Vec<&str> = gateway.enabled.load().listed.iter().map(|e| e.name).collect();
         log::info!(
@@ -52,6 +51,8 @@ pub fn run(prefix: Prefix) -> Result<(), String> {
         for h in handles {
             h.stop(true).await;
         }
+        // Blocking: the data-plane workers finish their in-flight requests (up to the grace).
+        let _ = actix_rt::task::spawn_blocking(move || data_plane.stop()).await;
         // In-flight requests are done (their log phases ran): let plugins flush what they hold.
         for entry in gateway.catalog_entries() {
             entry.plugin.shutdown();

@@ -405,6 +405,8 @@ fn malformed_bodies_and_smuggling_shapes_are_refused_and_never_forwarded() {
         let out = raw(p.node(), bytes.as_bytes());
         if !out.starts_with("HTTP/1.1 400") {
             failures.push(format!("{what}: {:?}", out.lines().next().unwrap_or("(closed without an answer)")));
+        } else if !out.contains("{\"error_msg\":\"400 Bad Request: ") {
+            failures.push(format!("{what}: no JSON reason in {out:?}"));
         }
     }
     // A body cut short: the client stops sending half-way through a chunk.
@@ -447,4 +449,20 @@ fn global_rules_run_for_unmatched_requests() {
         std::fs::read_to_string(&log)
     );
     let _ = std::fs::remove_file(&log);
+}
+
+#[test]
+fn gateway_made_errors_pass_through_header_filters() {
+    let dead = free_port();
+    let (p, _w) = start(&format!(
+        "routes:\n  - {{id: 1, uri: /dead, upstream: {{nodes: {{\"127.0.0.1:{dead}\": 1}}}}, plugins: {{request-id: {{}}, response-rewrite: {{headers: {{set: {{x-edge: \"1\"}}}}}}}}}}\n  - {{id: 2, uri: /none, plugins: {{request-id: {{}}}}}}\n"
+    ));
+    let r = get(p.node(), "/dead");
+    assert_eq!(r.status, 502);
+    assert!(r.header("x-request-id").is_some_and(|v| !v.is_empty()), "{:?}", r.headers);
+    assert_eq!(r.header("x-edge"), Some("1"));
+    assert_eq!(r.json()["error_msg"], "502 Bad Gateway: no upstream node could serve the request");
+    let r = get(p.node(), "/none");
+    assert_eq!(r.status, 503);
+    assert!(r.header("x-request-id").is_some(), "{:?}", r.headers);
 }

@@ -39,3 +39,8 @@ fn resources_yaml() {
 fn short_url_body() {
     each_input("short_url_body", weir_plugin_short_url::validate::fuzz_batch);
 }
+
+#[test]
+fn request_stream() {
+    each_input("request_stream", weir::fuzzing::request_stream);
+}

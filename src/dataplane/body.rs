@@ -1,19 +1,20 @@
 //! Bodies crossing the proxy.
 //!
-//! Upstream-ward, [`ProxyBody`] is empty (no body channel for body-less requests: that costs
-//! throughput), a buffered body, or a bounded channel fed from the client connection. Client-ward,
-//! [`UpstreamBody`] streams hyper's body into actix, runs body filters, hands the upstream
+//! Upstream-ward, [`ProxyBody`] is empty, a buffered body, or the client's own body (after the
+//! part already read), pulled by the upstream connection as it writes: backpressure both ways,
+//! no task or channel in between. Client-ward, [`ResponseBody`] is a whole body (plugin and
+//! gateway answers) or an [`UpstreamBody`], which runs body filters, hands the upstream
 //! connection back to the pool at the end, and runs the log phase when it is dropped.
 
 use std::cell::Cell;
+use std::collections::VecDeque;
 use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{Context, Poll};
 
-use actix_web::body::{BodySize, MessageBody};
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
-use tokio::sync::mpsc;
+use hyper::body::Incoming;
 
 use super::client::{Conn, Pool};
 
@@ -23,9 +24,17 @@ pub enum ProxyBody {
     Empty,
     /// A whole body.
     Full(Option<Bytes>),
-    /// Streamed from the client; `len` from Content-Length when known. `stalled` is set while
-    /// the channel waits on the client (the upstream read timeout does not run then).
-    Channel { rx: mpsc::Receiver<Result<Bytes, std::io::Error>>, len: Option<u64>, stalled: Rc<Cell<bool>> },
+    /// The client's body: `prefix` (already read) first, then the rest; `len` from
+    /// Content-Length when known. `stalled` is set while it waits on the client (the upstream
+    /// read timeout does not run then).
+    Client { prefix: VecDeque<Bytes>, body: Incoming, len: Option<u64>, stalled: Rc<Cell<bool>> },
+}
+
+impl ProxyBody {
+    /// The client's body, after the chunks already read.
+    pub fn client(prefix: VecDeque<Bytes>, body: Incoming, len: Option<u64>) -> Self {
+        ProxyBody::Client { prefix, body, len, stalled: Rc::new(Cell::new(false)) }
+    }
 }
 
 impl Body for ProxyBody {
@@ -36,12 +45,17 @@ impl Body for ProxyBody {
         match self.get_mut() {
             ProxyBody::Empty => Poll::Ready(None),
             ProxyBody::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
-            ProxyBody::Channel { rx, stalled, .. } => {
-                let polled = rx.poll_recv(cx);
+            ProxyBody::Client { prefix, body, stalled, .. } => {
+                if let Some(b) = prefix.pop_front() {
+                    return Poll::Ready(Some(Ok(Frame::data(b))));
+                }
+                let polled = Pin::new(body).poll_frame(cx);
                 stalled.set(polled.is_pending());
                 match polled {
-                    Poll::Ready(Some(Ok(b))) => Poll::Ready(Some(Ok(Frame::data(b)))),
-                    Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e))),
+                    Poll::Ready(Some(Ok(frame))) => Poll::Ready(Some(Ok(frame))),
+                    // A malformed or cut chunked body: the upstream request is aborted before
+                    // its last chunk, so the upstream never sees a complete request.
+                    Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(std::io::Error::other(e)))),
                     Poll::Ready(None) => Poll::Ready(None),
                     Poll::Pending => Poll::Pending,
                 }
@@ -53,7 +67,7 @@ impl Body for ProxyBody {
         match self {
             ProxyBody::Empty => true,
             ProxyBody::Full(b) => b.is_none(),
-            ProxyBody::Channel { .. } => false,
+            ProxyBody::Client { .. } => false,
         }
     }
 
@@ -61,8 +75,8 @@ impl Body for ProxyBody {
         match self {
             ProxyBody::Empty => SizeHint::with_exact(0),
             ProxyBody::Full(b) => SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64)),
-            ProxyBody::Channel { len: Some(n), .. } => SizeHint::with_exact(*n),
-            ProxyBody::Channel { len: None, .. } => SizeHint::default(),
+            ProxyBody::Client { len: Some(n), .. } => SizeHint::with_exact(*n),
+            ProxyBody::Client { len: None, .. } => SizeHint::default(),
         }
     }
 }
@@ -77,35 +91,70 @@ pub trait OnFinish: 'static {
     }
 }
 
+/// A response body towards the client.
+pub enum ResponseBody<F: OnFinish> {
+    /// A whole body (plugin answers, gateway errors), or none.
+    Full(Option<Bytes>),
+    /// The upstream's body.
+    Upstream(UpstreamBody<F>),
+}
+
+/// Errors of a response body (the upstream failed mid-body).
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+impl<F: OnFinish + Unpin> Body for ResponseBody<F> {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match self.get_mut() {
+            ResponseBody::Full(b) => Poll::Ready(b.take().filter(|b| !b.is_empty()).map(|b| Ok(Frame::data(b)))),
+            ResponseBody::Upstream(u) => Pin::new(u).poll_frame(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            ResponseBody::Full(b) => b.as_ref().is_none_or(Bytes::is_empty),
+            ResponseBody::Upstream(u) => u.done,
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            ResponseBody::Full(b) => SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64)),
+            ResponseBody::Upstream(u) => match u.len {
+                Some(n) => SizeHint::with_exact(n),
+                None => SizeHint::default(),
+            },
+        }
+    }
+}
+
 /// The upstream's response body on its way to the client. Its connection goes back to the pool
 /// when the body has been read to the end; a body abandoned half-way closes it.
 pub struct UpstreamBody<F: OnFinish> {
-    inner: hyper::body::Incoming,
-    size: BodySize,
+    inner: Incoming,
+    /// Content-Length to announce (none: chunked), when no body filter changes the body.
+    len: Option<u64>,
     hooks: F,
     conn: Option<(Conn, Rc<Pool>)>,
     done: bool,
 }
 
 impl<F: OnFinish> UpstreamBody<F> {
-    /// Wraps `inner`; `len` is the Content-Length to announce (when no filter changes the body).
-    pub fn new(inner: hyper::body::Incoming, len: Option<u64>, hooks: F, conn: Conn, pool: Rc<Pool>) -> Self {
-        let size = match len {
-            Some(n) if !hooks.filters_body() => BodySize::Sized(n),
-            _ => BodySize::Stream,
-        };
-        UpstreamBody { inner, size, hooks, conn: Some((conn, pool)), done: false }
+    /// Wraps `inner`; `len` is the upstream's Content-Length.
+    pub fn new(inner: Incoming, len: Option<u64>, hooks: F, conn: Conn, pool: Rc<Pool>) -> Self {
+        let len = len.filter(|_| !hooks.filters_body());
+        UpstreamBody { inner, len, hooks, conn: Some((conn, pool)), done: false }
     }
 }
 
-impl<F: OnFinish + Unpin> MessageBody for UpstreamBody<F> {
-    type Error = Box<dyn std::error::Error>;
+impl<F: OnFinish + Unpin> Body for UpstreamBody<F> {
+    type Data = Bytes;
+    type Error = BoxError;
 
-    fn size(&self) -> BodySize {
-        self.size
-    }
-
-    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, Self::Error>>> {
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.get_mut();
         if this.done {
             return Poll::Ready(None);
@@ -123,7 +172,7 @@ impl<F: OnFinish + Unpin> MessageBody for UpstreamBody<F> {
                         let mut last = Bytes::new();
                         this.hooks.chunk(&mut last, true);
                         if !last.is_empty() {
-                            return Poll::Ready(Some(Ok(last)));
+                            return Poll::Ready(Some(Ok(Frame::data(last))));
                         }
                     }
                     return Poll::Ready(None);
@@ -136,13 +185,31 @@ impl<F: OnFinish + Unpin> MessageBody for UpstreamBody<F> {
                     let Ok(mut data) = frame.into_data() else { continue };
                     if this.hooks.filters_body() {
                         this.hooks.chunk(&mut data, false);
+                    } else if this.inner.is_end_stream() {
+                        // The last bytes of a body of known length: the server will not ask for
+                        // more, so the connection goes back to the pool now.
+                        this.done = true;
+                        if let Some((conn, pool)) = this.conn.take() {
+                            pool.release(conn);
+                        }
                     }
                     if data.is_empty() {
                         continue;
                     }
-                    return Poll::Ready(Some(Ok(data)));
+                    return Poll::Ready(Some(Ok(Frame::data(data))));
                 }
             }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self.len {
+            Some(n) => SizeHint::with_exact(n),
+            None => SizeHint::default(),
         }
     }
 }

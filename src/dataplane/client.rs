@@ -271,10 +271,31 @@ struct Idle {
     since: Instant,
 }
 
+/// FNV-1a: the pool's keys are ours (addresses), not the client's, so a keyed hash buys nothing
+/// and SipHash costs twice per request.
+#[derive(Default)]
+pub struct Fnv(u64);
+
+impl std::hash::Hasher for Fnv {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        let mut h = if self.0 == 0 { 0xcbf2_9ce4_8422_2325 } else { self.0 };
+        for b in bytes {
+            h ^= u64::from(*b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        self.0 = h;
+    }
+}
+
+type FastMap<K, V> = HashMap<K, V, std::hash::BuildHasherDefault<Fnv>>;
+
 /// Per-worker upstream connections (the worker's runtime is single-threaded: no locks).
 #[derive(Default)]
 pub struct Pool {
-    idle: RefCell<HashMap<PoolKey, Vec<Idle>>>,
+    idle: RefCell<FastMap<PoolKey, Vec<Idle>>>,
     tls: RefCell<[Option<TlsConnector>; 2]>,
 }
 

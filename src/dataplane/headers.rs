@@ -1,29 +1,33 @@
-//! Header handling of the proxy: hop-by-hop removal, `X-Forwarded-*`, conversions between
-//! actix's `http` 0.2 types and the `http` 1 types of hyper and the plugin SDK.
+//! Header handling of the proxy: hop-by-hop removal and `X-Forwarded-*`.
 
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 
-/// Hop-by-hop headers (RFC 9110 §7.6.1), never forwarded.
-const HOP_BY_HOP: [&str; 8] = [
-    "connection",
-    "keep-alive",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-];
+use http::header::{CONNECTION, PROXY_AUTHENTICATE, PROXY_AUTHORIZATION, TE, TRAILER, TRANSFER_ENCODING, UPGRADE};
 
-/// Whether `name` is hop-by-hop (or `proxy-connection`, a non-standard one clients still send).
-pub fn is_hop_by_hop(name: &str) -> bool {
-    HOP_BY_HOP.contains(&name) || name == "proxy-connection"
+static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
+static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
+static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+static X_FORWARDED_PORT: HeaderName = HeaderName::from_static("x-forwarded-port");
+static X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
+
+/// Whether `name` is hop-by-hop (RFC 9110 §7.6.1), or `proxy-connection`, a non-standard one
+/// clients still send.
+pub fn is_hop_by_hop(name: &HeaderName) -> bool {
+    [&CONNECTION, &KEEP_ALIVE, &PROXY_AUTHENTICATE, &PROXY_AUTHORIZATION, &TE, &TRAILER, &TRANSFER_ENCODING, &UPGRADE]
+        .contains(&name)
+        || *name == PROXY_CONNECTION
 }
 
-/// Removes hop-by-hop headers, including those named by `Connection`.
+/// Removes hop-by-hop headers, including those named by `Connection`. One pass over the
+/// headers when there is nothing to remove (the common case).
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    if !headers.keys().any(is_hop_by_hop) {
+        return;
+    }
     let named: Vec<HeaderName> = headers
-        .get_all(http::header::CONNECTION)
+        .get_all(CONNECTION)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
@@ -32,51 +36,32 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     for n in named {
         headers.remove(n);
     }
-    for n in HOP_BY_HOP {
+    let hop: Vec<HeaderName> = headers.keys().filter(|k| is_hop_by_hop(k)).cloned().collect();
+    for n in hop {
         headers.remove(n);
     }
-    headers.remove("proxy-connection");
-}
-
-/// Client request headers as `http` 1 types (hop-by-hop ones dropped on the way).
-pub fn from_actix(src: &actix_web::http::header::HeaderMap) -> HeaderMap {
-    let mut out = HeaderMap::with_capacity(src.len() + 5);
-    let connection_named: Vec<String> = src
-        .get_all(actix_web::http::header::CONNECTION)
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(|t| t.trim().to_ascii_lowercase())
-        .collect();
-    for (k, v) in src.iter() {
-        let name = k.as_str();
-        if is_hop_by_hop(name) || connection_named.iter().any(|c| c == name) {
-            continue;
-        }
-        if let (Ok(k), Ok(v)) = (HeaderName::from_bytes(name.as_bytes()), HeaderValue::from_bytes(v.as_bytes())) {
-            out.append(k, v);
-        }
-    }
-    out
 }
 
 /// Sets `X-Forwarded-For` (appended), `X-Forwarded-Proto`, `X-Forwarded-Host`, `X-Forwarded-Port`
 /// and `X-Real-IP`.
 pub fn set_forwarded(headers: &mut HeaderMap, client_ip: &str, scheme: &str, host: Option<&HeaderValue>, port: u16) {
-    let xff = match headers.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
-        Some(prev) if !prev.is_empty() => format!("{prev}, {client_ip}"),
-        _ => client_ip.to_owned(),
+    let ip = HeaderValue::from_str(client_ip).ok();
+    let xff = match headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
+        Some(prev) if !prev.is_empty() => HeaderValue::from_str(&format!("{prev}, {client_ip}")).ok(),
+        _ => ip.clone(),
     };
-    if let Ok(v) = HeaderValue::from_str(&xff) {
-        headers.insert("x-forwarded-for", v);
+    if let Some(v) = xff {
+        headers.insert(X_FORWARDED_FOR.clone(), v);
     }
-    if let Ok(v) = HeaderValue::from_str(client_ip) {
-        headers.insert("x-real-ip", v);
+    if let Some(v) = ip {
+        headers.insert(X_REAL_IP.clone(), v);
     }
-    headers.insert("x-forwarded-proto", HeaderValue::from_static(if scheme == "https" { "https" } else { "http" }));
+    headers
+        .insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static(if scheme == "https" { "https" } else { "http" }));
     if let Some(h) = host {
-        headers.insert("x-forwarded-host", h.clone());
+        headers.insert(X_FORWARDED_HOST.clone(), h.clone());
     }
-    headers.insert("x-forwarded-port", HeaderValue::from(port));
+    headers.insert(X_FORWARDED_PORT.clone(), HeaderValue::from(port));
 }
 
 #[cfg(test)]

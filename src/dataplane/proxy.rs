@@ -1,25 +1,22 @@
 //! The request path: match a route, run the plugin phases, pick a node, forward, stream back.
 
 use std::cell::Cell;
-use std::future::poll_fn;
+use std::collections::VecDeque;
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use actix_web::http::StatusCode as ActixStatus;
-use actix_web::{web, HttpRequest, HttpResponse};
 use bytes::{Bytes, BytesMut};
-use futures_core::Stream;
 use http::{HeaderValue, Method, StatusCode};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
 use serde_json::json;
-use tokio::sync::mpsc;
 use weir_plugin::{Flow, PluginResponse, RequestCtx, ResponseHead};
 
-use super::body::{OnFinish, ProxyBody, UpstreamBody};
+use super::body::{OnFinish, ProxyBody, ResponseBody, UpstreamBody};
 use super::client::{Conn, Pool, PoolKey, PoolSettings};
-use super::headers::{from_actix, set_forwarded, strip_hop_by_hop};
+use super::headers::{set_forwarded, strip_hop_by_hop};
 use super::normalize::{normalize, PathRules};
 use super::upstream::{fnv1a, CompiledUpstream, InFlight};
 use crate::health::checker::Source as ReportSource;
@@ -42,19 +39,31 @@ pub const MAX_HEADER_LINE: usize = 8 << 10;
 /// Largest total size of request headers.
 pub const MAX_HEADERS_TOTAL: usize = 32 << 10;
 
-/// Request line and header limits (actix's own limits are looser: 128 KiB buffer, 96 headers).
-fn check_limits(req: &HttpRequest) -> Option<HttpResponse> {
-    let target = req.uri().path_and_query().map_or(0, |pq| pq.as_str().len());
+/// A response on its way to the client.
+pub type Response = http::Response<ResponseBody<Finish>>;
+
+/// The connection a request arrived on.
+#[derive(Clone, Copy, Debug)]
+pub struct ConnInfo {
+    /// The client.
+    pub peer: SocketAddr,
+    /// The local address (listener).
+    pub local: SocketAddr,
+}
+
+/// Request line and header limits (nginx's defaults; the framing check already caps the head).
+fn check_limits(req: &http::request::Parts) -> Option<Response> {
+    let target = req.uri.path_and_query().map_or(0, |pq| pq.as_str().len());
     if target > MAX_REQUEST_TARGET {
-        return Some(error_response(ActixStatus::URI_TOO_LONG, "414 Request-URI Too Large"));
+        return Some(error_response(StatusCode::URI_TOO_LONG, "414 Request-URI Too Large"));
     }
     let mut total = 0;
-    for (k, v) in req.headers().iter() {
+    for (k, v) in req.headers.iter() {
         let line = k.as_str().len() + v.len() + 4;
         total += line;
         if line > MAX_HEADER_LINE || total > MAX_HEADERS_TOTAL {
             return Some(error_response(
-                ActixStatus::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
                 "431 Request Header Fields Too Large",
             ));
         }
@@ -77,7 +86,7 @@ impl Worker {
 }
 
 /// The log phase, run once the response is done; also carries body filters.
-struct Finish {
+pub struct Finish {
     ctx: RequestCtx,
     chains: [PluginChain; 2],
     filters_body: bool,
@@ -112,27 +121,25 @@ impl Drop for Finish {
     }
 }
 
-fn error_response(status: ActixStatus, msg: &str) -> HttpResponse {
-    HttpResponse::build(status)
-        .insert_header((actix_web::http::header::CONTENT_TYPE, "application/json"))
-        .body(json!({ "error_msg": msg }).to_string())
+fn error_response(status: StatusCode, msg: &str) -> Response {
+    let mut resp = http::Response::new(ResponseBody::Full(Some(Bytes::from(json!({ "error_msg": msg }).to_string()))));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    resp
 }
 
-/// Converts an `http` 1 response head + body into an actix response.
-fn to_actix(head: ResponseHead) -> actix_web::HttpResponseBuilder {
-    let status = ActixStatus::from_u16(head.status.as_u16()).unwrap_or(ActixStatus::BAD_GATEWAY);
-    let mut out = HttpResponse::build(status);
-    for (k, v) in head.headers.iter() {
-        if k == http::header::CONTENT_LENGTH || k == http::header::TRANSFER_ENCODING {
-            continue;
-        }
-        out.append_header((k.as_str(), v.as_bytes()));
-    }
-    out
+/// A response with `head` (framing headers dropped: the body says its own length).
+fn with_head(mut head: ResponseHead, body: ResponseBody<Finish>) -> Response {
+    head.headers.remove(http::header::CONTENT_LENGTH);
+    head.headers.remove(http::header::TRANSFER_ENCODING);
+    let mut resp = http::Response::new(body);
+    *resp.status_mut() = head.status;
+    *resp.headers_mut() = head.headers;
+    resp
 }
 
 /// Answers with a plugin's response, after the header filters.
-fn plugin_response(resp: PluginResponse, mut finish: Finish) -> HttpResponse {
+fn plugin_response(resp: PluginResponse, mut finish: Finish) -> Response {
     let mut head = ResponseHead { status: resp.status, headers: resp.headers };
     for (k, v) in finish.ctx.response_headers.drain(..) {
         head.headers.append(k, v);
@@ -146,7 +153,7 @@ fn plugin_response(resp: PluginResponse, mut finish: Finish) -> HttpResponse {
         finish.chunk(&mut body, true);
     }
     finish.ctx.status = head.status.as_u16();
-    to_actix(head).body(body)
+    with_head(head, ResponseBody::Full(Some(body)))
 }
 
 async fn resolve(mut flow: Flow) -> Option<PluginResponse> {
@@ -162,23 +169,24 @@ async fn resolve(mut flow: Flow) -> Option<PluginResponse> {
 /// Reads the request body up to `limit` bytes. `Ok(Err(prefix))` when the body is longer: the
 /// chunks read so far, to be sent before the rest.
 async fn read_body(
-    payload: &mut web::Payload,
+    body: &mut Incoming,
     limit: usize,
     remote: SocketAddr,
-) -> Result<Result<Bytes, Vec<Bytes>>, HttpResponse> {
+) -> Result<Result<Bytes, Vec<Bytes>>, Response> {
     let mut chunks: Vec<Bytes> = Vec::new();
     let mut total = 0;
-    while let Some(chunk) = poll_fn(|cx| Pin::new(&mut *payload).poll_next(cx)).await {
-        let chunk = chunk.map_err(|e| {
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| {
             // A client-side protocol error: one short line, never at error level.
             log::debug!("client {remote}: invalid request body: {e}");
-            let why = match e {
-                actix_web::error::PayloadError::Overflow => "it is larger than allowed",
-                actix_web::error::PayloadError::EncodingCorrupted => "its encoding is malformed",
-                _ => "it ended early, or its chunked encoding is malformed",
+            let why = if e.is_incomplete_message() {
+                "it ended before it was complete"
+            } else {
+                "its chunked encoding is malformed, or it ended early"
             };
-            error_response(ActixStatus::BAD_REQUEST, &format!("400 Bad Request: invalid request body: {why}"))
+            error_response(StatusCode::BAD_REQUEST, &format!("400 Bad Request: invalid request body: {why}"))
         })?;
+        let Ok(chunk) = frame.into_data() else { continue };
         total += chunk.len();
         chunks.push(chunk);
         if total > limit {
@@ -224,32 +232,31 @@ async fn access_phases(ctx: &mut RequestCtx, chains: &[PluginChain; 2]) -> Optio
 }
 
 /// The data-plane handler.
-pub async fn handle(
-    req: HttpRequest,
-    mut payload: web::Payload,
-    gw: web::Data<Gateway>,
-    worker: web::Data<Worker>,
-) -> HttpResponse {
-    if let Some(refused) = check_limits(&req) {
+pub async fn handle(req: http::Request<Incoming>, conn: ConnInfo, gw: &Gateway, worker: &Worker) -> Response {
+    let (mut parts, mut payload) = req.into_parts();
+    if let Some(refused) = check_limits(&parts) {
         return refused;
     }
-    let remote = req.peer_addr().unwrap_or(SocketAddr::from(([0, 0, 0, 0], 0)));
+    let remote = conn.peer;
     // One normalized path for routing, plugins and the upstream (docs/data-plane.md).
-    let path = match normalize(req.uri().path(), worker.rules) {
+    let path = match normalize(parts.uri.path(), worker.rules) {
         Ok(p) => p.into_owned(),
         Err(e) => {
             log::debug!("client {remote}: invalid path: {e}");
-            return error_response(ActixStatus::BAD_REQUEST, &format!("400 Bad Request: invalid path: {e}"));
+            return error_response(StatusCode::BAD_REQUEST, &format!("400 Bad Request: invalid path: {e}"));
         }
     };
     let snap = gw.resources.load_full();
-    let local = req.app_config().local_addr();
-    let host_header = req.headers().get(actix_web::http::header::HOST).and_then(|v| v.to_str().ok()).unwrap_or("");
-    let host = strip_port(host_header);
-    let matched = snap.table.find(req.method().as_str(), host, &path, remote.ip());
-    let method = Method::from_bytes(req.method().as_str().as_bytes()).unwrap_or(Method::GET);
-    let mut ctx =
-        RequestCtx::new(method, path, req.query_string().to_owned(), from_actix(req.headers()), remote, local);
+    let host_header: String =
+        parts.headers.get(http::header::HOST).and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
+    let host = strip_port(&host_header);
+    let matched = snap.table.find(parts.method.as_str(), host, &path, remote.ip());
+    let query = parts.uri.query().unwrap_or("").to_owned();
+    let declared_len: Option<u64> =
+        parts.headers.get(http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok());
+    let chunked = parts.headers.contains_key(http::header::TRANSFER_ENCODING);
+    strip_hop_by_hop(&mut parts.headers);
+    let mut ctx = RequestCtx::new(parts.method, path, query, parts.headers, remote, conn.local);
     let Some(matched) = matched else {
         // As APISIX: global rules run for unmatched requests too, then the 404 is sent.
         let chains = [snap.global_chain.clone(), PluginChain::from([])];
@@ -265,12 +272,6 @@ pub async fn handle(
     ctx.params = matched.params;
     let chains = [snap.global_chain.clone(), route.plugins.clone()];
 
-    let declared_len: Option<u64> = req
-        .headers()
-        .get(actix_web::http::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse().ok());
-    let chunked = req.headers().contains_key(actix_web::http::header::TRANSFER_ENCODING);
     let has_body = chunked || declared_len.is_some_and(|n| n > 0);
     let wants_body = chains.iter().flat_map(|c| c.iter()).any(|p| p.instance.wants_request_body());
     // Small bodies, and the first REPLAYABLE_BODY bytes of chunked ones, are read before any
@@ -283,13 +284,13 @@ pub async fn handle(
         match read_body(&mut payload, limit, remote).await {
             Ok(Ok(b)) => source = Source::Buffered(b),
             Ok(Err(_)) if wants_body => {
-                return error_response(ActixStatus::PAYLOAD_TOO_LARGE, "413 Request Entity Too Large")
+                return error_response(StatusCode::PAYLOAD_TOO_LARGE, "413 Request Entity Too Large")
             }
-            Ok(Err(prefix)) => source = Source::Stream(Some(pump(prefix, payload, declared_len))),
+            Ok(Err(prefix)) => source = Source::Stream(Some(ProxyBody::client(prefix.into(), payload, declared_len))),
             Err(resp) => return resp,
         }
     } else if has_body {
-        source = Source::Stream(Some(pump(Vec::new(), payload, declared_len)));
+        source = Source::Stream(Some(ProxyBody::client(VecDeque::new(), payload, declared_len)));
     }
     if wants_body {
         if let Source::Buffered(b) = &source {
@@ -301,15 +302,18 @@ pub async fn handle(
     }
 
     let Some(upstream) = route.upstream.clone() else {
-        ctx.status = 503;
-        let _finish = Finish::new(ctx, chains);
-        return error_response(ActixStatus::SERVICE_UNAVAILABLE, "missing upstream configuration in Route or Service");
+        return gateway_error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "missing upstream configuration in Route or Service",
+            ctx,
+            chains,
+        );
     };
     if let Some(b) = ctx.body.take() {
         // A plugin may have replaced the body it read.
         source = Source::Buffered(b);
     }
-    forward(ctx, chains, upstream, source, host_header, &worker, &gw.health).await
+    forward(ctx, chains, upstream, source, &host_header, worker, &gw.health).await
 }
 
 fn strip_port(host: &str) -> &str {
@@ -352,7 +356,7 @@ async fn forward(
     original_host: &str,
     worker: &Worker,
     health: &HealthRegistry,
-) -> HttpResponse {
+) -> Response {
     let checker = health.ensure(&upstream);
     let idempotent = is_idempotent(&ctx);
     let max_attempts = upstream.retries + 1;
@@ -371,11 +375,11 @@ async fn forward(
         let t = if ctx.query.is_empty() { ctx.path.clone() } else { format!("{}?{}", ctx.path, ctx.query) };
         match t.parse() {
             Ok(t) => t,
-            Err(e) => return error_response(ActixStatus::BAD_REQUEST, &format!("400 Bad Request: invalid path: {e}")),
+            Err(e) => return error_response(StatusCode::BAD_REQUEST, &format!("400 Bad Request: invalid path: {e}")),
         }
     };
     let stalled = matches!(source, Source::Stream(_)).then(|| match &source {
-        Source::Stream(Some(ProxyBody::Channel { stalled, .. })) => stalled.clone(),
+        Source::Stream(Some(ProxyBody::Client { stalled, .. })) => stalled.clone(),
         _ => Rc::new(Cell::new(false)),
     });
     let mut tried: Vec<usize> = Vec::with_capacity(2);
@@ -461,34 +465,18 @@ async fn forward(
         }
     }
     let (status, msg) = if last_timeout {
-        (ActixStatus::GATEWAY_TIMEOUT, "504 Gateway Timeout: the upstream did not answer in time")
+        (StatusCode::GATEWAY_TIMEOUT, "504 Gateway Timeout: the upstream did not answer in time")
     } else {
-        (ActixStatus::BAD_GATEWAY, "502 Bad Gateway: no upstream node could serve the request")
+        (StatusCode::BAD_GATEWAY, "502 Bad Gateway: no upstream node could serve the request")
     };
-    ctx.status = status.as_u16();
-    let _finish = Finish::new(ctx, chains);
-    error_response(status, msg)
+    gateway_error(status, msg, ctx, chains)
 }
 
-/// Streams the client's body (after the chunks already read) to the upstream through a bounded
-/// channel.
-fn pump(prefix: Vec<Bytes>, mut payload: web::Payload, len: Option<u64>) -> ProxyBody {
-    let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(4);
-    actix_web::rt::spawn(async move {
-        for chunk in prefix {
-            if tx.send(Ok(chunk)).await.is_err() {
-                return;
-            }
-        }
-        while let Some(chunk) = poll_fn(|cx| Pin::new(&mut payload).poll_next(cx)).await {
-            let item = chunk.map_err(std::io::Error::other);
-            let failed = item.is_err();
-            if tx.send(item).await.is_err() || failed {
-                break;
-            }
-        }
-    });
-    ProxyBody::Channel { rx, len, stalled: Rc::new(Cell::new(false)) }
+/// A response the gateway makes itself once the request has a route (502, 503, 504): it goes
+/// through `header_filter`, `body_filter` and `log` like any response (docs/phases.md), so that
+/// request-id, response-rewrite and loggers see it.
+fn gateway_error(status: StatusCode, msg: &str, ctx: RequestCtx, chains: [PluginChain; 2]) -> Response {
+    plugin_response(PluginResponse::json(status, &json!({ "error_msg": msg })), Finish::new(ctx, chains))
 }
 
 fn respond(
@@ -498,7 +486,7 @@ fn respond(
     mut ctx: RequestCtx,
     chains: [PluginChain; 2],
     inflight: Option<InFlight>,
-) -> HttpResponse {
+) -> Response {
     let (parts, incoming) = resp.into_parts();
     let len = parts
         .headers
@@ -519,17 +507,17 @@ fn respond(
         head.status == StatusCode::NO_CONTENT || head.status == StatusCode::NOT_MODIFIED || ctx.method == Method::HEAD;
     let mut finish = Finish::new(ctx, chains);
     finish._inflight = inflight;
-    let mut out = to_actix(head);
     if no_body {
         use http_body::Body as _;
         if incoming.is_end_stream() {
             pool.release(conn);
         }
-        if let Some(n) = len.filter(|_| !finish.filters_body) {
-            // HEAD: announce the length the upstream gave.
-            return out.no_chunking(n).finish();
-        }
-        return out.finish();
+        // The upstream's Content-Length stays (HEAD announces the length of what GET returns).
+        let mut resp = http::Response::new(ResponseBody::Full(None));
+        *resp.status_mut() = head.status;
+        *resp.headers_mut() = head.headers;
+        drop(finish);
+        return resp;
     }
-    out.body(UpstreamBody::new(incoming, len, finish, conn, pool))
+    with_head(head, ResponseBody::Upstream(UpstreamBody::new(incoming, len, finish, conn, pool)))
 }

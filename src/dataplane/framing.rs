@@ -1,0 +1,353 @@
+//! HTTP/1.1 request framing, checked strictly before the HTTP server sees a byte.
+//!
+//! Request smuggling lives in the gaps between two parsers' readings of one byte stream. Weir
+//! closes them by refusing every request whose framing could be read two ways, as nginx (since
+//! 1.21.1) does: `Content-Length` together with `Transfer-Encoding`, two `Content-Length`
+//! headers (even equal ones), a `Content-Length` that is not plain digits, a `Transfer-Encoding`
+//! other than exactly `chunked`, `Transfer-Encoding` in HTTP/1.0, obs-fold, whitespace before a
+//! colon, and a missing `Host` in HTTP/1.1. hyper alone would accept some of these (it lets
+//! `Transfer-Encoding` win over `Content-Length`), so this parser sits in front of it.
+//!
+//! [`Framer`] is sans-IO: it is fed the bytes of a connection and says which may go on, keeping
+//! request heads back until they are complete and valid. It follows bodies (by length, or by
+//! chunk sizes) only to know where the next request head starts; a malformed chunked body is
+//! left to the server, which refuses it itself.
+
+/// A refused request: status and the reason given to the client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Refusal {
+    /// 400, 414 or 431.
+    pub status: u16,
+    /// Why, for the client and the debug log.
+    pub reason: &'static str,
+}
+
+impl Refusal {
+    const fn bad(reason: &'static str) -> Refusal {
+        Refusal { status: 400, reason }
+    }
+
+    /// The whole HTTP response that carries this refusal (JSON body, connection closed).
+    pub fn response(&self) -> Vec<u8> {
+        let (phrase, message) = match self.status {
+            // The same answers the request path gives for limits it checks itself.
+            414 => ("URI Too Long", "414 Request-URI Too Large".to_owned()),
+            431 => ("Request Header Fields Too Large", "431 Request Header Fields Too Large".to_owned()),
+            _ => ("Bad Request", format!("400 Bad Request: {}", self.reason)),
+        };
+        let body = serde_json::json!({ "error_msg": message }).to_string();
+        format!(
+            "HTTP/1.1 {} {phrase}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            self.status,
+            body.len()
+        )
+        .into_bytes()
+    }
+}
+
+/// Longest request line (nginx's `large_client_header_buffers`: 8 KiB).
+pub const MAX_REQUEST_LINE: usize = 8 << 10;
+/// Longest request head, request line included.
+pub const MAX_HEAD: usize = 32 << 10;
+/// Most header lines in one request.
+pub const MAX_HEADERS: usize = 100;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Chunk {
+    /// Hex digits of a chunk size (value so far, digits seen).
+    Size(u64, u8),
+    /// After the size: extension up to CR.
+    Ext(u64),
+    /// CR seen after the size line.
+    SizeLf(u64),
+    /// Data bytes left.
+    Data(u64),
+    /// CR after data expected.
+    DataCr,
+    /// LF after data expected.
+    DataLf,
+    /// A trailer line (true: it has content).
+    Trailer(bool),
+    /// CR seen at the end of a trailer line.
+    TrailerLf(bool),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// Waiting for a complete request head.
+    Head,
+    /// Body bytes left (by `Content-Length`).
+    Length(u64),
+    /// Inside a chunked body.
+    Chunked(Chunk),
+    /// Everything goes through unchecked (the server owns the error).
+    Passthrough,
+}
+
+/// What [`Framer::feed`] decided about the bytes it was given.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Fed {
+    /// This many leading bytes may go to the server; the rest must be kept and fed again with
+    /// more input (an incomplete head).
+    Pass(usize),
+    /// The request is refused; nothing more goes to the server.
+    Refuse(Refusal),
+}
+
+/// The framing state of one connection.
+#[derive(Debug)]
+pub struct Framer {
+    state: State,
+}
+
+impl Default for Framer {
+    fn default() -> Self {
+        Framer { state: State::Head }
+    }
+}
+
+/// A complete head's length and how it frames its body; `None` while the head is incomplete.
+fn check_head(head: &[u8]) -> Result<Option<(usize, State)>, Refusal> {
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut req = httparse::Request::new(&mut headers);
+    let len = match req.parse(head) {
+        Ok(httparse::Status::Complete(len)) => len,
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(httparse::Error::TooManyHeaders) => {
+            return Err(Refusal { status: 431, reason: "too many header lines" });
+        }
+        Err(httparse::Error::Version) => return Err(Refusal::bad("unsupported HTTP version")),
+        Err(httparse::Error::Token | httparse::Error::Status) => {
+            return Err(Refusal::bad("malformed request line or method"));
+        }
+        Err(httparse::Error::HeaderName) => {
+            return Err(Refusal::bad("malformed header name (no whitespace before the colon, no obs-fold)"));
+        }
+        Err(httparse::Error::HeaderValue) => return Err(Refusal::bad("malformed header value")),
+        Err(_) => return Err(Refusal::bad("malformed request head")),
+    };
+    let http11 = req.version == Some(1);
+    let (mut length, mut lengths, mut te, mut host) = (None, 0, None, false);
+    for h in req.headers.iter() {
+        if h.name.eq_ignore_ascii_case("content-length") {
+            lengths += 1;
+            let v = h.value;
+            if v.is_empty() || v.len() > 18 || !v.iter().all(u8::is_ascii_digit) {
+                return Err(Refusal::bad("Content-Length must be a number"));
+            }
+            length = std::str::from_utf8(v).ok().and_then(|s| s.parse::<u64>().ok());
+        } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
+            if te.is_some() {
+                return Err(Refusal::bad("more than one Transfer-Encoding header"));
+            }
+            te = Some(h.value);
+        } else if h.name.eq_ignore_ascii_case("host") {
+            if host {
+                return Err(Refusal::bad("more than one Host header"));
+            }
+            host = true;
+        }
+    }
+    if lengths > 1 {
+        return Err(Refusal::bad("more than one Content-Length header"));
+    }
+    if http11 && !host {
+        return Err(Refusal::bad("HTTP/1.1 request without a Host header"));
+    }
+    let next = match (te, length) {
+        (Some(_), Some(_)) => return Err(Refusal::bad("Content-Length and Transfer-Encoding together")),
+        (Some(_), None) if !http11 => return Err(Refusal::bad("Transfer-Encoding in an HTTP/1.0 request")),
+        (Some(v), None) if !v.eq_ignore_ascii_case(b"chunked") => {
+            return Err(Refusal::bad("Transfer-Encoding must be exactly chunked"))
+        }
+        (Some(_), None) => State::Chunked(Chunk::Size(0, 0)),
+        (None, Some(0) | None) => State::Head,
+        (None, Some(n)) => State::Length(n),
+    };
+    Ok(Some((len, next)))
+}
+
+impl Framer {
+    /// Whether the framer waits for a request head (the connection is between requests).
+    pub fn between_requests(&self) -> bool {
+        self.state == State::Head
+    }
+
+    /// Body bytes still expected by `Content-Length`, when that is what comes next: they can go
+    /// straight to the server.
+    pub fn length_left(&self) -> Option<u64> {
+        match self.state {
+            State::Length(n) => Some(n),
+            _ => None,
+        }
+    }
+
+    /// Notes `n` body bytes that went straight to the server.
+    pub fn passed_body(&mut self, n: usize) {
+        if let State::Length(left) = self.state {
+            let left = left.saturating_sub(n as u64);
+            self.state = if left == 0 { State::Head } else { State::Length(left) };
+        }
+    }
+
+    /// Decides about `input`, the bytes received and not yet passed on.
+    pub fn feed(&mut self, input: &[u8]) -> Fed {
+        let mut at = 0;
+        while at < input.len() {
+            match self.state {
+                State::Passthrough => return Fed::Pass(input.len()),
+                State::Head => {
+                    let rest = &input[at..];
+                    // Empty lines before a request line are ignored (RFC 9112 section 2.2).
+                    let skip = rest.iter().take_while(|b| matches!(b, b'\r' | b'\n')).count();
+                    if skip == rest.len() {
+                        return Fed::Pass(input.len());
+                    }
+                    let rest = &rest[skip..];
+                    let window = &rest[..rest.len().min(MAX_REQUEST_LINE + 1)];
+                    if !window.contains(&b'\n') && rest.len() > MAX_REQUEST_LINE {
+                        return Fed::Refuse(Refusal { status: 414, reason: "request line longer than 8 KiB" });
+                    }
+                    let head = &rest[..rest.len().min(MAX_HEAD + 1)];
+                    match check_head(head) {
+                        Ok(Some((end, next))) => {
+                            self.state = next;
+                            at += skip + end;
+                        }
+                        Ok(None) if rest.len() > MAX_HEAD => {
+                            return Fed::Refuse(Refusal { status: 431, reason: "request head larger than 32 KiB" });
+                        }
+                        Ok(None) => return Fed::Pass(at),
+                        Err(r) => return Fed::Refuse(r),
+                    }
+                }
+                State::Length(n) => {
+                    let take = (input.len() - at).min(usize::try_from(n).unwrap_or(usize::MAX));
+                    at += take;
+                    self.passed_body(take);
+                }
+                State::Chunked(c) => {
+                    let b = input[at];
+                    at += 1;
+                    self.state = match step_chunk(c, b) {
+                        Some(Some(next)) => State::Chunked(next),
+                        Some(None) => State::Head,
+                        // Malformed: the server's own decoder refuses it (400).
+                        None => State::Passthrough,
+                    };
+                }
+            }
+        }
+        Fed::Pass(input.len())
+    }
+}
+
+/// One byte of chunked framing. `Some(Some(s))`: go on in `s`; `Some(None)`: the body ended;
+/// `None`: malformed.
+fn step_chunk(c: Chunk, b: u8) -> Option<Option<Chunk>> {
+    let hex = |b: u8| (b as char).to_digit(16).map(u64::from);
+    Some(Some(match c {
+        Chunk::Size(v, n) => match (hex(b), b) {
+            (Some(d), _) if n < 15 => Chunk::Size(v * 16 + d, n + 1),
+            (None, b';' | b' ' | b'\t') if n > 0 => Chunk::Ext(v),
+            (None, b'\r') if n > 0 => Chunk::SizeLf(v),
+            _ => return None,
+        },
+        Chunk::Ext(v) => match b {
+            b'\r' => Chunk::SizeLf(v),
+            b'\n' => return None,
+            _ => Chunk::Ext(v),
+        },
+        Chunk::SizeLf(v) => match (b, v) {
+            (b'\n', 0) => Chunk::Trailer(false),
+            (b'\n', v) => Chunk::Data(v),
+            _ => return None,
+        },
+        Chunk::Data(1) => Chunk::DataCr,
+        Chunk::Data(v) => Chunk::Data(v - 1),
+        Chunk::DataCr => match b {
+            b'\r' => Chunk::DataLf,
+            _ => return None,
+        },
+        Chunk::DataLf => match b {
+            b'\n' => Chunk::Size(0, 0),
+            _ => return None,
+        },
+        Chunk::Trailer(content) => match b {
+            b'\r' => Chunk::TrailerLf(content),
+            b'\n' => return None,
+            _ => Chunk::Trailer(true),
+        },
+        Chunk::TrailerLf(content) => match (b, content) {
+            (b'\n', false) => return Some(None),
+            (b'\n', true) => Chunk::Trailer(false),
+            _ => return None,
+        },
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn feed_all(stream: &[u8]) -> Result<usize, Refusal> {
+        let mut f = Framer::default();
+        match f.feed(stream) {
+            Fed::Pass(n) => Ok(n),
+            Fed::Refuse(r) => Err(r),
+        }
+    }
+
+    const H: &str = "POST / HTTP/1.1\r\nHost: x\r\n";
+
+    #[test]
+    fn smuggling_shapes_are_refused() {
+        for (what, head) in [
+            ("CL+TE", format!("{H}Content-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n")),
+            ("TE+CL", format!("{H}Transfer-Encoding: chunked\r\nContent-Length: 4\r\n\r\n")),
+            ("two CL", format!("{H}Content-Length: 4\r\nContent-Length: 4\r\n\r\n")),
+            ("CL +4", format!("{H}Content-Length: +4\r\n\r\n")),
+            ("CL list", format!("{H}Content-Length: 4, 4\r\n\r\n")),
+            ("xchunked", format!("{H}Transfer-Encoding: xchunked\r\n\r\n")),
+            ("chunked, identity", format!("{H}Transfer-Encoding: chunked, identity\r\n\r\n")),
+            ("two TE", format!("{H}Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n")),
+            ("obs-fold", format!("{H}X-A: a\r\n b\r\n\r\n")),
+            ("space before colon", format!("{H}Transfer-Encoding : chunked\r\n\r\n")),
+            ("no host", "GET / HTTP/1.1\r\n\r\n".to_owned()),
+            ("TE in 1.0", "POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n".to_owned()),
+        ] {
+            assert!(feed_all(head.as_bytes()).is_err(), "{what} was accepted");
+        }
+    }
+
+    #[test]
+    fn bodies_are_followed_to_the_next_head() {
+        let two = format!("{H}Content-Length: 5\r\n\r\nhello{H}Transfer-Encoding: chunked\r\n\r\n5;x=1\r\nhello\r\n0\r\nT: 1\r\n\r\nGET / HTTP/1.1\r\nHost: y\r\n\r\n");
+        assert_eq!(feed_all(two.as_bytes()), Ok(two.len()));
+        // A smuggled second request after a valid body is still checked.
+        let bad = format!("{H}Content-Length: 5\r\n\r\nhello{H}Content-Length: 1\r\nContent-Length: 2\r\n\r\n");
+        assert!(feed_all(bad.as_bytes()).is_err());
+    }
+
+    #[test]
+    fn incomplete_heads_are_held_back() {
+        let mut f = Framer::default();
+        assert_eq!(f.feed(b"GET / HTTP/1.1\r\nHo"), Fed::Pass(0));
+        assert_eq!(f.feed(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"), Fed::Pass(27));
+        assert!(f.between_requests());
+    }
+
+    #[test]
+    fn limits() {
+        let long = format!("GET /{} HTTP/1.1\r\nHost: x\r\n\r\n", "a".repeat(9000));
+        assert_eq!(feed_all(long.as_bytes()).map_err(|r| r.status), Err(414));
+        let big = format!("GET / HTTP/1.1\r\nHost: x\r\n{}\r\n", "X-A: b\r\n".repeat(5000));
+        assert_eq!(feed_all(big.as_bytes()).map_err(|r| r.status), Err(431));
+    }
+
+    #[test]
+    fn malformed_chunks_pass_to_the_server() {
+        let s = format!("{H}Transfer-Encoding: chunked\r\n\r\nzz\r\nGET / HTTP/1.1\r\nHost: x\r\n\r\n");
+        assert_eq!(feed_all(s.as_bytes()), Ok(s.len()));
+    }
+}
