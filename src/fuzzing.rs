@@ -97,7 +97,7 @@ fn frame(data: &[u8], step: usize) -> (usize, Option<crate::dataplane::framing::
                 passed += n;
                 held.drain(..n);
             }
-            Fed::Refuse(r) => return (passed, Some(r)),
+            Fed::Refuse { pass, refusal } => return (passed + pass, Some(refusal)),
         }
     }
     (passed, None)

@@ -90,8 +90,14 @@ pub enum Fed {
     /// This many leading bytes may go to the server; the rest must be kept and fed again with
     /// more input (an incomplete head).
     Pass(usize),
-    /// The request is refused; nothing more goes to the server.
-    Refuse(Refusal),
+    /// The first `pass` bytes (earlier requests) may still go to the server; the request after
+    /// them is refused, and nothing more goes.
+    Refuse {
+        /// Bytes before the refused request.
+        pass: usize,
+        /// Why.
+        refusal: Refusal,
+    },
 }
 
 /// The framing state of one connection.
@@ -199,26 +205,28 @@ impl Framer {
                 State::Head => {
                     let rest = &input[at..];
                     // Empty lines before a request line are ignored (RFC 9112 section 2.2).
-                    let skip = rest.iter().take_while(|b| matches!(b, b'\r' | b'\n')).count();
-                    if skip == rest.len() {
-                        return Fed::Pass(input.len());
+                    // They pass at once, so that the verdict never depends on how reads split.
+                    at += rest.iter().take_while(|b| matches!(b, b'\r' | b'\n')).count();
+                    let rest = &input[at..];
+                    if rest.is_empty() {
+                        break;
                     }
-                    let rest = &rest[skip..];
+                    let refuse = |refusal| Fed::Refuse { pass: at, refusal };
                     let window = &rest[..rest.len().min(MAX_REQUEST_LINE + 1)];
                     if !window.contains(&b'\n') && rest.len() > MAX_REQUEST_LINE {
-                        return Fed::Refuse(Refusal { status: 414, reason: "request line longer than 8 KiB" });
+                        return refuse(Refusal { status: 414, reason: "request line longer than 8 KiB" });
                     }
                     let head = &rest[..rest.len().min(MAX_HEAD + 1)];
                     match check_head(head) {
                         Ok(Some((end, next))) => {
                             self.state = next;
-                            at += skip + end;
+                            at += end;
                         }
                         Ok(None) if rest.len() > MAX_HEAD => {
-                            return Fed::Refuse(Refusal { status: 431, reason: "request head larger than 32 KiB" });
+                            return refuse(Refusal { status: 431, reason: "request head larger than 32 KiB" });
                         }
                         Ok(None) => return Fed::Pass(at),
-                        Err(r) => return Fed::Refuse(r),
+                        Err(r) => return refuse(r),
                     }
                 }
                 State::Length(n) => {
@@ -294,7 +302,7 @@ mod tests {
         let mut f = Framer::default();
         match f.feed(stream) {
             Fed::Pass(n) => Ok(n),
-            Fed::Refuse(r) => Err(r),
+            Fed::Refuse { refusal, .. } => Err(refusal),
         }
     }
 

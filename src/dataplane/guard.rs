@@ -67,7 +67,10 @@ impl Guarded {
                 self.passed.extend_from_slice(&self.held[..n]);
                 self.held.drain(..n);
             }
-            Fed::Refuse(r) => self.refuse(r),
+            Fed::Refuse { pass, refusal } => {
+                self.passed.extend_from_slice(&self.held[..pass]);
+                self.refuse(refusal);
+            }
         }
         if self.held.is_empty() && self.held.capacity() > 0 && self.framer.between_requests() {
             // Idle between requests: keep no buffer.
@@ -133,7 +136,14 @@ impl AsyncRead for Guarded {
                             return Poll::Ready(Ok(()));
                         }
                     }
-                    Fed::Refuse(r) => this.refuse(r),
+                    Fed::Refuse { pass, refusal } => {
+                        // Earlier pipelined requests still go; the refused one and all after it not.
+                        buf.advance(pass);
+                        this.refuse(refusal);
+                        if pass > 0 {
+                            return Poll::Ready(Ok(()));
+                        }
+                    }
                 }
                 continue;
             }
