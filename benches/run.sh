@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Every benchmark of the performance issue, side by side with nginx, in one table.
+# Builds the release binary once, then runs:
+#   - user-space instructions per proxied request (callgrind; stable on a noisy VM): plain, and
+#     key-auth + limit-count + proxy-rewrite         ../shared/tools/instr_per_request.sh
+#   - req/s and latency vs nginx proxy_pass, 10 vs 10,000 routes, RSS   benches/proxy.sh
+#   - RSS per idle keep-alive connection vs nginx    benches/idle_conns.sh
+#   - short-url creation and redirects (SQLite; PostgreSQL when PG_URL is set)   benches/short_url.sh
+#
+#   benches/run.sh        # needs wrk, nginx, valgrind; DURATION, ROUNDS, STORED as the scripts take
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export DURATION=${DURATION:-8} ROUNDS=${ROUNDS:-3} STORED=${STORED:-100000}
+cargo build --release -q
+out=$(mktemp -d /tmp/weir-run.XXXXXX)
+trap 'rm -rf "$out"' EXIT
+ipr=../shared/tools/instr_per_request.sh
+plugins='{"key-auth": {}, "limit-count": {"count": 1000000000, "time_window": 60}, "proxy-rewrite": {"headers": {"set": {"x-a": "b"}}}}'
+if [ -x "$ipr" ] && command -v valgrind >/dev/null; then
+  "$ipr" > "$out/ipr-plain" 2>&1 || true
+  "$ipr" "$plugins" > "$out/ipr-plugins" 2>&1 || true
+fi
+benches/proxy.sh > "$out/proxy" 2>&1 || true
+benches/idle_conns.sh > "$out/idle" 2>&1 || true
+benches/short_url.sh > "$out/su-sqlite" 2>&1 || true
+if [ -n "${PG_URL:-}" ]; then BACKEND=postgres benches/short_url.sh > "$out/su-pg" 2>&1 || true; fi
+
+echo
+echo "=== instructions per proxied request (callgrind) ==="
+grep -h "instructions per request" "$out"/ipr-* 2>/dev/null | sed 's/^/  /' || echo "  (valgrind or the tool not available)"
+echo "=== proxy (wrk, medians of $ROUNDS rounds) ==="
+sed -n '/^median of/,$p' "$out/proxy" | sed 's/^/  /'
+echo "=== idle connections ==="
+sed 's/^/  /' "$out/idle" | tail -n 1
+echo "=== short-url, SQLite ==="
+grep -E "create|redirect|stored" "$out/su-sqlite" | sed 's/^/  /'
+if [ -f "$out/su-pg" ]; then
+  echo "=== short-url, PostgreSQL ==="
+  grep -E "create|redirect|stored" "$out/su-pg" | sed 's/^/  /'
+fi
