@@ -42,9 +42,7 @@ impl DataPlane {
         let mut listeners = Vec::new();
         for listen in &config.gateway.node_listen {
             let addr = listen.addr();
-            let l = std::net::TcpListener::bind(addr)
-                .and_then(|l| l.set_nonblocking(true).map(|()| l))
-                .map_err(|e| format!("cannot listen on {addr} (gateway.node_listen): {e}"))?;
+            let l = bind(addr).map_err(|e| format!("cannot listen on {addr} (gateway.node_listen): {e}"))?;
             listeners.push(l);
         }
         let rules = PathRules {
@@ -79,6 +77,22 @@ impl DataPlane {
         }
     }
 }
+
+/// A listening socket with SO_REUSEADDR and a backlog for bursts of connections ([`BACKLOG`];
+/// the standard library's 128 drops SYNs under a burst of a few hundred clients). Must run inside
+/// a tokio runtime; the socket is handed over as a std listener for the workers to share.
+fn bind(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+    let socket = if addr.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    let listener = socket.listen(BACKLOG)?.into_std()?;
+    listener.set_nonblocking(true)?;
+    Ok(listener)
+}
+
+/// Pending connections the kernel queues per listener (nginx uses 511; Linux caps it at
+/// `net.core.somaxconn`).
+pub const BACKLOG: u32 = 2048;
 
 fn run_worker(
     gateway: Arc<Gateway>,
