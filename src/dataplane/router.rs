@@ -201,24 +201,27 @@ impl RouteTable {
     pub fn build(routes: Vec<Arc<CompiledRoute>>) -> (RouteTable, Vec<String>) {
         let mut t = RouteTable::default();
         let mut problems = Vec::new();
+        // Shared by every exact and prefix entry (an empty `Arc<[_]>` still allocates).
+        let no_names: Arc<[Arc<str>]> = Arc::from([]);
         for route in routes {
             let uris: Vec<String> =
                 route.route.uris.clone().or_else(|| route.route.uri.clone().map(|u| vec![u])).unwrap_or_default();
             for uri in uris {
                 match classify(&uri) {
-                    Pattern::Exact(p) => t.exact.entry(p).or_default().push(Entry {
+                    // Most URIs belong to one route: lists start with room for one entry.
+                    Pattern::Exact(p) => t.exact.entry(p).or_insert_with(|| Vec::with_capacity(1)).push(Entry {
                         route: route.clone(),
                         rank: 3,
                         len: 0,
-                        names: Arc::from([]),
+                        names: no_names.clone(),
                     }),
                     Pattern::Prefix(p) => {
                         let len = p.len();
-                        t.prefix.entry(p).or_default().push(Entry {
+                        t.prefix.entry(p).or_insert_with(|| Vec::with_capacity(1)).push(Entry {
                             route: route.clone(),
                             rank: 1,
                             len,
-                            names: Arc::from([]),
+                            names: no_names.clone(),
                         });
                         if !t.prefix_lens.contains(&len) {
                             t.prefix_lens.push(len);

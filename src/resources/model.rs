@@ -118,9 +118,10 @@ pub struct Route {
     /// Plugins of this route.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub plugins: PluginConfs,
-    /// Inline upstream.
+    /// Inline upstream (boxed: most routes name an upstream by id, and an inline `Upstream`
+    /// is several hundred bytes that every route would otherwise carry).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub upstream: Option<Upstream>,
+    pub upstream: Option<Box<Upstream>>,
     /// Reference to an upstream object.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub upstream_id: Option<Id>,
@@ -157,9 +158,10 @@ pub struct Service {
     /// Plugins shared by the service's routes (a route's own conf of the same plugin wins).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub plugins: PluginConfs,
-    /// Inline upstream.
+    /// Inline upstream (boxed: most routes name an upstream by id, and an inline `Upstream`
+    /// is several hundred bytes that every route would otherwise carry).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub upstream: Option<Upstream>,
+    pub upstream: Option<Box<Upstream>>,
     /// Reference to an upstream object.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub upstream_id: Option<Id>,

@@ -204,7 +204,7 @@ impl Builder<'_> {
             self.check_upstream(o, "", u);
         }
         for (o, s) in &services {
-            self.check_upstream_ref(o, s.upstream.as_ref(), s.upstream_id.as_ref());
+            self.check_upstream_ref(o, s.upstream.as_deref(), s.upstream_id.as_ref());
         }
         for (o, r) in &routes {
             match (&r.uri, &r.uris) {
@@ -220,7 +220,7 @@ impl Builder<'_> {
                     self.issue(o, &format!("remote_addrs[{i}]"), &e);
                 }
             }
-            self.check_upstream_ref(o, r.upstream.as_ref(), r.upstream_id.as_ref());
+            self.check_upstream_ref(o, r.upstream.as_deref(), r.upstream_id.as_ref());
             if let Some(sid) = &r.service_id {
                 if !self.snap.index.contains_key(&("services", sid.0.clone())) {
                     self.issue(o, "service_id", &format!("service `{sid}` does not exist"));
