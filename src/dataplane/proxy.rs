@@ -43,10 +43,12 @@ pub const MAX_HEADERS_TOTAL: usize = 32 << 10;
 pub type Response = http::Response<ResponseBody<Finish>>;
 
 /// The connection a request arrived on.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct ConnInfo {
     /// The client.
     pub peer: SocketAddr,
+    /// The client's IP as text, formatted once per connection (`$remote_addr`, X-Forwarded-For).
+    pub peer_ip: Arc<str>,
     /// The local address (listener).
     pub local: SocketAddr,
 }
@@ -256,7 +258,7 @@ pub async fn handle(req: http::Request<Incoming>, conn: ConnInfo, gw: &Gateway, 
         parts.headers.get(http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok());
     let chunked = parts.headers.contains_key(http::header::TRANSFER_ENCODING);
     strip_hop_by_hop(&mut parts.headers);
-    let mut ctx = RequestCtx::new(parts.method, path, query, parts.headers, remote, conn.local);
+    let mut ctx = RequestCtx::new(parts.method, path, query, parts.headers, remote, conn.peer_ip, conn.local);
     let Some(matched) = matched else {
         // As APISIX: global rules run for unmatched requests too, then the 404 is sent.
         let chains = [snap.global_chain.clone(), PluginChain::from([])];
@@ -333,7 +335,7 @@ fn hash_key(ctx: &RequestCtx, upstream: &CompiledUpstream) -> Option<u32> {
         }),
         HashOn::Consumer => ctx.consumer.as_ref().map(|c| c.username.to_string()),
     };
-    Some(fnv1a(value.unwrap_or_else(|| ctx.remote_addr.ip().to_string()).as_bytes()))
+    Some(fnv1a(value.unwrap_or_else(|| ctx.remote_ip.to_string()).as_bytes()))
 }
 
 /// `keepalive_pool` of an upstream, with APISIX's defaults.
@@ -364,13 +366,7 @@ async fn forward(
     let settings = pool_settings(&upstream);
     let hash = hash_key(&ctx, &upstream);
     let original_host = HeaderValue::from_str(original_host).ok();
-    set_forwarded(
-        &mut ctx.headers,
-        &ctx.remote_addr.ip().to_string(),
-        ctx.scheme,
-        original_host.as_ref(),
-        ctx.local_addr.port(),
-    );
+    set_forwarded(&mut ctx.headers, &ctx.remote_ip, ctx.scheme, original_host.as_ref(), ctx.local_addr.port());
     let target: http::uri::PathAndQuery = {
         let t = if ctx.query.is_empty() { ctx.path.clone() } else { format!("{}?{}", ctx.path, ctx.query) };
         match t.parse() {

@@ -158,7 +158,7 @@ async fn accept_loop(
             }
         };
         let _ = stream.set_nodelay(true);
-        let info = ConnInfo { peer, local };
+        let info = ConnInfo { peer, peer_ip: Arc::from(peer.ip().to_string()), local };
         open.set(open.get() + 1);
         let (gateway, worker, open, stopped) = (gateway.clone(), worker.clone(), open.clone(), stopped.clone());
         tokio::task::spawn_local(async move {
@@ -176,8 +176,9 @@ async fn serve(
     mut stopped: watch::Receiver<bool>,
 ) {
     let io = TokioIo::new(Guarded::new(stream, info.peer));
+    let peer = info.peer;
     let service = service_fn(move |req| {
-        let (gateway, worker) = (gateway.clone(), worker.clone());
+        let (gateway, worker, info) = (gateway.clone(), worker.clone(), info.clone());
         async move { Ok::<_, Infallible>(proxy::handle(req, info, &gateway, &worker).await) }
     });
     let mut builder = http1::Builder::new();
@@ -193,6 +194,6 @@ async fn serve(
     };
     if let Err(e) = result {
         // The client's doing (reset, timeout, malformed input): never at error level.
-        log::debug!("client {}: {e}", info.peer);
+        log::debug!("client {peer}: {e}");
     }
 }

@@ -141,7 +141,7 @@ impl PluginInstance for Instance {
     fn access(&self, ctx: &mut RequestCtx) -> Flow {
         let key = match ctx.var(&self.conf.key) {
             Some(v) if !v.is_empty() => v.into_owned(),
-            _ => ctx.remote_addr.ip().to_string(),
+            _ => ctx.remote_ip.to_string(),
         };
         let v = self.store.incoming(self.scope, &key, self.conf.count, Duration::from_secs(self.conf.time_window));
         if self.conf.show_limit_quota_header {

@@ -81,6 +81,8 @@ pub struct RequestCtx {
     pub headers: HeaderMap,
     /// Client address.
     pub remote_addr: SocketAddr,
+    /// The client's IP as text (`$remote_addr`), formatted once per connection.
+    pub remote_ip: Arc<str>,
     /// Local address the request arrived on.
     pub local_addr: SocketAddr,
     /// `http` or `https`.
@@ -118,6 +120,7 @@ impl RequestCtx {
         query: String,
         headers: HeaderMap,
         remote_addr: SocketAddr,
+        remote_ip: Arc<str>,
         local_addr: SocketAddr,
     ) -> Self {
         RequestCtx {
@@ -126,6 +129,7 @@ impl RequestCtx {
             query,
             headers,
             remote_addr,
+            remote_ip,
             local_addr,
             scheme: "http",
             route_id: None,
@@ -182,7 +186,7 @@ impl RequestCtx {
             "args" | "query_string" => Some(Cow::Borrowed(self.query.as_str())),
             "request_method" => Some(Cow::Borrowed(self.method.as_str())),
             "scheme" => Some(Cow::Borrowed(self.scheme)),
-            "remote_addr" => owned(self.remote_addr.ip().to_string()),
+            "remote_addr" => Some(Cow::Borrowed(&*self.remote_ip)),
             "remote_port" => owned(self.remote_addr.port().to_string()),
             "server_addr" => owned(self.local_addr.ip().to_string()),
             "server_port" => owned(self.local_addr.port().to_string()),
