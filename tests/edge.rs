@@ -466,3 +466,27 @@ fn gateway_made_errors_pass_through_header_filters() {
     assert_eq!(r.status, 503);
     assert!(r.header("x-request-id").is_some(), "{:?}", r.headers);
 }
+
+#[test]
+fn client_gone_before_the_upstream_answered_is_logged_as_499() {
+    let up = Upstream::start("slow");
+    let log = std::env::temp_dir().join(format!("weir-edge-499-{}.log", std::process::id()));
+    let _ = std::fs::remove_file(&log);
+    let (p, _w) = start(&format!(
+        "routes:\n  - {{id: 1, uri: /*, upstream: {{nodes: {{\"{}\": 1}}}}, plugins: {{file-logger: {{path: \"{}\"}}}}}}\n",
+        up.node(),
+        log.display()
+    ));
+    let mut s = TcpStream::connect(p.node()).expect("connect");
+    s.write_all(b"GET /sleep/3000 HTTP/1.1\r\nHost: x\r\n\r\n").expect("write");
+    std::thread::sleep(Duration::from_millis(300));
+    drop(s);
+    let line = || std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        eventually(Duration::from_secs(5), || line().contains("\"status\":499")
+            || line().contains("\"status\":\"499\"")),
+        "the log phase ran with 499: {:?}",
+        line()
+    );
+    let _ = std::fs::remove_file(&log);
+}

@@ -117,6 +117,10 @@ impl OnFinish for Finish {
 
 impl Drop for Finish {
     fn drop(&mut self) {
+        if self.ctx.status == 0 {
+            // No response was made: the client went away first (nginx logs 499).
+            self.ctx.status = 499;
+        }
         for p in self.chains.iter().flat_map(|c| c.iter()) {
             p.instance.log(&self.ctx);
         }
@@ -261,21 +265,23 @@ pub async fn handle(req: http::Request<Incoming>, conn: ConnInfo, gw: &Gateway, 
     let mut ctx = RequestCtx::new(parts.method, path, query, parts.headers, remote, conn.peer_ip, conn.local);
     let Some(matched) = matched else {
         // As APISIX: global rules run for unmatched requests too, then the 404 is sent.
-        let chains = [snap.global_chain.clone(), PluginChain::from([])];
-        if let Some(resp) = access_phases(&mut ctx, &chains).await {
-            return plugin_response(resp, Finish::new(ctx, chains));
+        let mut fin = Finish::new(ctx, [snap.global_chain.clone(), PluginChain::from([])]);
+        if let Some(resp) = access_phases(&mut fin.ctx, &fin.chains).await {
+            return plugin_response(resp, fin);
         }
         let not_found = PluginResponse::json(StatusCode::NOT_FOUND, &json!({ "error_msg": "404 Route Not Found" }));
-        return plugin_response(not_found, Finish::new(ctx, chains));
+        return plugin_response(not_found, fin);
     };
     let route = matched.route;
     ctx.route_id = Some(route.id.clone());
     ctx.service_id = route.service_id.clone();
     ctx.params = matched.params;
-    let chains = [snap.global_chain.clone(), route.plugins.clone()];
+    // From here on the log phase runs whatever happens, also when the client goes away while
+    // the request waits (the future is dropped with `fin`; status 499, as nginx logs it).
+    let mut fin = Finish::new(ctx, [snap.global_chain.clone(), route.plugins.clone()]);
 
     let has_body = chunked || declared_len.is_some_and(|n| n > 0);
-    let wants_body = chains.iter().flat_map(|c| c.iter()).any(|p| p.instance.wants_request_body());
+    let wants_body = fin.chains.iter().flat_map(|c| c.iter()).any(|p| p.instance.wants_request_body());
     // Small bodies, and the first REPLAYABLE_BODY bytes of chunked ones, are read before any
     // upstream is contacted: a malformed chunked body is refused before an upstream sees a byte of
     // it, and a read body can be replayed on the next node.
@@ -286,36 +292,39 @@ pub async fn handle(req: http::Request<Incoming>, conn: ConnInfo, gw: &Gateway, 
         match read_body(&mut payload, limit, remote).await {
             Ok(Ok(b)) => source = Source::Buffered(b),
             Ok(Err(_)) if wants_body => {
-                return error_response(StatusCode::PAYLOAD_TOO_LARGE, "413 Request Entity Too Large")
+                fin.ctx.status = 413;
+                return error_response(StatusCode::PAYLOAD_TOO_LARGE, "413 Request Entity Too Large");
             }
             Ok(Err(prefix)) => source = Source::Stream(Some(ProxyBody::client(prefix.into(), payload, declared_len))),
-            Err(resp) => return resp,
+            Err(resp) => {
+                fin.ctx.status = resp.status().as_u16();
+                return resp;
+            }
         }
     } else if has_body {
         source = Source::Stream(Some(ProxyBody::client(VecDeque::new(), payload, declared_len)));
     }
     if wants_body {
         if let Source::Buffered(b) = &source {
-            ctx.body = Some(b.clone());
+            fin.ctx.body = Some(b.clone());
         }
     }
-    if let Some(resp) = access_phases(&mut ctx, &chains).await {
-        return plugin_response(resp, Finish::new(ctx, chains));
+    if let Some(resp) = access_phases(&mut fin.ctx, &fin.chains).await {
+        return plugin_response(resp, fin);
     }
 
     let Some(upstream) = route.upstream.clone() else {
         return gateway_error(
             StatusCode::SERVICE_UNAVAILABLE,
             "missing upstream configuration in Route or Service",
-            ctx,
-            chains,
+            fin,
         );
     };
-    if let Some(b) = ctx.body.take() {
+    if let Some(b) = fin.ctx.body.take() {
         // A plugin may have replaced the body it read.
         source = Source::Buffered(b);
     }
-    forward(ctx, chains, upstream, source, &host_header, worker, &gw.health).await
+    forward(fin, upstream, source, &host_header, worker, &gw.health).await
 }
 
 fn strip_port(host: &str) -> &str {
@@ -351,8 +360,7 @@ fn pool_settings(upstream: &CompiledUpstream) -> PoolSettings {
 }
 
 async fn forward(
-    mut ctx: RequestCtx,
-    chains: [PluginChain; 2],
+    mut fin: Finish,
     upstream: Arc<CompiledUpstream>,
     mut source: Source,
     original_host: &str,
@@ -360,15 +368,22 @@ async fn forward(
     health: &HealthRegistry,
 ) -> Response {
     let checker = health.ensure(&upstream);
-    let idempotent = is_idempotent(&ctx);
+    let idempotent = is_idempotent(&fin.ctx);
     let max_attempts = upstream.retries + 1;
     let started = Instant::now();
     let settings = pool_settings(&upstream);
-    let hash = hash_key(&ctx, &upstream);
+    let hash = hash_key(&fin.ctx, &upstream);
     let original_host = HeaderValue::from_str(original_host).ok();
-    set_forwarded(&mut ctx.headers, &ctx.remote_ip, ctx.scheme, original_host.as_ref(), ctx.local_addr.port());
+    set_forwarded(
+        &mut fin.ctx.headers,
+        &fin.ctx.remote_ip,
+        fin.ctx.scheme,
+        original_host.as_ref(),
+        fin.ctx.local_addr.port(),
+    );
     let target: http::uri::PathAndQuery = {
-        let t = if ctx.query.is_empty() { ctx.path.clone() } else { format!("{}?{}", ctx.path, ctx.query) };
+        let t =
+            if fin.ctx.query.is_empty() { fin.ctx.path.clone() } else { format!("{}?{}", fin.ctx.path, fin.ctx.query) };
         match t.parse() {
             Ok(t) => t,
             Err(e) => return error_response(StatusCode::BAD_REQUEST, &format!("400 Bad Request: invalid path: {e}")),
@@ -410,10 +425,10 @@ async fn forward(
         }
         tried.push(idx);
         let node = &upstream.nodes[idx];
-        ctx.upstream_addrs.push(node.addr);
+        fin.ctx.upstream_addrs.push(node.addr);
         // The last attempt may move the headers out, unless a plugin reads them after the request.
-        let keep = attempt + 1 < max_attempts || chains.iter().any(|c| !c.is_empty());
-        let mut headers = if keep { ctx.headers.clone() } else { std::mem::take(&mut ctx.headers) };
+        let keep = attempt + 1 < max_attempts || fin.chains.iter().any(|c| !c.is_empty());
+        let mut headers = if keep { fin.ctx.headers.clone() } else { std::mem::take(&mut fin.ctx.headers) };
         match upstream.pass_host {
             PassHost::Pass if headers.contains_key(http::header::HOST) => {}
             PassHost::Pass | PassHost::Node => {
@@ -425,7 +440,7 @@ async fn forward(
             }
         }
         let mut request = http::Request::new(body);
-        *request.method_mut() = ctx.method.clone();
+        *request.method_mut() = fin.ctx.method.clone();
         *request.uri_mut() = http::Uri::from(target.clone());
         *request.headers_mut() = headers;
         let key = PoolKey {
@@ -441,10 +456,10 @@ async fn forward(
                 if let Some(c) = &checker {
                     c.report_status(node.addr, resp.status().as_u16());
                 }
-                return respond(resp, conn, worker.pool.clone(), ctx, chains, inflight);
+                return respond(resp, conn, worker.pool.clone(), fin, inflight);
             }
             Err(e) => {
-                log::warn!("upstream {} of route {:?}: {}", node.addr, ctx.route_id, e.reason);
+                log::warn!("upstream {} of route {:?}: {}", node.addr, fin.ctx.route_id, e.reason);
                 last_timeout = e.timeout;
                 let report = if e.timeout { Report::Timeout } else { Report::TcpFailure };
                 let why = if e.timeout { "timeout: no response" } else { "tcp failure" };
@@ -465,22 +480,21 @@ async fn forward(
     } else {
         (StatusCode::BAD_GATEWAY, "502 Bad Gateway: no upstream node could serve the request")
     };
-    gateway_error(status, msg, ctx, chains)
+    gateway_error(status, msg, fin)
 }
 
 /// A response the gateway makes itself once the request has a route (502, 503, 504): it goes
 /// through `header_filter`, `body_filter` and `log` like any response (docs/phases.md), so that
 /// request-id, response-rewrite and loggers see it.
-fn gateway_error(status: StatusCode, msg: &str, ctx: RequestCtx, chains: [PluginChain; 2]) -> Response {
-    plugin_response(PluginResponse::json(status, &json!({ "error_msg": msg })), Finish::new(ctx, chains))
+fn gateway_error(status: StatusCode, msg: &str, fin: Finish) -> Response {
+    plugin_response(PluginResponse::json(status, &json!({ "error_msg": msg })), fin)
 }
 
 fn respond(
     resp: http::Response<hyper::body::Incoming>,
     conn: Conn,
     pool: Rc<Pool>,
-    mut ctx: RequestCtx,
-    chains: [PluginChain; 2],
+    mut finish: Finish,
     inflight: Option<InFlight>,
 ) -> Response {
     let (parts, incoming) = resp.into_parts();
@@ -491,17 +505,17 @@ fn respond(
         .and_then(|v| v.parse::<u64>().ok());
     let mut head = ResponseHead { status: parts.status, headers: parts.headers };
     strip_hop_by_hop(&mut head.headers);
-    for (k, v) in ctx.response_headers.drain(..) {
+    for (k, v) in finish.ctx.response_headers.drain(..) {
         head.headers.append(k, v);
     }
-    ctx.status = head.status.as_u16();
-    for p in chains.iter().flat_map(|c| c.iter()) {
-        p.instance.header_filter(&mut ctx, &mut head);
+    finish.ctx.status = head.status.as_u16();
+    for p in finish.chains.iter().flat_map(|c| c.iter()) {
+        p.instance.header_filter(&mut finish.ctx, &mut head);
     }
-    ctx.status = head.status.as_u16();
-    let no_body =
-        head.status == StatusCode::NO_CONTENT || head.status == StatusCode::NOT_MODIFIED || ctx.method == Method::HEAD;
-    let mut finish = Finish::new(ctx, chains);
+    finish.ctx.status = head.status.as_u16();
+    let no_body = head.status == StatusCode::NO_CONTENT
+        || head.status == StatusCode::NOT_MODIFIED
+        || finish.ctx.method == Method::HEAD;
     finish._inflight = inflight;
     if no_body {
         use http_body::Body as _;
