@@ -30,7 +30,6 @@ pub mod error;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod health;
-pub mod logging;
 pub mod memory;
 pub mod plugins;
 pub mod resources;

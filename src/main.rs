@@ -11,7 +11,7 @@ use weir::state::Gateway;
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 fn main() -> ExitCode {
-    weir::logging::init();
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
     let command = match cli::parse(std::env::args_os().skip(1)) {
         Ok(c) => c,
         Err(e) => {

@@ -148,6 +148,14 @@ impl<F: OnFinish> UpstreamBody<F> {
         let len = len.filter(|_| !hooks.filters_body());
         UpstreamBody { inner, len, hooks, conn: Some((conn, pool)), done: false }
     }
+
+    /// The upstream body was read to the end: its connection can serve another request.
+    fn finished(&mut self) {
+        self.done = true;
+        if let Some((conn, pool)) = self.conn.take() {
+            pool.release(conn);
+        }
+    }
 }
 
 impl<F: OnFinish + Unpin> Body for UpstreamBody<F> {
@@ -164,10 +172,7 @@ impl<F: OnFinish + Unpin> Body for UpstreamBody<F> {
             match Pin::new(&mut this.inner).poll_frame(cx) {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(None) => {
-                    this.done = true;
-                    if let Some((conn, pool)) = this.conn.take() {
-                        pool.release(conn);
-                    }
+                    this.finished();
                     if this.hooks.filters_body() {
                         let mut last = Bytes::new();
                         this.hooks.chunk(&mut last, true);
@@ -188,10 +193,7 @@ impl<F: OnFinish + Unpin> Body for UpstreamBody<F> {
                     } else if this.inner.is_end_stream() {
                         // The last bytes of a body of known length: the server will not ask for
                         // more, so the connection goes back to the pool now.
-                        this.done = true;
-                        if let Some((conn, pool)) = this.conn.take() {
-                            pool.release(conn);
-                        }
+                        this.finished();
                     }
                     if data.is_empty() {
                         continue;

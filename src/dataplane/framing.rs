@@ -49,6 +49,8 @@ impl Refusal {
 pub const MAX_REQUEST_LINE: usize = 8 << 10;
 /// Longest request head, request line included.
 pub const MAX_HEAD: usize = 32 << 10;
+/// Longest header line (nginx: one of `large_client_header_buffers`, 8 KiB).
+pub const MAX_HEADER_LINE: usize = 8 << 10;
 /// Most header lines in one request.
 pub const MAX_HEADERS: usize = 100;
 
@@ -135,6 +137,9 @@ fn check_head(head: &[u8]) -> Result<Option<(usize, State)>, Refusal> {
     let http11 = req.version == Some(1);
     let (mut length, mut lengths, mut te, mut host) = (None, 0, None, false);
     for h in req.headers.iter() {
+        if h.name.len() + h.value.len() + 4 > MAX_HEADER_LINE {
+            return Err(Refusal { status: 431, reason: "a header line longer than 8 KiB" });
+        }
         if h.name.eq_ignore_ascii_case("content-length") {
             lengths += 1;
             let v = h.value;
@@ -188,8 +193,8 @@ impl Framer {
         }
     }
 
-    /// Notes `n` body bytes that went straight to the server.
-    pub fn passed_body(&mut self, n: usize) {
+    /// Notes `n` body bytes passed by length.
+    fn passed_body(&mut self, n: usize) {
         if let State::Length(left) = self.state {
             let left = left.saturating_sub(n as u64);
             self.state = if left == 0 { State::Head } else { State::Length(left) };
@@ -233,6 +238,12 @@ impl Framer {
                     let take = (input.len() - at).min(usize::try_from(n).unwrap_or(usize::MAX));
                     at += take;
                     self.passed_body(take);
+                }
+                // Chunk data is skipped in one step; only the framing around it is read byte by byte.
+                State::Chunked(Chunk::Data(v)) if v > 1 => {
+                    let take = (input.len() - at).min(usize::try_from(v - 1).unwrap_or(usize::MAX));
+                    at += take;
+                    self.state = State::Chunked(Chunk::Data(v - take as u64));
                 }
                 State::Chunked(c) => {
                     let b = input[at];

@@ -1,11 +1,10 @@
 //! The request path: match a route, run the plugin phases, pick a node, forward, stream back.
 
-use std::cell::Cell;
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
 use http::{HeaderValue, Method, StatusCode};
@@ -15,14 +14,14 @@ use serde_json::json;
 use weir_plugin::{Flow, PluginResponse, RequestCtx, ResponseHead};
 
 use super::body::{OnFinish, ProxyBody, ResponseBody, UpstreamBody};
-use super::client::{Conn, Pool, PoolKey, PoolSettings};
+use super::client::{Conn, Pool};
 use super::headers::{set_forwarded, strip_hop_by_hop};
 use super::normalize::{normalize, PathRules};
 use super::upstream::{fnv1a, CompiledUpstream, InFlight};
 use crate::health::checker::Source as ReportSource;
 use crate::health::state::Report;
 use crate::health::HealthRegistry;
-use crate::resources::model::{HashOn, PassHost, Scheme};
+use crate::resources::model::{HashOn, PassHost};
 use crate::resources::snapshot::PluginChain;
 use crate::state::Gateway;
 
@@ -32,13 +31,6 @@ pub const MAX_BUFFERED_BODY: usize = 16 << 20;
 /// failed attempt can be retried on the next node, as nginx does with `client_body_buffer_size`.
 /// Larger bodies stream and are not retried once sent.
 pub const REPLAYABLE_BODY: u64 = 64 << 10;
-/// Longest request target (path and query), as nginx's default `large_client_header_buffers`.
-pub const MAX_REQUEST_TARGET: usize = 8 << 10;
-/// Longest single header line.
-pub const MAX_HEADER_LINE: usize = 8 << 10;
-/// Largest total size of request headers.
-pub const MAX_HEADERS_TOTAL: usize = 32 << 10;
-
 /// A response on its way to the client.
 pub type Response = http::Response<ResponseBody<Finish>>;
 
@@ -51,26 +43,6 @@ pub struct ConnInfo {
     pub peer_ip: Arc<str>,
     /// The local address (listener).
     pub local: SocketAddr,
-}
-
-/// Request line and header limits (nginx's defaults; the framing check already caps the head).
-fn check_limits(req: &http::request::Parts) -> Option<Response> {
-    let target = req.uri.path_and_query().map_or(0, |pq| pq.as_str().len());
-    if target > MAX_REQUEST_TARGET {
-        return Some(error_response(StatusCode::URI_TOO_LONG, "414 Request-URI Too Large"));
-    }
-    let mut total = 0;
-    for (k, v) in req.headers.iter() {
-        let line = k.as_str().len() + v.len() + 4;
-        total += line;
-        if line > MAX_HEADER_LINE || total > MAX_HEADERS_TOTAL {
-            return Some(error_response(
-                StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-                "431 Request Header Fields Too Large",
-            ));
-        }
-    }
-    None
 }
 
 /// Per-worker state: the upstream connection pool and the path rules (the worker's runtime is
@@ -239,10 +211,8 @@ async fn access_phases(ctx: &mut RequestCtx, chains: &[PluginChain; 2]) -> Optio
 
 /// The data-plane handler.
 pub async fn handle(req: http::Request<Incoming>, conn: ConnInfo, gw: &Gateway, worker: &Worker) -> Response {
+    // Request line and header limits were enforced by the framer (`framing`) before hyper parsed.
     let (mut parts, mut payload) = req.into_parts();
-    if let Some(refused) = check_limits(&parts) {
-        return refused;
-    }
     let remote = conn.peer;
     // One normalized path for routing, plugins and the upstream (docs/data-plane.md).
     let path = match normalize(parts.uri.path(), worker.rules) {
@@ -253,9 +223,9 @@ pub async fn handle(req: http::Request<Incoming>, conn: ConnInfo, gw: &Gateway, 
         }
     };
     let snap = gw.resources.load_full();
-    let host_header: String =
-        parts.headers.get(http::header::HOST).and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
-    let host = strip_port(&host_header);
+    // A shared handle on the header's bytes, for X-Forwarded-Host: no copy, no re-validation.
+    let host_header: Option<HeaderValue> = parts.headers.get(http::header::HOST).cloned();
+    let host = strip_port(host_header.as_ref().and_then(|v| v.to_str().ok()).unwrap_or(""));
     let matched = snap.table.find(parts.method.as_str(), host, &path, remote.ip());
     let query = parts.uri.query().unwrap_or("").to_owned();
     let declared_len: Option<u64> =
@@ -324,7 +294,7 @@ pub async fn handle(req: http::Request<Incoming>, conn: ConnInfo, gw: &Gateway, 
         // A plugin may have replaced the body it read.
         source = Source::Buffered(b);
     }
-    forward(fin, upstream, source, &host_header, worker, &gw.health).await
+    forward(fin, upstream, source, host_header, worker, &gw.health).await
 }
 
 fn strip_port(host: &str) -> &str {
@@ -347,23 +317,11 @@ fn hash_key(ctx: &RequestCtx, upstream: &CompiledUpstream) -> Option<u32> {
     Some(fnv1a(value.unwrap_or_else(|| ctx.remote_ip.to_string()).as_bytes()))
 }
 
-/// `keepalive_pool` of an upstream, with APISIX's defaults.
-fn pool_settings(upstream: &CompiledUpstream) -> PoolSettings {
-    match upstream.conf.keepalive_pool {
-        Some(p) => PoolSettings {
-            size: p.size as usize,
-            idle_timeout: Duration::from_secs_f64(p.idle_timeout.max(0.0)),
-            requests: p.requests,
-        },
-        None => PoolSettings { size: 320, idle_timeout: Duration::from_secs(60), requests: 1000 },
-    }
-}
-
 async fn forward(
     mut fin: Finish,
     upstream: Arc<CompiledUpstream>,
     mut source: Source,
-    original_host: &str,
+    original_host: Option<HeaderValue>,
     worker: &Worker,
     health: &HealthRegistry,
 ) -> Response {
@@ -371,9 +329,7 @@ async fn forward(
     let idempotent = is_idempotent(&fin.ctx);
     let max_attempts = upstream.retries + 1;
     let started = Instant::now();
-    let settings = pool_settings(&upstream);
     let hash = hash_key(&fin.ctx, &upstream);
-    let original_host = HeaderValue::from_str(original_host).ok();
     set_forwarded(
         &mut fin.ctx.headers,
         &fin.ctx.remote_ip,
@@ -389,10 +345,10 @@ async fn forward(
             Err(e) => return error_response(StatusCode::BAD_REQUEST, &format!("400 Bad Request: invalid path: {e}")),
         }
     };
-    let stalled = matches!(source, Source::Stream(_)).then(|| match &source {
-        Source::Stream(Some(ProxyBody::Client { stalled, .. })) => stalled.clone(),
-        _ => Rc::new(Cell::new(false)),
-    });
+    let stalled = match &source {
+        Source::Stream(Some(ProxyBody::Client { stalled, .. })) => Some(stalled.clone()),
+        _ => None,
+    };
     let mut tried: Vec<usize> = Vec::with_capacity(2);
     let mut last_timeout = false;
     // A failed attempt is reported to the health checker when it is retried (as the reference says).
@@ -443,15 +399,7 @@ async fn forward(
         *request.method_mut() = fin.ctx.method.clone();
         *request.uri_mut() = http::Uri::from(target.clone());
         *request.headers_mut() = headers;
-        let key = PoolKey {
-            addr: node.addr,
-            tls: (upstream.scheme == Scheme::Https).then(|| {
-                let name = node.authority.rsplit_once(':').map_or(node.authority.as_str(), |(h, _)| h);
-                let name = name.trim_start_matches('[').trim_end_matches(']');
-                (Arc::from(name), upstream.conf.tls.is_none_or(|t| t.verify))
-            }),
-        };
-        match worker.pool.send(&key, settings, &upstream.timeouts, request, stalled.clone()).await {
+        match worker.pool.send(&node.pool_key, upstream.pool, &upstream.timeouts, request, stalled.clone()).await {
             Ok((resp, conn)) => {
                 if let Some(c) = &checker {
                     c.report_status(node.addr, resp.status().as_u16());

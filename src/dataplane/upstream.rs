@@ -12,6 +12,7 @@ use std::time::Duration;
 use http::HeaderValue;
 use parking_lot::Mutex;
 
+use super::client::{PoolKey, PoolSettings};
 use crate::resources::model::{HashOn, LbType, Nodes, PassHost, Scheme, Upstream};
 use crate::resources::snapshot::parse_node_key;
 
@@ -24,9 +25,9 @@ pub struct Node {
     pub host_header: HeaderValue,
     /// Relative weight (0: never picked).
     pub weight: u32,
-    /// URI authority: `ip:port`, or `name:port` for https nodes named by DNS name (so that SNI
-    /// and certificate verification use the name).
-    pub authority: String,
+    /// Which pooled connections may serve it (address, and for https the TLS server name: the
+    /// node's DNS name, or its IP), computed once.
+    pub pool_key: PoolKey,
 }
 
 /// Per-upstream timeouts.
@@ -60,6 +61,8 @@ pub struct CompiledUpstream {
     pub pass_host: PassHost,
     /// Host header with `pass_host: rewrite`.
     pub upstream_host: Option<HeaderValue>,
+    /// `keepalive_pool`, with APISIX's defaults.
+    pub pool: PoolSettings,
     /// Its health checker, once it served a request (with `checks`).
     pub checker: std::sync::OnceLock<Arc<crate::health::checker::Checker>>,
     balancer: Balancer,
@@ -132,10 +135,11 @@ impl CompiledUpstream {
             };
             let header = if port == default_port { host.clone() } else { format!("{host}:{port}") };
             let host_header = HeaderValue::from_str(&header).unwrap_or_else(|_| HeaderValue::from_static("localhost"));
-            let named = host.parse::<std::net::IpAddr>().is_err();
-            let authority =
-                if conf.scheme == Scheme::Https && named { format!("{host}:{port}") } else { addr.to_string() };
-            nodes.push(Node { addr, host_header, weight, authority });
+            let tls = (conf.scheme == Scheme::Https).then(|| {
+                let name = if host.parse::<std::net::IpAddr>().is_ok() { addr.ip().to_string() } else { host.clone() };
+                (Arc::from(name), conf.tls.is_none_or(|t| t.verify))
+            });
+            nodes.push(Node { addr, host_header, weight, pool_key: PoolKey { addr, tls } });
         }
         let timeouts = conf.timeout.map_or(Timeouts { connect: secs(60.0), send: secs(60.0), read: secs(60.0) }, |t| {
             Timeouts { connect: secs(t.connect), send: secs(t.send), read: secs(t.read) }
@@ -155,6 +159,15 @@ impl CompiledUpstream {
             }
         };
         let upstream_host = conf.upstream_host.as_deref().and_then(|h| HeaderValue::from_str(h).ok());
+        let pool = match conf.keepalive_pool {
+            Some(p) => PoolSettings {
+                size: p.size as usize,
+                idle_timeout: Duration::from_secs_f64(p.idle_timeout.max(0.0)),
+                requests: p.requests,
+            },
+            // APISIX's defaults.
+            None => PoolSettings { size: 320, idle_timeout: Duration::from_secs(60), requests: 1000 },
+        };
         let usable = nodes.iter().filter(|n| n.weight > 0).count();
         let compiled = CompiledUpstream {
             owner,
@@ -164,6 +177,7 @@ impl CompiledUpstream {
             scheme: conf.scheme,
             pass_host: conf.pass_host,
             upstream_host,
+            pool,
             checker: std::sync::OnceLock::new(),
             nodes,
             balancer,
