@@ -61,6 +61,38 @@ pub struct GatewaySection {
     /// its segment (default), or `reject` the request with 400.
     #[serde(default)]
     pub escaped_slashes: EscapedSlashes,
+    /// The TLS listener (certificates come from `ssls` resources).
+    #[serde(default)]
+    pub ssl: SslSection,
+}
+
+/// `gateway.ssl:` section: where TLS is terminated.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SslSection {
+    /// Whether the TLS listener runs (default true).
+    #[serde(default = "yes")]
+    pub enable: bool,
+    /// TLS listeners: ports (on 0.0.0.0) or `{ip, port, enable_http2}`; HTTP/2 is offered by
+    /// ALPN unless `enable_http2: false`.
+    #[serde(default = "default_ssl_listen")]
+    #[schemars(length(min = 1))]
+    pub listen: Vec<Listen>,
+    /// The SNI whose certificate is used when a client sends no SNI or one no `ssls` entry
+    /// claims; without it such handshakes fail.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^[A-Za-z0-9.-]+$"))]
+    pub fallback_sni: Option<String>,
+}
+
+impl Default for SslSection {
+    fn default() -> Self {
+        SslSection { enable: true, listen: default_ssl_listen(), fallback_sni: None }
+    }
+}
+
+fn default_ssl_listen() -> Vec<Listen> {
+    vec![Listen::Port(9443)]
 }
 
 /// `gateway.escaped_slashes`.
@@ -83,6 +115,7 @@ impl Default for GatewaySection {
             worker_processes: WorkerProcesses::default(),
             merge_slashes: true,
             escaped_slashes: EscapedSlashes::Keep,
+            ssl: SslSection::default(),
         }
     }
 }
@@ -104,7 +137,7 @@ pub enum Listen {
     Addr(ListenAddr),
 }
 
-/// `{ip, port}` listener.
+/// `{ip, port, enable_http2}` listener.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct ListenAddr {
@@ -114,6 +147,10 @@ pub struct ListenAddr {
     /// Port.
     #[schemars(range(min = 1))]
     pub port: u16,
+    /// HTTP/2: on a plain listener, cleartext h2c with prior knowledge next to HTTP/1.1
+    /// (default false); on a TLS listener, offered by ALPN (default true).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enable_http2: Option<bool>,
 }
 
 fn any_ip() -> IpAddr {
@@ -126,6 +163,13 @@ impl Listen {
         match *self {
             Listen::Port(port) => SocketAddr::new(any_ip(), port),
             Listen::Addr(a) => SocketAddr::new(a.ip, a.port),
+        }
+    }
+    /// Whether HTTP/2 is served, with `default` when the entry does not say.
+    pub fn http2(&self, default: bool) -> bool {
+        match *self {
+            Listen::Port(_) => default,
+            Listen::Addr(a) => a.enable_http2.unwrap_or(default),
         }
     }
 }
@@ -327,12 +371,26 @@ impl Config {
                 format!("control port {} conflicts with node_listen", control.port),
             ));
         }
+        let ssl = &self.gateway.ssl;
+        if self.gateway.enable_control && ssl.enable && ssl.listen.iter().any(|l| l.addr().port() == control.port) {
+            issues.push(Issue::new(
+                "gateway.control.port",
+                format!("control port {} conflicts with gateway.ssl.listen", control.port),
+            ));
+        }
         let mut seen = Vec::new();
-        for (i, l) in self.gateway.node_listen.iter().enumerate() {
-            if seen.contains(&l.addr()) {
-                issues.push(Issue::new(format!("gateway.node_listen[{i}]"), format!("{} is listed twice", l.addr())));
+        let ssl_listen = if ssl.enable { &ssl.listen[..] } else { &[] };
+        let all = self.gateway.node_listen.iter().map(|l| ("gateway.node_listen", l)).enumerate();
+        let all = all.chain(ssl_listen.iter().map(|l| ("gateway.ssl.listen", l)).enumerate());
+        for (i, (key, l)) in all {
+            let addr = l.addr();
+            let clash = seen.iter().any(|s: &SocketAddr| {
+                s.port() == addr.port() && (*s == addr || s.ip().is_unspecified() || addr.ip().is_unspecified())
+            });
+            if clash {
+                issues.push(Issue::new(format!("{key}[{i}]"), format!("{addr} is already a listener")));
             }
-            seen.push(l.addr());
+            seen.push(addr);
         }
         let names = catalog.names();
         if let Some(plugins) = &self.plugins {

@@ -24,12 +24,18 @@ pub fn run(prefix: Prefix) -> Result<(), String> {
             log::info!("control server disabled (gateway.enable_control: false)");
         }
         let data_plane = crate::dataplane::server::DataPlane::start(gateway.clone(), &config)?;
+        let workers = config.gateway.worker_processes.count();
         for l in &config.gateway.node_listen {
-            log::info!(
-                "data plane listening on http://{} ({} workers)",
-                l.addr(),
-                config.gateway.worker_processes.count()
-            );
+            let h2c = if l.http2(false) { ", cleartext HTTP/2" } else { "" };
+            log::info!("data plane listening on http://{} ({workers} workers{h2c})", l.addr());
+        }
+        if config.gateway.ssl.enable {
+            for l in &config.gateway.ssl.listen {
+                log::info!("data plane listening on https://{} (TLS; certificates from ssls)", l.addr());
+            }
+            if gateway.resources.load().certs.is_empty() {
+                log::warn!("gateway.ssl is enabled but no ssls resource is loaded: TLS handshakes will fail");
+            }
         }
         yaml::watch(gateway.prefix.resources_file(), &gateway);
         let names: Vec<&str> = gateway.enabled.load().listed.iter().map(|e| e.name).collect();

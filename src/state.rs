@@ -62,8 +62,8 @@ impl Gateway {
         let config_prefix = config.deployment.prefix.clone();
         let file = prefix.resources_file();
         let raw = yaml::load(&file).map_err(|e| e.to_string())?;
-        let snapshot =
-            Snapshot::build(&raw, &enabled).map_err(|issues| render(&file.display().to_string(), &issues))?;
+        let snapshot = Snapshot::build_at(&raw, &enabled, &prefix.dir)
+            .map_err(|issues| render(&file.display().to_string(), &issues))?;
         Ok(Arc::new(Gateway {
             prefix,
             catalog,
@@ -86,7 +86,7 @@ impl Gateway {
     /// Validates a new resource document and, if valid, publishes it. Returns a summary.
     pub fn apply_resources(&self, raw: Value) -> Result<String, Vec<Issue>> {
         let _guard = self.reload.lock();
-        let snapshot = Snapshot::build(&raw, &self.enabled.load())?;
+        let snapshot = Snapshot::build_at(&raw, &self.enabled.load(), &self.prefix.dir)?;
         let summary = snapshot.summary();
         self.health.reconcile(&snapshot);
         self.resources.store(Arc::new(snapshot));
@@ -107,7 +107,7 @@ impl Gateway {
             .map_err(|e| format!("{}: {e}", self.prefix.config_file().display()))?;
         let snapshot = {
             let raw: Value = serde_json::from_str(&self.raw_resources.lock()).map_err(|e| e.to_string())?;
-            Snapshot::build(&raw, &enabled)
+            Snapshot::build_at(&raw, &enabled, &self.prefix.dir)
                 .map_err(|issues| render(&self.prefix.resources_file().display().to_string(), &issues))?
         };
         let names = enabled.listed.iter().map(|e| e.name.to_owned()).collect();

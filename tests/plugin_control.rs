@@ -36,7 +36,7 @@ fn with_radixtree_router_parameters_capture_one_segment() {
     p.write(
         "conf/config.yaml",
         &format!(
-            "gateway:\n  node_listen: [{}]\n  control:\n    port: {}\n    router: radixtree_uri_with_parameter\n",
+            "gateway:\n  ssl: {{enable: false}}\n  node_listen: [{}]\n  control:\n    port: {}\n    router: radixtree_uri_with_parameter\n",
             p.node_port, p.control_port
         ),
     );
@@ -55,7 +55,7 @@ fn with_radixtree_router_parameters_capture_one_segment() {
 fn plugins_config(p: &Prefix, plugins: &[&str]) -> String {
     let list: Vec<String> = plugins.iter().map(|n| format!("  - {n}\n")).collect();
     format!(
-        "gateway:\n  node_listen: [{}]\n  control:\n    port: {}\nplugins:\n{}",
+        "gateway:\n  ssl: {{enable: false}}\n  node_listen: [{}]\n  control:\n    port: {}\nplugins:\n{}",
         p.node_port,
         p.control_port,
         list.concat()

@@ -57,7 +57,10 @@ fn test_mode_has_no_side_effects() {
     let p = Prefix::new("", "", "");
     p.write(
         "conf/config.yaml",
-        &format!("gateway:\n  node_listen: [{busy_port}]\n  control:\n    port: {}\n", p.control_port),
+        &format!(
+            "gateway:\n  ssl: {{enable: false}}\n  node_listen: [{busy_port}]\n  control:\n    port: {}\n",
+            p.control_port
+        ),
     );
     p.write_resources(
         "routes:\n  - {id: 1, uri: /a, upstream: {nodes: {\"127.0.0.1:80\": 1}}, plugins: {file-logger: {path: logs/deep/access.log}}}\n  - {id: 2, uri: /s, plugins: {short-url: {action: create}}}\n",
@@ -70,7 +73,7 @@ fn test_mode_has_no_side_effects() {
     p.write(
         "conf/config.yaml",
         &format!(
-            "gateway:\n  node_listen: [{busy_port}]\n  control:\n    port: {}\nplugin_attr:\n  short-url:\n    storage: {{backend: postgres, url: \"postgres://weir@127.0.0.1:{pg_port}/weir\"}}\n",
+            "gateway:\n  ssl: {{enable: false}}\n  node_listen: [{busy_port}]\n  control:\n    port: {}\nplugin_attr:\n  short-url:\n    storage: {{backend: postgres, url: \"postgres://weir@127.0.0.1:{pg_port}/weir\"}}\n",
             p.control_port
         ),
     );
@@ -103,7 +106,7 @@ fn non_loopback_control_ip_is_refused() {
         p.write(
             "conf/config.yaml",
             &format!(
-                "gateway:\n  node_listen: [{}]\n  control:\n    ip: \"{ip}\"\n    port: {}\n",
+                "gateway:\n  ssl: {{enable: false}}\n  node_listen: [{}]\n  control:\n    ip: \"{ip}\"\n    port: {}\n",
                 p.node_port, p.control_port
             ),
         );
@@ -116,7 +119,10 @@ fn non_loopback_control_ip_is_refused() {
 #[test]
 fn control_port_equal_to_data_port_is_refused() {
     let p = Prefix::new("", "", "");
-    p.write("conf/config.yaml", &format!("gateway:\n  node_listen: [{0}]\n  control:\n    port: {0}\n", p.node_port));
+    p.write(
+        "conf/config.yaml",
+        &format!("gateway:\n  ssl: {{enable: false}}\n  node_listen: [{0}]\n  control:\n    port: {0}\n", p.node_port),
+    );
     let (code, out) = start_refused(&p);
     assert_ne!(code, 0);
     assert!(

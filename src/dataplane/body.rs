@@ -143,10 +143,11 @@ pub struct UpstreamBody<F: OnFinish> {
 }
 
 impl<F: OnFinish> UpstreamBody<F> {
-    /// Wraps `inner`; `len` is the upstream's Content-Length.
-    pub fn new(inner: Incoming, len: Option<u64>, hooks: F, conn: Conn, pool: Rc<Pool>) -> Self {
+    /// Wraps `inner`; `len` is the upstream's Content-Length; `conn` goes back to the pool at
+    /// the end (none for multiplexed HTTP/2 connections, which stay shared).
+    pub fn new(inner: Incoming, len: Option<u64>, hooks: F, conn: Option<(Conn, Rc<Pool>)>) -> Self {
         let len = len.filter(|_| !hooks.filters_body());
-        UpstreamBody { inner, len, hooks, conn: Some((conn, pool)), done: false }
+        UpstreamBody { inner, len, hooks, conn, done: false }
     }
 
     /// The upstream body was read to the end: its connection can serve another request.
@@ -187,7 +188,12 @@ impl<F: OnFinish + Unpin> Body for UpstreamBody<F> {
                     return Poll::Ready(Some(Err(Box::new(e))));
                 }
                 Poll::Ready(Some(Ok(frame))) => {
-                    let Ok(mut data) = frame.into_data() else { continue };
+                    let mut data = match frame.into_data() {
+                        Ok(data) => data,
+                        // Trailers (gRPC's status) pass through as they are; they end the body.
+                        Err(frame) if frame.is_trailers() => return Poll::Ready(Some(Ok(frame))),
+                        Err(_) => continue,
+                    };
                     if this.hooks.filters_body() {
                         this.hooks.chunk(&mut data, false);
                     } else if this.inner.is_end_stream() {

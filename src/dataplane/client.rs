@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 
 use hyper::body::Incoming;
 use hyper::client::conn::http1::{self, SendRequest};
+use hyper::client::conn::http2;
 use hyper_util::rt::TokioIo;
 use rustls::pki_types::ServerName;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -43,6 +44,8 @@ pub struct PoolKey {
     pub addr: SocketAddr,
     /// `(server name, verify)` for TLS.
     pub tls: Option<(Arc<str>, bool)>,
+    /// HTTP/2 (gRPC upstreams) rather than HTTP/1.1.
+    pub h2: bool,
 }
 
 /// `keepalive_pool` of an upstream.
@@ -100,9 +103,68 @@ impl IoState {
 }
 
 /// A connected socket, plain or TLS.
-enum Stream {
+pub enum Stream {
+    /// Cleartext.
     Plain(TcpStream),
+    /// TLS.
     Tls(Box<TlsStream<TcpStream>>),
+}
+
+impl AsyncRead for Stream {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Stream {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+        }
+    }
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
+        }
+    }
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            Stream::Plain(s) => s.is_write_vectored(),
+            Stream::Tls(s) => s.is_write_vectored(),
+        }
+    }
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_flush(cx),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+        }
+    }
+}
+
+/// Runs hyper's background tasks (HTTP/2 streams) on the worker's own thread: the request path
+/// is not `Send`.
+#[derive(Clone, Copy, Debug)]
+pub struct LocalExec;
+
+impl<F: Future + 'static> hyper::rt::Executor<F> for LocalExec {
+    fn execute(&self, fut: F) {
+        tokio::task::spawn_local(fut);
+    }
 }
 
 /// A timer armed on first use and reset, never reallocated, afterwards.
@@ -160,10 +222,7 @@ fn timed_out(what: &str) -> io::Error {
 impl AsyncRead for TimedIo {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        let polled = match &mut this.stream {
-            Stream::Plain(s) => Pin::new(s).poll_read(cx, buf),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
-        };
+        let polled = Pin::new(&mut this.stream).poll_read(cx, buf);
         if polled.is_ready() {
             this.read_timer.disarm();
             return polled;
@@ -210,10 +269,7 @@ impl TimedIo {
 impl AsyncWrite for TimedIo {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        let polled = match &mut this.stream {
-            Stream::Plain(s) => Pin::new(s).poll_write(cx, buf),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
-        };
+        let polled = Pin::new(&mut this.stream).poll_write(cx, buf);
         this.write_progress(cx, polled, |n| *n > 0)
     }
 
@@ -223,34 +279,22 @@ impl AsyncWrite for TimedIo {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        let polled = match &mut this.stream {
-            Stream::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
-        };
+        let polled = Pin::new(&mut this.stream).poll_write_vectored(cx, bufs);
         this.write_progress(cx, polled, |n| *n > 0)
     }
 
     fn is_write_vectored(&self) -> bool {
-        match &self.stream {
-            Stream::Plain(s) => s.is_write_vectored(),
-            Stream::Tls(s) => s.is_write_vectored(),
-        }
+        self.stream.is_write_vectored()
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        let polled = match &mut this.stream {
-            Stream::Plain(s) => Pin::new(s).poll_flush(cx),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
-        };
+        let polled = Pin::new(&mut this.stream).poll_flush(cx);
         this.write_progress(cx, polled, |_| false)
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match &mut self.get_mut().stream {
-            Stream::Plain(s) => Pin::new(s).poll_shutdown(cx),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
-        }
+        Pin::new(&mut self.get_mut().stream).poll_shutdown(cx)
     }
 }
 
@@ -296,7 +340,10 @@ type FastMap<K, V> = HashMap<K, V, std::hash::BuildHasherDefault<Fnv>>;
 #[derive(Default)]
 pub struct Pool {
     idle: RefCell<FastMap<PoolKey, Vec<Idle>>>,
-    tls: RefCell<[Option<TlsConnector>; 2]>,
+    /// One multiplexed connection per HTTP/2 (gRPC) node.
+    h2: RefCell<FastMap<PoolKey, http2::SendRequest<ProxyBody>>>,
+    /// Connectors by `(verify, h2)`.
+    tls: RefCell<[Option<TlsConnector>; 4]>,
 }
 
 /// Whether an error (or one of its causes) is a timeout.
@@ -324,12 +371,12 @@ fn describe(err: &(dyn std::error::Error + 'static)) -> String {
 }
 
 impl Pool {
-    fn tls_connector(&self, verify: bool) -> TlsConnector {
+    fn tls_connector(&self, verify: bool, h2: bool) -> TlsConnector {
         let mut slots = self.tls.borrow_mut();
-        slots[usize::from(verify)]
+        slots[usize::from(verify) + 2 * usize::from(h2)]
             .get_or_insert_with(|| {
                 let mut config = super::tls::client_config(verify);
-                config.alpn_protocols = vec![b"http/1.1".to_vec()];
+                config.alpn_protocols = vec![if h2 { b"h2".to_vec() } else { b"http/1.1".to_vec() }];
                 TlsConnector::from(Arc::new(config))
             })
             .clone()
@@ -371,9 +418,71 @@ impl Pool {
             Some((name, verify)) => {
                 let name = ServerName::try_from(name.to_string())
                     .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
-                let tls = self.tls_connector(*verify).connect(name, tcp).await?;
+                let tls = self.tls_connector(*verify, key.h2).connect(name, tcp).await?;
                 Ok(Stream::Tls(Box::new(tls)))
             }
+        }
+    }
+
+    /// A new connection of `key` for a tunnel (WebSocket): never pooled.
+    pub async fn connect_tunnel(&self, key: &PoolKey, timeout: Duration) -> Result<Stream, String> {
+        match tokio::time::timeout(timeout, self.connect(key)).await {
+            Ok(Ok(s)) => Ok(s),
+            Ok(Err(e)) => Err(format!("connect failed: {e}")),
+            Err(_) => Err(format!("connect timed out after {timeout:?}")),
+        }
+    }
+
+    /// Sends `req` over the node's shared HTTP/2 connection (made on first use). `timeout.read`
+    /// bounds the wait for the response head; streaming bodies may then idle (gRPC streams).
+    pub async fn send_h2(
+        &self,
+        key: &PoolKey,
+        t: &Timeouts,
+        req: http::Request<ProxyBody>,
+    ) -> Result<http::Response<Incoming>, SendError> {
+        let shared = self.h2.borrow().get(key).filter(|s| !s.is_closed()).cloned();
+        let mut sender = match shared {
+            Some(s) => s,
+            None => {
+                let fail = |reason: String, timeout: bool| SendError { sent: false, timeout, reason, request: None };
+                let stream = match tokio::time::timeout(t.connect, self.connect(key)).await {
+                    Ok(Ok(s)) => s,
+                    Ok(Err(e)) => return Err(fail(format!("connect failed: {e}"), false)),
+                    Err(_) => return Err(fail(format!("connect timed out after {:?}", t.connect), true)),
+                };
+                let mut builder = http2::Builder::new(LocalExec);
+                builder
+                    .timer(hyper_util::rt::TokioTimer::new())
+                    .keep_alive_interval(Duration::from_secs(30))
+                    .keep_alive_timeout(Duration::from_secs(10))
+                    .keep_alive_while_idle(false);
+                let (sender, connection) = match builder.handshake(TokioIo::new(stream)).await {
+                    Ok(pair) => pair,
+                    Err(e) => return Err(fail(describe(&e), false)),
+                };
+                tokio::task::spawn_local(async move {
+                    if let Err(e) = connection.await {
+                        log::debug!("upstream HTTP/2 connection closed: {e}");
+                    }
+                });
+                self.h2.borrow_mut().insert(key.clone(), sender.clone());
+                sender
+            }
+        };
+        if let Err(e) = sender.ready().await {
+            self.h2.borrow_mut().remove(key);
+            return Err(SendError { sent: false, timeout: false, reason: describe(&e), request: None });
+        }
+        match tokio::time::timeout(t.read, sender.send_request(req)).await {
+            Ok(Ok(resp)) => Ok(resp),
+            Ok(Err(e)) => Err(SendError { sent: true, timeout: is_timeout(&e), reason: describe(&e), request: None }),
+            Err(_) => Err(SendError {
+                sent: true,
+                timeout: true,
+                reason: format!("no response head within {:?}", t.read),
+                request: None,
+            }),
         }
     }
 

@@ -135,7 +135,7 @@ fn check_head(head: &[u8]) -> Result<Option<(usize, State)>, Refusal> {
         Err(_) => return Err(Refusal::bad("malformed request head")),
     };
     let http11 = req.version == Some(1);
-    let (mut length, mut lengths, mut te, mut host) = (None, 0, None, false);
+    let (mut length, mut lengths, mut te, mut host, mut upgrade) = (None, 0, None, false, false);
     for h in req.headers.iter() {
         if h.name.len() + h.value.len() + 4 > MAX_HEADER_LINE {
             return Err(Refusal { status: 431, reason: "a header line longer than 8 KiB" });
@@ -152,6 +152,8 @@ fn check_head(head: &[u8]) -> Result<Option<(usize, State)>, Refusal> {
                 return Err(Refusal::bad("more than one Transfer-Encoding header"));
             }
             te = Some(h.value);
+        } else if h.name.eq_ignore_ascii_case("upgrade") {
+            upgrade = true;
         } else if h.name.eq_ignore_ascii_case("host") {
             if host {
                 return Err(Refusal::bad("more than one Host header"));
@@ -172,6 +174,10 @@ fn check_head(head: &[u8]) -> Result<Option<(usize, State)>, Refusal> {
             return Err(Refusal::bad("Transfer-Encoding must be exactly chunked"))
         }
         (Some(_), None) => State::Chunked(Chunk::Size(0, 0)),
+        // After a bodiless upgrade request the bytes may be another protocol (a WebSocket
+        // tunnel): they pass unjudged, and the proxy closes the connection after its response
+        // unless it switched protocols (`proxy::handle`), so none is ever served as a request.
+        (None, Some(0) | None) if upgrade => State::Passthrough,
         (None, Some(0) | None) => State::Head,
         (None, Some(n)) => State::Length(n),
     };
@@ -362,6 +368,15 @@ mod tests {
         assert_eq!(feed_all(long.as_bytes()).map_err(|r| r.status), Err(414));
         let big = format!("GET / HTTP/1.1\r\nHost: x\r\n{}\r\n", "X-A: b\r\n".repeat(5000));
         assert_eq!(feed_all(big.as_bytes()).map_err(|r| r.status), Err(431));
+    }
+
+    #[test]
+    fn bytes_after_an_upgrade_request_pass() {
+        let s: &[u8] = b"GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: upgrade\r\n\r\n\x81\x05hello";
+        assert_eq!(feed_all(s), Ok(s.len()));
+        // Without the upgrade, the same bytes are a malformed next request.
+        let s = "GET /ws HTTP/1.1\r\nHost: x\r\n\r\nGET / HTTP/1.1\r\n\r\n";
+        assert!(feed_all(s.as_bytes()).is_err());
     }
 
     #[test]

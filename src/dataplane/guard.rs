@@ -13,7 +13,6 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::TcpStream;
 
 use super::framing::{Fed, Framer, Refusal};
 
@@ -21,8 +20,8 @@ use super::framing::{Fed, Framer, Refusal};
 const READ_CHUNK: usize = 4096;
 
 /// A client connection behind the framing check.
-pub struct Guarded {
-    stream: TcpStream,
+pub struct Guarded<S> {
+    stream: S,
     peer: SocketAddr,
     framer: Framer,
     /// Received, not yet judged (an incomplete head, or bytes after it).
@@ -35,9 +34,9 @@ pub struct Guarded {
     eof: bool,
 }
 
-impl Guarded {
-    /// Wraps an accepted connection from `peer`.
-    pub fn new(stream: TcpStream, peer: SocketAddr) -> Self {
+impl<S: AsyncRead + AsyncWrite + Unpin> Guarded<S> {
+    /// Wraps an accepted connection (plain or TLS) from `peer`.
+    pub fn new(stream: S, peer: SocketAddr) -> Self {
         Guarded {
             stream,
             peer,
@@ -81,8 +80,8 @@ impl Guarded {
 
 /// Reads from `stream` into the unfilled part of `buf`, at most `limit` bytes, without zeroing
 /// it first; returns how many bytes arrived (they are initialized, not yet filled).
-fn read_uninit(
-    stream: &mut TcpStream,
+fn read_uninit<S: AsyncRead + Unpin>(
+    stream: &mut S,
     cx: &mut Context<'_>,
     buf: &mut ReadBuf<'_>,
     limit: usize,
@@ -98,7 +97,7 @@ fn read_uninit(
     Poll::Ready(Ok(n))
 }
 
-impl AsyncRead for Guarded {
+impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for Guarded<S> {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         loop {
@@ -170,7 +169,7 @@ impl AsyncRead for Guarded {
     }
 }
 
-impl AsyncWrite for Guarded {
+impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for Guarded<S> {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         Pin::new(&mut self.get_mut().stream).poll_write(cx, buf)
     }

@@ -6,6 +6,7 @@
 //! (pool, timeouts) → `body` (streaming back, log phase).
 
 pub mod body;
+pub mod certs;
 pub mod client;
 pub mod framing;
 pub mod guard;
@@ -15,6 +16,7 @@ pub mod proxy;
 pub mod router;
 pub mod server;
 pub mod tls;
+pub mod tunnel;
 pub mod upstream;
 
 /// Seconds in-flight requests get to finish on SIGTERM.

@@ -43,6 +43,8 @@ pub struct ConnInfo {
     pub peer_ip: Arc<str>,
     /// The local address (listener).
     pub local: SocketAddr,
+    /// `https` on a TLS listener, else `http` (`$scheme`, `X-Forwarded-Proto`).
+    pub scheme: &'static str,
 }
 
 /// Per-worker state: the upstream connection pool and the path rules (the worker's runtime is
@@ -64,13 +66,15 @@ pub struct Finish {
     ctx: RequestCtx,
     chains: [PluginChain; 2],
     filters_body: bool,
+    /// The route proxies gRPC: gateway errors answer in gRPC's terms.
+    grpc: bool,
     _inflight: Option<InFlight>,
 }
 
 impl Finish {
     fn new(ctx: RequestCtx, chains: [PluginChain; 2]) -> Self {
         let filters_body = chains.iter().flat_map(|c| c.iter()).any(|p| p.instance.wants_response_body());
-        Finish { ctx, chains, filters_body, _inflight: None }
+        Finish { ctx, chains, filters_body, grpc: false, _inflight: None }
     }
 }
 
@@ -211,9 +215,63 @@ async fn access_phases(ctx: &mut RequestCtx, chains: &[PluginChain; 2]) -> Optio
 
 /// The data-plane handler.
 pub async fn handle(req: http::Request<Incoming>, conn: ConnInfo, gw: &Gateway, worker: &Worker) -> Response {
-    // Request line and header limits were enforced by the framer (`framing`) before hyper parsed.
+    let upgrade_asked = req.version() < http::Version::HTTP_2 && req.headers().contains_key(http::header::UPGRADE);
+    let mut resp = serve(req, conn, gw, worker).await;
+    if upgrade_asked && resp.status() != StatusCode::SWITCHING_PROTOCOLS {
+        // The framer stopped judging this connection's bytes at the upgrade request (`framing`):
+        // whatever the client sent after it is never served as a request.
+        resp.headers_mut().insert(http::header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    resp
+}
+
+/// HTTP/2 names the target host in `:authority`: it becomes the Host header that routing,
+/// plugins and the upstream see. A Host header naming another host is refused (RFC 9113
+/// section 8.3.1), so that no decision is made on one name and the request sent with the other.
+fn authority_as_host(parts: &mut http::request::Parts) -> Result<(), &'static str> {
+    let Some(authority) = parts.uri.authority() else {
+        return if parts.headers.contains_key(http::header::HOST) { Ok(()) } else { Err("no :authority and no Host") };
+    };
+    match parts.headers.get(http::header::HOST) {
+        Some(h) if h.as_bytes().eq_ignore_ascii_case(authority.as_str().as_bytes()) => Ok(()),
+        Some(_) => Err("the Host header and :authority name different hosts"),
+        None => match HeaderValue::from_str(authority.as_str()) {
+            Ok(v) => {
+                parts.headers.insert(http::header::HOST, v);
+                Ok(())
+            }
+            Err(_) => Err("invalid :authority"),
+        },
+    }
+}
+
+/// An HTTP/1.1 WebSocket handshake: `Upgrade: websocket` and `Connection: upgrade`.
+fn is_websocket(headers: &http::HeaderMap) -> bool {
+    let has = |name: http::header::HeaderName, token: &str| {
+        headers
+            .get_all(name)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .any(|t| t.trim().eq_ignore_ascii_case(token))
+    };
+    has(http::header::UPGRADE, "websocket") && has(http::header::CONNECTION, "upgrade")
+}
+
+async fn serve(req: http::Request<Incoming>, conn: ConnInfo, gw: &Gateway, worker: &Worker) -> Response {
+    // Request line and header limits were enforced by the framer (`framing`) before hyper parsed
+    // (HTTP/1.1), or by the HTTP/2 settings (`server`).
     let (mut parts, mut payload) = req.into_parts();
     let remote = conn.peer;
+    let h2 = parts.version == http::Version::HTTP_2;
+    if h2 {
+        if let Err(why) = authority_as_host(&mut parts) {
+            log::debug!("client {remote}: {why}");
+            return error_response(StatusCode::BAD_REQUEST, &format!("400 Bad Request: {why}"));
+        }
+    }
+    let websocket = !h2 && is_websocket(&parts.headers);
+    let on_upgrade = if websocket { parts.extensions.remove::<hyper::upgrade::OnUpgrade>() } else { None };
     // One normalized path for routing, plugins and the upstream (docs/data-plane.md).
     let path = match normalize(parts.uri.path(), worker.rules) {
         Ok(p) => p.into_owned(),
@@ -231,8 +289,12 @@ pub async fn handle(req: http::Request<Incoming>, conn: ConnInfo, gw: &Gateway, 
     let declared_len: Option<u64> =
         parts.headers.get(http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok());
     let chunked = parts.headers.contains_key(http::header::TRANSFER_ENCODING);
+    // HTTP/1.1: a length or chunked; HTTP/2: no END_STREAM on the request's HEADERS frame.
+    let has_body = !http_body::Body::is_end_stream(&payload);
+    let upgrade_token = if websocket { parts.headers.get(http::header::UPGRADE).cloned() } else { None };
     strip_hop_by_hop(&mut parts.headers);
     let mut ctx = RequestCtx::new(parts.method, path, query, parts.headers, remote, conn.peer_ip, conn.local);
+    ctx.scheme = conn.scheme;
     let Some(matched) = matched else {
         // As APISIX: global rules run for unmatched requests too, then the 404 is sent.
         let mut fin = Finish::new(ctx, [snap.global_chain.clone(), PluginChain::from([])]);
@@ -249,12 +311,13 @@ pub async fn handle(req: http::Request<Incoming>, conn: ConnInfo, gw: &Gateway, 
     // From here on the log phase runs whatever happens, also when the client goes away while
     // the request waits (the future is dropped with `fin`; status 499, as nginx logs it).
     let mut fin = Finish::new(ctx, [snap.global_chain.clone(), route.plugins.clone()]);
+    fin.grpc = route.upstream.as_ref().is_some_and(|u| u.scheme.grpc());
 
-    let has_body = chunked || declared_len.is_some_and(|n| n > 0);
     let wants_body = fin.chains.iter().flat_map(|c| c.iter()).any(|p| p.instance.wants_request_body());
     // Small bodies, and the first REPLAYABLE_BODY bytes of chunked ones, are read before any
     // upstream is contacted: a malformed chunked body is refused before an upstream sees a byte of
-    // it, and a read body can be replayed on the next node.
+    // it, and a read body can be replayed on the next node. An HTTP/2 body of unknown length
+    // streams at once (its framing is not ambiguous, and gRPC streams wait for answers).
     let small = declared_len.is_some_and(|n| n <= REPLAYABLE_BODY);
     let mut source = Source::Empty;
     if has_body && (wants_body || small || chunked) {
@@ -294,7 +357,19 @@ pub async fn handle(req: http::Request<Incoming>, conn: ConnInfo, gw: &Gateway, 
         // A plugin may have replaced the body it read.
         source = Source::Buffered(b);
     }
-    forward(fin, upstream, source, host_header, worker, &gw.health).await
+    // A WebSocket handshake is tunnelled only on routes that ask for it; elsewhere it is
+    // proxied as plain HTTP (Upgrade and Connection were removed above), as APISIX does.
+    let tunnel = match (on_upgrade, upgrade_token) {
+        (Some(client), Some(token)) if route.route.enable_websocket && !has_body => Some(Tunnel { client, token }),
+        _ => None,
+    };
+    forward(fin, upstream, source, host_header, worker, &gw.health, tunnel).await
+}
+
+/// A WebSocket handshake to pass on: the client side of the upgrade, and its `Upgrade` value.
+struct Tunnel {
+    client: hyper::upgrade::OnUpgrade,
+    token: HeaderValue,
 }
 
 fn strip_port(host: &str) -> &str {
@@ -324,6 +399,7 @@ async fn forward(
     original_host: Option<HeaderValue>,
     worker: &Worker,
     health: &HealthRegistry,
+    mut tunnel: Option<Tunnel>,
 ) -> Response {
     let checker = health.ensure(&upstream);
     let idempotent = is_idempotent(&fin.ctx);
@@ -398,13 +474,39 @@ async fn forward(
         let mut request = http::Request::new(body);
         *request.method_mut() = fin.ctx.method.clone();
         *request.uri_mut() = http::Uri::from(target.clone());
+        if let Some(t) = &tunnel {
+            headers.insert(http::header::CONNECTION, HeaderValue::from_static("upgrade"));
+            headers.insert(http::header::UPGRADE, t.token.clone());
+        }
+        if node.pool_key.h2 {
+            // HTTP/2 carries the host in `:authority`, and gRPC servers want `te: trailers`.
+            match h2_uri(node.pool_key.tls.is_some(), headers.remove(http::header::HOST), &target) {
+                Ok(uri) => *request.uri_mut() = uri,
+                Err(e) => return gateway_error(StatusCode::BAD_GATEWAY, &e, fin),
+            }
+            headers.insert(http::header::TE, HeaderValue::from_static("trailers"));
+        }
         *request.headers_mut() = headers;
-        match worker.pool.send(&node.pool_key, upstream.pool, &upstream.timeouts, request, stalled.clone()).await {
+        let exchange = if tunnel.is_some() {
+            super::tunnel::handshake(&worker.pool, &node.pool_key, &upstream.timeouts, request).await.map(|r| (r, None))
+        } else if node.pool_key.h2 {
+            worker.pool.send_h2(&node.pool_key, &upstream.timeouts, request).await.map(|r| (r, None))
+        } else {
+            worker
+                .pool
+                .send(&node.pool_key, upstream.pool, &upstream.timeouts, request, stalled.clone())
+                .await
+                .map(|(r, c)| (r, Some(c)))
+        };
+        match exchange {
             Ok((resp, conn)) => {
                 if let Some(c) = &checker {
                     c.report_status(node.addr, resp.status().as_u16());
                 }
-                return respond(resp, conn, worker.pool.clone(), fin, inflight);
+                if let (Some(t), StatusCode::SWITCHING_PROTOCOLS) = (tunnel.take(), resp.status()) {
+                    return upgraded(resp, t.client, fin, inflight, upstream.timeouts.read);
+                }
+                return respond(resp, conn.map(|c| (c, worker.pool.clone())), fin, inflight);
             }
             Err(e) => {
                 log::warn!("upstream {} of route {:?}: {}", node.addr, fin.ctx.route_id, e.reason);
@@ -431,17 +533,101 @@ async fn forward(
     gateway_error(status, msg, fin)
 }
 
+/// The absolute URI of a request to an HTTP/2 upstream (`:scheme`, `:authority`, `:path`).
+fn h2_uri(tls: bool, host: Option<HeaderValue>, target: &http::uri::PathAndQuery) -> Result<http::Uri, String> {
+    let host = host.ok_or("no host for the upstream request")?;
+    let authority =
+        http::uri::Authority::try_from(host.as_bytes()).map_err(|e| format!("invalid upstream host: {e}"))?;
+    http::Uri::builder()
+        .scheme(if tls { "https" } else { "http" })
+        .authority(authority)
+        .path_and_query(target.clone())
+        .build()
+        .map_err(|e| format!("invalid upstream URI: {e}"))
+}
+
 /// A response the gateway makes itself once the request has a route (502, 503, 504): it goes
 /// through `header_filter`, `body_filter` and `log` like any response (docs/phases.md), so that
-/// request-id, response-rewrite and loggers see it.
+/// request-id, response-rewrite and loggers see it. On a gRPC route it is a gRPC status instead.
 fn gateway_error(status: StatusCode, msg: &str, fin: Finish) -> Response {
+    if fin.grpc {
+        return plugin_response(grpc_status(status, msg), fin);
+    }
     plugin_response(PluginResponse::json(status, &json!({ "error_msg": msg })), fin)
+}
+
+/// A gRPC "trailers-only" answer: HTTP 200 with `grpc-status` and `grpc-message` and no body,
+/// which gRPC clients read as the call's status. Codes: 504 is DEADLINE_EXCEEDED, other gateway
+/// errors UNAVAILABLE (gRPC's HTTP mapping).
+fn grpc_status(status: StatusCode, msg: &str) -> PluginResponse {
+    let code = match status {
+        StatusCode::GATEWAY_TIMEOUT => "4",
+        StatusCode::NOT_FOUND => "12",
+        StatusCode::UNAUTHORIZED => "16",
+        StatusCode::FORBIDDEN => "7",
+        StatusCode::TOO_MANY_REQUESTS | StatusCode::BAD_GATEWAY | StatusCode::SERVICE_UNAVAILABLE => "14",
+        _ => "13",
+    };
+    let mut headers = http::HeaderMap::new();
+    headers.insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+    headers.insert("grpc-status", HeaderValue::from_static(code));
+    // grpc-message is percent-encoded (gRPC over HTTP/2, "Responses").
+    let mut encoded = String::with_capacity(msg.len());
+    for b in msg.bytes() {
+        if (0x20..0x7f).contains(&b) && b != b'%' {
+            encoded.push(char::from(b));
+        } else {
+            encoded.push_str(&format!("%{b:02X}"));
+        }
+    }
+    if let Ok(v) = HeaderValue::from_str(&encoded) {
+        headers.insert("grpc-message", v);
+    }
+    PluginResponse { status: StatusCode::OK, headers, body: Bytes::new() }
+}
+
+/// The upstream accepted the WebSocket handshake: answer the client with its 101 (after the
+/// header filters), then copy bytes both ways on the worker until either side closes or the
+/// tunnel idles for `timeout.read`. The log phase runs when the tunnel ends.
+fn upgraded(
+    mut resp: http::Response<Incoming>,
+    client: hyper::upgrade::OnUpgrade,
+    mut finish: Finish,
+    inflight: Option<InFlight>,
+    idle: std::time::Duration,
+) -> Response {
+    let upstream = hyper::upgrade::on(&mut resp);
+    let (parts, _) = resp.into_parts();
+    let mut head = ResponseHead { status: parts.status, headers: parts.headers };
+    let token = head.headers.get(http::header::UPGRADE).cloned();
+    strip_hop_by_hop(&mut head.headers);
+    for (k, v) in finish.ctx.response_headers.drain(..) {
+        head.headers.append(k, v);
+    }
+    finish.ctx.status = 101;
+    for p in finish.chains.iter().flat_map(|c| c.iter()) {
+        p.instance.header_filter(&mut finish.ctx, &mut head);
+    }
+    head.headers.insert(http::header::CONNECTION, HeaderValue::from_static("upgrade"));
+    head.headers.insert(http::header::UPGRADE, token.unwrap_or(HeaderValue::from_static("websocket")));
+    finish._inflight = inflight;
+    tokio::task::spawn_local(async move {
+        let remote = finish.ctx.remote_addr;
+        match super::tunnel::run(client, upstream, idle).await {
+            Ok(outcome) => log::debug!("client {remote}: WebSocket closed: {outcome}"),
+            Err(e) => log::debug!("client {remote}: WebSocket ended: {e}"),
+        }
+        drop(finish);
+    });
+    let mut out = http::Response::new(ResponseBody::Full(None));
+    *out.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+    *out.headers_mut() = head.headers;
+    out
 }
 
 fn respond(
     resp: http::Response<hyper::body::Incoming>,
-    conn: Conn,
-    pool: Rc<Pool>,
+    conn: Option<(Conn, Rc<Pool>)>,
     mut finish: Finish,
     inflight: Option<InFlight>,
 ) -> Response {
@@ -467,7 +653,7 @@ fn respond(
     finish._inflight = inflight;
     if no_body {
         use http_body::Body as _;
-        if incoming.is_end_stream() {
+        if let (true, Some((conn, pool))) = (incoming.is_end_stream(), conn) {
             pool.release(conn);
         }
         // The upstream's Content-Length stays (HEAD announces the length of what GET returns).
@@ -477,5 +663,5 @@ fn respond(
         drop(finish);
         return resp;
     }
-    with_head(head, ResponseBody::Upstream(UpstreamBody::new(incoming, len, finish, conn, pool)))
+    with_head(head, ResponseBody::Upstream(UpstreamBody::new(incoming, len, finish, conn)))
 }

@@ -1,7 +1,14 @@
 //! The data-plane listeners: `worker_processes` threads, each a single-threaded tokio runtime
-//! that accepts on every `node_listen` socket and serves HTTP/1.1 with hyper. A request stays on
-//! the worker that accepted its connection from accept to upstream and back: no locks, no
-//! cross-thread hand-off, one `Worker` (upstream pool, path rules) per thread.
+//! that accepts on every `node_listen` and `gateway.ssl.listen` socket and serves HTTP/1.1 and
+//! HTTP/2 with hyper. A request stays on the worker that accepted its connection from accept to
+//! upstream and back: no locks, no cross-thread hand-off, one `Worker` (upstream pool, path
+//! rules) per thread.
+//!
+//! Protocol per connection: a plain listener serves HTTP/1.1, and with `enable_http2` also
+//! cleartext HTTP/2 when the connection opens with the HTTP/2 preface (prior knowledge). A TLS
+//! listener terminates TLS with the `ssls` certificates ([`super::certs`]) and serves what ALPN
+//! chose. HTTP/1.1 always passes the strict framer ([`super::guard`]); HTTP/2 has its own binary
+//! framing, bounded by the limits below.
 //!
 //! Stop: accept loops end, every connection is told to finish its in-flight request and close,
 //! and the workers wait for that up to the grace period.
@@ -14,21 +21,66 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use hyper::server::conn::http1;
+use hyper::server::conn::{http1, http2};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::net::TcpListener;
+use rustls::ServerConfig;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
+use tokio_rustls::TlsAcceptor;
 
+use super::certs::SniResolver;
 use super::guard::Guarded;
 use super::normalize::PathRules;
 use super::proxy::{self, ConnInfo, Worker};
-use crate::config::{Config, EscapedSlashes};
+use crate::config::{Config, EscapedSlashes, SslSection};
 use crate::state::Gateway;
 
 /// How long a connection may take to send a request head, and how long it may stay idle between
 /// requests (nginx's `client_header_timeout`).
 pub const HEADER_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a TLS handshake may take (nginx's `ssl_handshake_timeout`).
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// HTTP/2 limits (docs/data-plane.md). Streams open at once per connection.
+pub const H2_MAX_STREAMS: u32 = 128;
+/// Largest header list (decoded) of one HTTP/2 request: the HTTP/1.1 head limit. Bounds the
+/// CONTINUATION flood: a header block growing past it ends the connection.
+pub const H2_MAX_HEADER_LIST: u32 = 32 << 10;
+/// Per-stream and per-connection receive windows: what one client may make Weir buffer.
+pub const H2_STREAM_WINDOW: u32 = 256 << 10;
+/// See [`H2_STREAM_WINDOW`].
+pub const H2_CONN_WINDOW: u32 = 1 << 20;
+/// Streams a client may open and reset before Weir answers them (the rapid-reset attack):
+/// beyond it the connection is closed with `ENHANCE_YOUR_CALM`.
+pub const H2_MAX_PENDING_RESETS: usize = 20;
+/// Streams Weir may reset for protocol errors before it closes the connection.
+pub const H2_MAX_ERROR_RESETS: usize = 256;
+
+/// What a listening socket speaks.
+#[derive(Clone)]
+enum Kind {
+    /// HTTP/1.1, and cleartext HTTP/2 by prior knowledge when `h2c`.
+    Plain { h2c: bool },
+    /// TLS, then what ALPN chose.
+    Tls(Arc<ServerConfig>),
+}
+
+/// The TLS listener's configuration: Weir's SNI resolver, TLS 1.2 and 1.3, session resumption
+/// (a session cache, and stateless tickets with rotating keys), ALPN `h2` when `h2`.
+fn tls_config(gateway: &Arc<Gateway>, ssl: &SslSection, h2: bool) -> Result<Arc<ServerConfig>, String> {
+    let builder = ServerConfig::builder_with_provider(super::tls::provider())
+        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
+        .map_err(|e| format!("gateway.ssl: {e}"))?;
+    let mut config =
+        builder.with_no_client_auth().with_cert_resolver(Arc::new(SniResolver::new(gateway, ssl.fallback_sni.clone())));
+    config.alpn_protocols = if h2 { vec![b"h2".to_vec(), b"http/1.1".to_vec()] } else { vec![b"http/1.1".to_vec()] };
+    config.session_storage = rustls::server::ServerSessionMemoryCache::new(32 << 10);
+    config.ticketer =
+        rustls::crypto::ring::Ticketer::new().map_err(|e| format!("gateway.ssl: session tickets: {e}"))?;
+    Ok(Arc::new(config))
+}
 
 /// The running data plane.
 pub struct DataPlane {
@@ -43,7 +95,17 @@ impl DataPlane {
         for listen in &config.gateway.node_listen {
             let addr = listen.addr();
             let l = bind(addr).map_err(|e| format!("cannot listen on {addr} (gateway.node_listen): {e}"))?;
-            listeners.push(l);
+            listeners.push((l, Kind::Plain { h2c: listen.http2(false) }));
+        }
+        let ssl = &config.gateway.ssl;
+        if ssl.enable {
+            let (with_h2, without) = (tls_config(&gateway, ssl, true)?, tls_config(&gateway, ssl, false)?);
+            for listen in &ssl.listen {
+                let addr = listen.addr();
+                let l = bind(addr).map_err(|e| format!("cannot listen on {addr} (gateway.ssl.listen): {e}"))?;
+                let tls = if listen.http2(true) { with_h2.clone() } else { without.clone() };
+                listeners.push((l, Kind::Tls(tls)));
+            }
         }
         let rules = PathRules {
             merge_slashes: config.gateway.merge_slashes,
@@ -54,7 +116,7 @@ impl DataPlane {
         for i in 0..config.gateway.worker_processes.count() {
             let mine = listeners
                 .iter()
-                .map(|l| l.try_clone())
+                .map(|(l, kind)| l.try_clone().map(|l| (l, kind.clone())))
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(|e| format!("cannot share the data-plane listener with worker {i}: {e}"))?;
             let gateway = gateway.clone();
@@ -96,7 +158,7 @@ pub const BACKLOG: u32 = 2048;
 
 fn run_worker(
     gateway: Arc<Gateway>,
-    listeners: Vec<std::net::TcpListener>,
+    listeners: Vec<(std::net::TcpListener, Kind)>,
     rules: PathRules,
     stopped: watch::Receiver<bool>,
 ) {
@@ -111,11 +173,12 @@ fn run_worker(
     local.block_on(&runtime, async move {
         let worker = Rc::new(Worker::new(rules));
         let open = Rc::new(Cell::new(0usize));
-        for l in listeners {
+        for (l, kind) in listeners {
             match TcpListener::from_std(l) {
                 Ok(l) => {
                     tokio::task::spawn_local(accept_loop(
                         l,
+                        kind,
                         gateway.clone(),
                         worker.clone(),
                         open.clone(),
@@ -137,6 +200,7 @@ fn run_worker(
 
 async fn accept_loop(
     listener: TcpListener,
+    kind: Kind,
     gateway: Arc<Gateway>,
     worker: Rc<Worker>,
     open: Rc<Cell<usize>>,
@@ -158,23 +222,158 @@ async fn accept_loop(
             }
         };
         let _ = stream.set_nodelay(true);
-        let info = ConnInfo { peer, peer_ip: Arc::from(peer.ip().to_string()), local };
+        let scheme = if matches!(kind, Kind::Tls(_)) { "https" } else { "http" };
+        let info = ConnInfo { peer, peer_ip: Arc::from(peer.ip().to_string()), local, scheme };
         open.set(open.get() + 1);
         let (gateway, worker, open, stopped) = (gateway.clone(), worker.clone(), open.clone(), stopped.clone());
+        let kind = kind.clone();
         tokio::task::spawn_local(async move {
-            serve(stream, info, gateway, worker, stopped).await;
+            serve(stream, kind, info, gateway, worker, stopped).await;
             open.set(open.get() - 1);
         });
     }
 }
 
+/// The preface every HTTP/2 connection opens with (RFC 9113 section 3.4).
+const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// Whether the connection opens with the HTTP/2 preface. Peeks, so the bytes stay for the
+/// server; gives up (HTTP/1.1) at the first byte that differs.
+async fn opens_with_h2_preface(stream: &TcpStream) -> std::io::Result<bool> {
+    let mut buf = [0u8; 24];
+    loop {
+        let n = stream.peek(&mut buf).await?;
+        if n == 0 || buf[..n] != H2_PREFACE[..n] {
+            return Ok(false);
+        }
+        if n == buf.len() {
+            return Ok(true);
+        }
+        // A prefix of the preface so far: wait for the rest (rare; bounded by the caller).
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
 async fn serve(
-    stream: tokio::net::TcpStream,
+    stream: TcpStream,
+    kind: Kind,
     info: ConnInfo,
     gateway: Arc<Gateway>,
     worker: Rc<Worker>,
-    mut stopped: watch::Receiver<bool>,
+    stopped: watch::Receiver<bool>,
 ) {
+    let peer = info.peer;
+    match kind {
+        Kind::Plain { h2c: false } => serve_h1(stream, info, gateway, worker, stopped).await,
+        Kind::Plain { h2c: true } => match tokio::time::timeout(HEADER_TIMEOUT, opens_with_h2_preface(&stream)).await {
+            Ok(Ok(true)) => serve_h2(stream, info, gateway, worker, stopped).await,
+            Ok(Ok(false)) => serve_h1(stream, info, gateway, worker, stopped).await,
+            Ok(Err(e)) => log::debug!("client {peer}: {e}"),
+            Err(_) => log::debug!("client {peer}: no request within {HEADER_TIMEOUT:?}"),
+        },
+        Kind::Tls(config) => {
+            let accepted = tokio::time::timeout(HANDSHAKE_TIMEOUT, TlsAcceptor::from(config).accept(stream)).await;
+            let tls = match accepted {
+                Ok(Ok(tls)) => tls,
+                Ok(Err(e)) => {
+                    // Unknown SNI, no shared cipher, a scanner: the client's doing, never an error.
+                    log::debug!("client {peer}: TLS handshake failed: {e}");
+                    return;
+                }
+                Err(_) => {
+                    log::debug!("client {peer}: TLS handshake timed out");
+                    return;
+                }
+            };
+            if tls.get_ref().1.alpn_protocol() == Some(b"h2") {
+                serve_h2(tls, info, gateway, worker, stopped).await;
+            } else {
+                serve_h1(tls, info, gateway, worker, stopped).await;
+            }
+        }
+    }
+}
+
+async fn serve_h2<S>(io: S, info: ConnInfo, gateway: Arc<Gateway>, worker: Rc<Worker>, stopped: watch::Receiver<bool>)
+where
+    S: AsyncRead + AsyncWrite + Unpin + 'static,
+{
+    let peer = info.peer;
+    let service = service_fn(move |req| {
+        let (gateway, worker, info) = (gateway.clone(), worker.clone(), info.clone());
+        async move { Ok::<_, Infallible>(proxy::handle(req, info, &gateway, &worker).await) }
+    });
+    let mut builder = http2::Builder::new(super::client::LocalExec);
+    builder
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(H2_MAX_STREAMS)
+        .max_header_list_size(H2_MAX_HEADER_LIST)
+        .initial_stream_window_size(H2_STREAM_WINDOW)
+        .initial_connection_window_size(H2_CONN_WINDOW)
+        .max_pending_accept_reset_streams(H2_MAX_PENDING_RESETS)
+        .max_local_error_reset_streams(H2_MAX_ERROR_RESETS)
+        // A peer that stops answering pings is gone: its streams and buffers are released.
+        .keep_alive_interval(HEADER_TIMEOUT)
+        .keep_alive_timeout(Duration::from_secs(20));
+    let conn = builder.serve_connection(TokioIo::new(io), service);
+    if let Err(e) = until_stopped(conn, stopped).await {
+        log::debug!("client {peer} (HTTP/2): {e}");
+    }
+}
+
+/// A hyper connection that can be told to finish its in-flight requests and close.
+trait Graceful: std::future::Future<Output = hyper::Result<()>> {
+    fn shut_down(self: std::pin::Pin<&mut Self>);
+}
+
+impl<I, S> Graceful for http1::UpgradeableConnection<I, S>
+where
+    Self: std::future::Future<Output = hyper::Result<()>>,
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    S: hyper::service::HttpService<hyper::body::Incoming>,
+    S::ResBody: 'static,
+    <S::ResBody as http_body::Body>::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    fn shut_down(self: std::pin::Pin<&mut Self>) {
+        self.graceful_shutdown();
+    }
+}
+
+impl<I, S, E> Graceful for http2::Connection<I, S, E>
+where
+    Self: std::future::Future<Output = hyper::Result<()>>,
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + 'static,
+    S: hyper::service::HttpService<hyper::body::Incoming>,
+    S::ResBody: 'static,
+    <S::ResBody as http_body::Body>::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    E: hyper::rt::bounds::Http2ServerConnExec<S::Future, S::ResBody>,
+{
+    fn shut_down(self: std::pin::Pin<&mut Self>) {
+        self.graceful_shutdown();
+    }
+}
+
+/// Serves `conn` to its end; on stop, lets it finish what is in flight and close.
+async fn until_stopped<C: Graceful>(conn: C, mut stopped: watch::Receiver<bool>) -> hyper::Result<()> {
+    tokio::pin!(conn);
+    tokio::select! {
+        r = conn.as_mut() => r,
+        _ = stopped.wait_for(|s| *s) => {
+            conn.as_mut().shut_down();
+            conn.await
+        }
+    }
+}
+
+async fn serve_h1<S>(
+    stream: S,
+    info: ConnInfo,
+    gateway: Arc<Gateway>,
+    worker: Rc<Worker>,
+    stopped: watch::Receiver<bool>,
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let io = TokioIo::new(Guarded::new(stream, info.peer));
     let peer = info.peer;
     let service = service_fn(move |req| {
@@ -183,16 +382,9 @@ async fn serve(
     });
     let mut builder = http1::Builder::new();
     builder.timer(TokioTimer::new()).header_read_timeout(HEADER_TIMEOUT).max_buf_size(64 << 10);
-    let conn = builder.serve_connection(io, service);
-    tokio::pin!(conn);
-    let result = tokio::select! {
-        r = conn.as_mut() => r,
-        _ = stopped.wait_for(|s| *s) => {
-            conn.as_mut().graceful_shutdown();
-            conn.await
-        }
-    };
-    if let Err(e) = result {
+    // Upgrades: a WebSocket route hands the connection over to a tunnel (`tunnel`).
+    let conn = builder.serve_connection(io, service).with_upgrades();
+    if let Err(e) = until_stopped(conn, stopped).await {
         // The client's doing (reset, timeout, malformed input): never at error level.
         log::debug!("client {peer}: {e}");
     }

@@ -9,7 +9,8 @@ use rustls::crypto::{ring, CryptoProvider};
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
 
-fn provider() -> Arc<CryptoProvider> {
+/// The ring crypto provider, shared by upstream and listener TLS.
+pub fn provider() -> Arc<CryptoProvider> {
     static PROVIDER: OnceLock<Arc<CryptoProvider>> = OnceLock::new();
     PROVIDER.get_or_init(|| Arc::new(ring::default_provider())).clone()
 }

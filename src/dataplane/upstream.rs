@@ -112,8 +112,8 @@ impl CompiledUpstream {
     /// (unresolvable nodes are skipped).
     pub fn compile(owner: (&'static str, Arc<str>), conf: Arc<Upstream>) -> (CompiledUpstream, Vec<String>) {
         let default_port = match conf.scheme {
-            Scheme::Http => 80,
-            Scheme::Https => 443,
+            Scheme::Http | Scheme::Grpc => 80,
+            Scheme::Https | Scheme::Grpcs => 443,
         };
         let mut warnings = Vec::new();
         let configured: Vec<(String, Option<u16>, u32)> = match &conf.nodes {
@@ -135,11 +135,11 @@ impl CompiledUpstream {
             };
             let header = if port == default_port { host.clone() } else { format!("{host}:{port}") };
             let host_header = HeaderValue::from_str(&header).unwrap_or_else(|_| HeaderValue::from_static("localhost"));
-            let tls = (conf.scheme == Scheme::Https).then(|| {
+            let tls = conf.scheme.tls().then(|| {
                 let name = if host.parse::<std::net::IpAddr>().is_ok() { addr.ip().to_string() } else { host.clone() };
                 (Arc::from(name), conf.tls.is_none_or(|t| t.verify))
             });
-            nodes.push(Node { addr, host_header, weight, pool_key: PoolKey { addr, tls } });
+            nodes.push(Node { addr, host_header, weight, pool_key: PoolKey { addr, tls, h2: conf.scheme.grpc() } });
         }
         let timeouts = conf.timeout.map_or(Timeouts { connect: secs(60.0), send: secs(60.0), read: secs(60.0) }, |t| {
             Timeouts { connect: secs(t.connect), send: secs(t.send), read: secs(t.read) }

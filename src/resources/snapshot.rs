@@ -5,6 +5,7 @@
 //! construction of every plugin instance. A snapshot either builds completely or not at all.
 
 use std::collections::HashMap;
+use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
 use schemars::JsonSchema;
@@ -15,6 +16,7 @@ use weir_plugin::{BuildContext, ConsumerRef, PluginInstance, SharedState};
 
 use super::model::*;
 use crate::config::unknown_plugin;
+use crate::dataplane::certs::CertTable;
 use crate::dataplane::router::{CompiledRoute, RouteTable};
 use crate::dataplane::upstream::CompiledUpstream;
 use crate::plugins::{EnabledSet, PluginEntry};
@@ -37,6 +39,8 @@ struct ResourceFile {
     global_rules: Vec<Value>,
     #[serde(default)]
     plugin_metadata: Vec<Value>,
+    #[serde(default)]
+    ssls: Vec<Value>,
 }
 
 /// Compiled schemas of the resource kinds (compiled once per process).
@@ -65,6 +69,7 @@ impl KindSchemas {
                     ("consumer", compile(weir_plugin::schema_of::<Consumer>())),
                     ("global_rule", compile(weir_plugin::schema_of::<GlobalRule>())),
                     ("plugin_metadata", compile(weir_plugin::schema_of::<PluginMetadata>())),
+                    ("ssl", compile(weir_plugin::schema_of::<Ssl>())),
                 ],
             }
         })
@@ -118,6 +123,10 @@ pub struct Snapshot {
     pub global_chain: PluginChain,
     /// Every compiled upstream (objects, and inline ones of services and routes).
     pub compiled_upstreams: Vec<Arc<CompiledUpstream>>,
+    /// `ssls` entries, as configured (keys included: never reported).
+    pub ssls: Vec<Arc<Ssl>>,
+    /// Certificates of the TLS listener, by server name.
+    pub certs: CertTable,
     index: HashMap<(&'static str, String), usize>,
 }
 
@@ -141,24 +150,32 @@ impl Snapshot {
     /// Number of resources of every kind, for logs.
     pub fn summary(&self) -> String {
         format!(
-            "{} routes, {} services, {} upstreams, {} consumers, {} global rules, {} plugin metadata",
+            "{} routes, {} services, {} upstreams, {} consumers, {} global rules, {} plugin metadata, {} ssls",
             self.routes.len(),
             self.services.len(),
             self.upstreams.len(),
             self.consumers.len(),
             self.global_rules.len(),
-            self.plugin_metadata.len()
+            self.plugin_metadata.len(),
+            self.ssls.len()
         )
     }
 
-    /// Validates `raw` and builds a snapshot with the `enabled` plugins.
+    /// Validates `raw` and builds a snapshot with the `enabled` plugins (files named by
+    /// resources are relative to the current directory).
     pub fn build(raw: &Value, enabled: &EnabledSet) -> Result<Snapshot, Vec<Issue>> {
-        Builder { enabled, issues: Vec::new(), snap: Snapshot::default() }.run(raw)
+        Self::build_at(raw, enabled, Path::new("."))
+    }
+
+    /// [`Snapshot::build`], with files named by resources (`ssls[].cert_file`) relative to `base`.
+    pub fn build_at(raw: &Value, enabled: &EnabledSet, base: &Path) -> Result<Snapshot, Vec<Issue>> {
+        Builder { enabled, base, issues: Vec::new(), snap: Snapshot::default() }.run(raw)
     }
 }
 
 struct Builder<'a> {
     enabled: &'a EnabledSet,
+    base: &'a Path,
     issues: Vec<Issue>,
     snap: Snapshot,
 }
@@ -183,6 +200,7 @@ impl Builder<'_> {
         let consumers: Vec<(String, Consumer)> = self.parse(raw, "consumers", "consumer");
         let global_rules: Vec<(String, GlobalRule)> = self.parse(raw, "global_rules", "global_rule");
         let metadata: Vec<(String, PluginMetadata)> = self.parse(raw, "plugin_metadata", "plugin_metadata");
+        let ssls: Vec<(String, Ssl)> = self.parse(raw, "ssls", "ssl");
         if !self.issues.is_empty() {
             return Err(self.issues);
         }
@@ -196,6 +214,13 @@ impl Builder<'_> {
         self.index("consumers", consumers.iter().map(|(o, c)| (o, c.username.clone())));
         self.index("global_rules", global_rules.iter().map(|(o, g)| (o, g.id.0.clone())));
         self.index("plugin_metadata", metadata.iter().map(|(o, m)| (o, m.id.clone())));
+        self.index("ssls", ssls.iter().map(|(o, s)| (o, s.id.0.clone())));
+        let (certs, problems) = CertTable::build(&ssls, self.base);
+        for (o, (key, why)) in problems {
+            self.issue(&o, &key, &why);
+        }
+        self.snap.certs = certs;
+        self.snap.ssls = ssls.into_iter().map(|(_, s)| Arc::new(s)).collect();
 
         for (o, u) in &upstreams {
             if u.id.is_none() {

@@ -32,6 +32,11 @@ fn stamp(path: &Path) -> Option<Stamp> {
     std::fs::metadata(path).ok().map(|m| Stamp { modified: m.modified().ok(), len: m.len() })
 }
 
+/// Stamps of the files the current resources were read from (`ssls[].cert_file`, `key_file`).
+fn stamps(files: &[PathBuf]) -> Vec<Option<Stamp>> {
+    files.iter().map(|f| stamp(f)).collect()
+}
+
 /// Watches `path` on a background thread for as long as `gateway` lives.
 pub fn watch(path: PathBuf, gateway: &Arc<Gateway>) {
     let weak: Weak<Gateway> = Arc::downgrade(gateway);
@@ -44,16 +49,22 @@ pub fn watch(path: PathBuf, gateway: &Arc<Gateway>) {
         h.finish()
     };
     let mut last_text = digest(std::fs::read(&path).ok());
+    let mut files = gateway.resources.load().certs.files.clone();
+    let mut file_stamps = stamps(&files);
     let spawned = std::thread::Builder::new().name("resources-watch".into()).spawn(move || loop {
         std::thread::sleep(POLL_INTERVAL);
         let Some(gateway) = weak.upgrade() else { return };
         let now = stamp(&path);
-        if now == last {
+        // A certificate file replaced in place (a renewal) reloads as if the document changed.
+        let referenced = stamps(&files);
+        if now == last && referenced == file_stamps {
             continue;
         }
+        let files_changed = referenced != file_stamps;
+        file_stamps = referenced;
         last = now;
         let text = digest(std::fs::read(&path).ok());
-        if text == last_text {
+        if text == last_text && !files_changed {
             continue;
         }
         last_text = text;
@@ -61,7 +72,11 @@ pub fn watch(path: PathBuf, gateway: &Arc<Gateway>) {
         match load(&path) {
             Err(e) => log::error!("{e}; keeping the last good resources"),
             Ok(raw) => match gateway.apply_resources(raw) {
-                Ok(summary) => log::info!("{file}: reloaded: {summary}"),
+                Ok(summary) => {
+                    log::info!("{file}: reloaded: {summary}");
+                    files = gateway.resources.load().certs.files.clone();
+                    file_stamps = stamps(&files);
+                }
                 Err(issues) => {
                     for issue in issues {
                         log::error!("{file}: {issue}");

@@ -22,6 +22,8 @@ pub struct Prefix {
     pub dir: PathBuf,
     pub node_port: u16,
     pub control_port: u16,
+    /// The TLS listener (`gateway.ssl.listen`), unless the test configures `ssl:` itself.
+    pub tls_port: u16,
 }
 
 static COUNTER: AtomicUsize = AtomicUsize::new(0);
@@ -34,16 +36,21 @@ impl Prefix {
         let dir = std::env::temp_dir().join(format!("weir-test-{}-{n}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(dir.join("conf")).expect("create conf dir");
-        let (node_port, control_port) = (free_port(), free_port());
-        let p = Prefix { dir, node_port, control_port };
+        let (node_port, control_port, tls_port) = (free_port(), free_port(), free_port());
+        let p = Prefix { dir, node_port, control_port, tls_port };
         p.write_config(gateway_extra, extra);
         p.write_resources(resources);
         p
     }
 
     pub fn write_config(&self, gateway_extra: &str, extra: &str) {
+        let ssl = if gateway_extra.contains("  ssl:") {
+            String::new()
+        } else {
+            format!("  ssl:\n    listen: [{{ip: 127.0.0.1, port: {}}}]\n", self.tls_port)
+        };
         let text = format!(
-            "gateway:\n  node_listen:\n    - {{ip: 127.0.0.1, port: {}}}\n  worker_processes: 1\n  control:\n    port: {}\n{gateway_extra}\n{extra}\n",
+            "gateway:\n  node_listen:\n    - {{ip: 127.0.0.1, port: {}}}\n  worker_processes: 1\n  control:\n    port: {}\n{ssl}{gateway_extra}\n{extra}\n",
             self.node_port, self.control_port
         );
         self.write("conf/config.yaml", &text);
@@ -67,6 +74,10 @@ impl Prefix {
 
     pub fn node(&self) -> SocketAddr {
         SocketAddr::from(([127, 0, 0, 1], self.node_port))
+    }
+
+    pub fn tls(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.tls_port))
     }
 
     pub fn log_path(&self) -> PathBuf {

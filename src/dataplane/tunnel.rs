@@ -1,0 +1,112 @@
+//! WebSocket tunnels: the upstream handshake on a connection of its own (never pooled: after a
+//! 101 it is no longer HTTP), then a byte copy both ways until either side closes or nothing
+//! moves for the route's `timeout.read`.
+
+use std::cell::Cell;
+use std::io;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use hyper::body::Incoming;
+use hyper::client::conn::http1;
+use hyper::upgrade::OnUpgrade;
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::time::Instant;
+
+use super::body::ProxyBody;
+use super::client::{Pool, PoolKey, SendError};
+use super::upstream::Timeouts;
+
+/// Sends the handshake `req` to the node of `key` on a new connection; `timeout.connect` bounds
+/// the connect, `timeout.read` the wait for the answer.
+pub async fn handshake(
+    pool: &Pool,
+    key: &PoolKey,
+    t: &Timeouts,
+    req: http::Request<ProxyBody>,
+) -> Result<http::Response<Incoming>, SendError> {
+    let stream = match pool.connect_tunnel(key, t.connect).await {
+        Ok(s) => s,
+        Err(reason) => {
+            let timeout = reason.contains("timed out");
+            return Err(SendError { sent: false, timeout, reason, request: Some(req) });
+        }
+    };
+    let (mut sender, connection) = match http1::Builder::new().handshake(TokioIo::new(stream)).await {
+        Ok(pair) => pair,
+        Err(e) => return Err(SendError { sent: false, timeout: false, reason: e.to_string(), request: Some(req) }),
+    };
+    tokio::task::spawn_local(async move {
+        if let Err(e) = connection.with_upgrades().await {
+            log::debug!("upstream WebSocket connection: {e}");
+        }
+    });
+    match tokio::time::timeout(t.read, sender.send_request(req)).await {
+        Ok(Ok(resp)) => Ok(resp),
+        Ok(Err(e)) => Err(SendError { sent: true, timeout: false, reason: e.to_string(), request: None }),
+        Err(_) => Err(SendError {
+            sent: true,
+            timeout: true,
+            reason: format!("no handshake answer within {:?}", t.read),
+            request: None,
+        }),
+    }
+}
+
+/// Waits for both sides of the upgrade, then copies until one side closes (the close is passed
+/// on as a half-close) or the tunnel idles for `idle`. Returns how it ended.
+pub async fn run(client: OnUpgrade, upstream: OnUpgrade, idle: Duration) -> Result<String, String> {
+    let (client, upstream) = tokio::try_join!(client, upstream).map_err(|e| format!("upgrade failed: {e}"))?;
+    let last = Rc::new(Cell::new(Instant::now()));
+    let mut client = Watched { io: TokioIo::new(client), last: last.clone() };
+    let mut upstream = Watched { io: TokioIo::new(upstream), last: last.clone() };
+    let copy = tokio::io::copy_bidirectional(&mut client, &mut upstream);
+    tokio::pin!(copy);
+    loop {
+        tokio::select! {
+            done = &mut copy => {
+                return done
+                    .map(|(up, down)| format!("{up} bytes to the upstream, {down} to the client"))
+                    .map_err(|e| e.to_string());
+            }
+            _ = tokio::time::sleep_until(last.get() + idle) => {
+                if last.get().elapsed() >= idle {
+                    return Ok(format!("idle for {idle:?} (timeout.read)"));
+                }
+            }
+        }
+    }
+}
+
+/// An upgraded connection that notes when bytes last moved.
+struct Watched<T> {
+    io: T,
+    last: Rc<Cell<Instant>>,
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Watched<T> {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut this.io).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            this.last.set(Instant::now());
+        }
+        polled
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Watched<T> {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+    }
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+}

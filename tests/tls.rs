@@ -1,0 +1,575 @@
+//! TLS termination and HTTP/2 on the data plane, with real clients: curl (`--resolve` for SNI,
+//! `--http2`, `--http2-prior-knowledge`), a rustls client for certificate rotation under load,
+//! and raw HTTP/2 frames for the rapid-reset and CONTINUATION-flood attacks.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::upstream::Upstream;
+use common::{eventually, start_refused, Prefix, Weir};
+
+/// A self-signed ECDSA P-256 certificate for `names`, whose subject CN is `cn`: (cert, key) PEM.
+fn cert(cn: &str, names: &[&str]) -> (String, String) {
+    let mut params = rcgen::CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
+        .expect("certificate params");
+    params.distinguished_name.push(rcgen::DnType::CommonName, cn);
+    let key = rcgen::KeyPair::generate().expect("key");
+    let cert = params.self_signed(&key).expect("self-sign");
+    (cert.pem(), key.serialize_pem())
+}
+
+/// PEM text as an indented YAML block scalar.
+fn block(pem: &str) -> String {
+    let lines: Vec<String> = pem.lines().map(|l| format!("      {l}")).collect();
+    format!("|\n{}", lines.join("\n"))
+}
+
+fn ssl_entry(id: &str, snis: &[&str], pair: &(String, String)) -> String {
+    let snis: Vec<String> = snis.iter().map(|s| format!("\"{s}\"")).collect();
+    format!(
+        "  - id: {id}\n    snis: [{}]\n    cert: {}\n    key: {}\n",
+        snis.join(", "),
+        block(&pair.0),
+        block(&pair.1)
+    )
+}
+
+fn route_to(up: &Upstream) -> String {
+    format!("routes:\n  - id: r\n    uri: /*\n    upstream:\n      nodes:\n        \"{}\": 1\n", up.node())
+}
+
+/// Runs curl: (exit code, stdout, stderr).
+fn curl(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new("curl").args(["-sS", "--max-time", "10"]).args(args).output().expect("run curl");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn has_curl() -> bool {
+    Command::new("curl").arg("--version").output().is_ok()
+}
+
+/// The subject CN curl reports for `host` (SNI) on the TLS listener, or curl's error.
+fn served_cn(tls: SocketAddr, host: &str) -> Result<String, String> {
+    let resolve = format!("{host}:{}:127.0.0.1", tls.port());
+    let url = format!("https://{host}:{}/get", tls.port());
+    let (code, _, err) = curl(&["-k", "-v", "--resolve", &resolve, &url]);
+    if code != 0 {
+        return Err(err);
+    }
+    err.lines()
+        .find_map(|l| l.split("subject:").nth(1))
+        .and_then(|s| s.split("CN=").nth(1))
+        .map(|cn| cn.split(',').next().unwrap_or(cn).trim().to_owned())
+        .ok_or(err)
+}
+
+#[test]
+fn certificates_are_chosen_by_sni_exact_then_longest_wildcard() {
+    if !has_curl() {
+        return common::skip("certificates_are_chosen_by_sni", "curl is not installed");
+    }
+    let up = Upstream::start("u");
+    let exact = cert("exact", &["api.example.com"]);
+    let wide = cert("wide", &["*.example.com"]);
+    let narrow = cert("narrow", &["*.v1.example.com"]);
+    let resources = format!(
+        "{}ssls:\n{}{}{}",
+        route_to(&up),
+        ssl_entry("1", &["api.example.com"], &exact),
+        ssl_entry("2", &["*.example.com"], &wide),
+        ssl_entry("3", &["*.v1.example.com"], &narrow)
+    );
+    let p = Prefix::new("", "", &resources);
+    let w = Weir::start(&p);
+    w.wait_ready(p.node());
+    assert_eq!(served_cn(p.tls(), "api.example.com").as_deref(), Ok("exact"));
+    assert_eq!(served_cn(p.tls(), "www.example.com").as_deref(), Ok("wide"));
+    assert_eq!(served_cn(p.tls(), "x.v1.example.com").as_deref(), Ok("narrow"));
+    // A name no certificate claims: the handshake fails (curl exit 35), nothing is served.
+    let unknown = served_cn(p.tls(), "other.test");
+    assert!(unknown.is_err(), "{unknown:?}");
+
+    // Verified end to end: the client trusts the certificate, and the request reaches the upstream
+    // with X-Forwarded-Proto https.
+    let ca = p.dir.join("exact.pem");
+    std::fs::write(&ca, &exact.0).expect("write ca");
+    let resolve = format!("api.example.com:{}:127.0.0.1", p.tls_port);
+    let url = format!("https://api.example.com:{}/get", p.tls_port);
+    let (code, body, err) = curl(&["--cacert", &common::path_str(&ca), "--resolve", &resolve, &url]);
+    assert_eq!(code, 0, "{err}");
+    let echo: serde_json::Value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"));
+    assert_eq!(echo["headers"]["x-forwarded-proto"], "https", "{echo}");
+    assert_eq!(echo["headers"]["host"], format!("api.example.com:{}", p.tls_port), "{echo}");
+}
+
+#[test]
+fn fallback_sni_answers_unknown_names() {
+    if !has_curl() {
+        return common::skip("fallback_sni_answers_unknown_names", "curl is not installed");
+    }
+    let up = Upstream::start("u");
+    let fallback = cert("fallback", &["default.example.com"]);
+    let resources = format!("{}ssls:\n{}", route_to(&up), ssl_entry("1", &["default.example.com"], &fallback));
+    let p = Prefix::new("", "", "");
+    p.write_config(
+        &format!(
+            "  ssl:\n    listen: [{{ip: 127.0.0.1, port: {}}}]\n    fallback_sni: default.example.com\n",
+            p.tls_port
+        ),
+        "",
+    );
+    p.write_resources(&resources);
+    let w = Weir::start(&p);
+    w.wait_ready(p.node());
+    assert_eq!(served_cn(p.tls(), "nobody.test").as_deref(), Ok("fallback"));
+    // No SNI at all (an IP address in the URL): the fallback too.
+    let (code, _, err) = curl(&["-k", "-v", &format!("https://127.0.0.1:{}/get", p.tls_port)]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("CN=fallback"), "{err}");
+}
+
+#[test]
+fn http2_over_tls_and_cleartext_prior_knowledge() {
+    if !has_curl() {
+        return common::skip("http2_over_tls_and_cleartext", "curl is not installed");
+    }
+    let up = Upstream::start("u");
+    let pair = cert("h2", &["h2.example.com"]);
+    let resources = format!("{}ssls:\n{}", route_to(&up), ssl_entry("1", &["h2.example.com"], &pair));
+    let p = Prefix::new("", "", &resources);
+    let h2c_port = common::free_port();
+    p.write_config("", "");
+    // A second plain listener with cleartext HTTP/2 next to HTTP/1.1.
+    let config = std::fs::read_to_string(p.dir.join("conf/config.yaml")).expect("read config");
+    let config = config.replacen(
+        "  node_listen:\n",
+        &format!("  node_listen:\n    - {{ip: 127.0.0.1, port: {h2c_port}, enable_http2: true}}\n"),
+        1,
+    );
+    p.write("conf/config.yaml", &config);
+    let w = Weir::start(&p);
+    w.wait_ready(p.node());
+    let h2c = SocketAddr::from(([127, 0, 0, 1], h2c_port));
+    w.wait_ready(h2c);
+
+    let resolve = format!("h2.example.com:{}:127.0.0.1", p.tls_port);
+    let url = format!("https://h2.example.com:{}/over/tls?x=1", p.tls_port);
+    let (code, out, err) = curl(&["-k", "--http2", "--resolve", &resolve, "-w", "\n%{http_version}", &url]);
+    assert_eq!(code, 0, "{err}");
+    let (body, version) = out.rsplit_once('\n').expect("version line");
+    assert_eq!(version, "2", "{out}");
+    let echo: serde_json::Value = serde_json::from_str(body).expect("echo JSON");
+    assert_eq!(echo["path"], "/over/tls", "{echo}");
+    assert_eq!(echo["query"], "x=1", "{echo}");
+    assert_eq!(echo["headers"]["host"], format!("h2.example.com:{}", p.tls_port), "{echo}");
+    assert_eq!(echo["headers"]["x-forwarded-proto"], "https", "{echo}");
+
+    // A POST body over HTTP/2 reaches the upstream whole.
+    let (code, out, err) = curl(&[
+        "-k",
+        "--http2",
+        "--resolve",
+        &resolve,
+        "--data-binary",
+        "hello over h2",
+        &format!("https://h2.example.com:{}/post", p.tls_port),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let echo: serde_json::Value = serde_json::from_str(&out).expect("echo JSON");
+    assert_eq!(echo["body_len"], 13, "{echo}");
+
+    // Cleartext HTTP/2 with prior knowledge; the same listener still serves HTTP/1.1.
+    let url = format!("http://127.0.0.1:{h2c_port}/clear");
+    let (code, out, err) = curl(&["--http2-prior-knowledge", "-w", "\n%{http_version}", &url]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.ends_with("\n2"), "{out}");
+    let (code, out, err) = curl(&["--http1.1", "-w", "\n%{http_version}", &url]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.ends_with("\n1.1"), "{out}");
+    // The hostile-path rules hold for HTTP/2 too.
+    let (code, out, _) = curl(&[
+        "--http2-prior-knowledge",
+        "--path-as-is",
+        "-w",
+        "%{http_code}",
+        &format!("http://127.0.0.1:{h2c_port}/a/../../x"),
+    ]);
+    assert_eq!(code, 0);
+    assert!(out.ends_with("400"), "{out}");
+    // A plain listener without enable_http2 does not speak it.
+    let (code, _, _) = curl(&["--http2-prior-knowledge", &format!("http://{}/x", p.node())]);
+    assert_ne!(code, 0);
+}
+
+#[test]
+fn invalid_certificates_are_refused_at_load_with_the_reason() {
+    let good = cert("good", &["a.example.com"]);
+    let other = cert("other", &["b.example.com"]);
+    let mismatched = (good.0.clone(), other.1.clone());
+    let mut expired_params = rcgen::CertificateParams::new(vec!["old.example.com".to_owned()]).expect("params");
+    expired_params.not_before = rcgen::date_time_ymd(2020, 1, 1);
+    expired_params.not_after = rcgen::date_time_ymd(2021, 1, 1);
+    let key = rcgen::KeyPair::generate().expect("key");
+    let expired = (expired_params.self_signed(&key).expect("sign").pem(), key.serialize_pem());
+    let cases = [
+        (
+            ssl_entry("1", &["a.example.com"], &mismatched),
+            "ssls[0] (id 1): cert: the key does not match the certificate",
+        ),
+        (ssl_entry("1", &["old.example.com"], &expired), "the certificate expired on 2021-01-01"),
+        (ssl_entry("1", &["bad_name"], &good), "ssls[0] (id 1): snis[0]: `bad_name` is not a host name"),
+        (
+            format!("{}{}", ssl_entry("1", &["a.example.com"], &good), ssl_entry("2", &["A.example.com"], &good)),
+            "ssls[1] (id 2): snis[0]: `a.example.com` is already claimed by ssls[0] (id 1)",
+        ),
+        (
+            "  - id: 1\n    snis: [a.example.com]\n    cert: \"not pem\"\n    key: \"no\"\n".to_owned(),
+            "ssls[0] (id 1): cert: ",
+        ),
+    ];
+    let p = Prefix::new("", "", "");
+    for (ssls, expected) in cases {
+        p.write_resources(&format!("ssls:\n{ssls}"));
+        let (code, out) = start_refused(&p);
+        assert_ne!(code, 0, "started with {ssls}");
+        assert!(out.contains(expected), "expected `{expected}` in:\n{out}");
+        assert!(out.contains("resources.yaml"), "{out}");
+    }
+}
+
+/// A rustls client that trusts nothing in particular and reports the served certificate's CN.
+mod client {
+    use super::*;
+    use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+    use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+    use rustls::{DigitallySignedStruct, SignatureScheme};
+
+    #[derive(Debug)]
+    struct AnyCert(Arc<rustls::crypto::CryptoProvider>);
+
+    impl ServerCertVerifier for AnyCert {
+        fn verify_server_cert(
+            &self,
+            _: &CertificateDer<'_>,
+            _: &[CertificateDer<'_>],
+            _: &ServerName<'_>,
+            _: &[u8],
+            _: UnixTime,
+        ) -> Result<ServerCertVerified, rustls::Error> {
+            Ok(ServerCertVerified::assertion())
+        }
+        fn verify_tls12_signature(
+            &self,
+            m: &[u8],
+            c: &CertificateDer<'_>,
+            d: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, rustls::Error> {
+            rustls::crypto::verify_tls12_signature(m, c, d, &self.0.signature_verification_algorithms)
+        }
+        fn verify_tls13_signature(
+            &self,
+            m: &[u8],
+            c: &CertificateDer<'_>,
+            d: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, rustls::Error> {
+            rustls::crypto::verify_tls13_signature(m, c, d, &self.0.signature_verification_algorithms)
+        }
+        fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+            self.0.signature_verification_algorithms.supported_schemes()
+        }
+    }
+
+    /// A client configuration; `resume`: offer session resumption.
+    pub fn config(resume: bool) -> Arc<rustls::ClientConfig> {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut config = rustls::ClientConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .expect("versions")
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(AnyCert(provider)))
+            .with_no_client_auth();
+        if !resume {
+            config.resumption = rustls::client::Resumption::disabled();
+        }
+        Arc::new(config)
+    }
+
+    /// An open TLS connection to the gateway.
+    pub struct Conn {
+        pub tls: rustls::StreamOwned<rustls::ClientConnection, TcpStream>,
+    }
+
+    impl Conn {
+        pub fn open(config: &Arc<rustls::ClientConfig>, addr: SocketAddr, sni: &str) -> Result<Conn, String> {
+            let name = ServerName::try_from(sni.to_owned()).map_err(|e| e.to_string())?;
+            let conn = rustls::ClientConnection::new(config.clone(), name).map_err(|e| e.to_string())?;
+            let tcp = TcpStream::connect(addr).map_err(|e| e.to_string())?;
+            tcp.set_read_timeout(Some(Duration::from_secs(10))).map_err(|e| e.to_string())?;
+            let mut tls = rustls::StreamOwned::new(conn, tcp);
+            while tls.conn.is_handshaking() {
+                tls.conn.complete_io(&mut tls.sock).map_err(|e| e.to_string())?;
+            }
+            Ok(Conn { tls })
+        }
+
+        /// The served certificate's subject CN.
+        pub fn cn(&self) -> String {
+            let certs = self.tls.conn.peer_certificates().unwrap_or_default();
+            let Some(leaf) = certs.first() else { return String::new() };
+            let (_, parsed) = x509_parser::parse_x509_certificate(leaf.as_ref()).expect("parse certificate");
+            let cn = parsed.subject().iter_common_name().next().and_then(|c| c.as_str().ok()).unwrap_or("");
+            cn.to_owned()
+        }
+
+        /// One keep-alive GET; the status.
+        pub fn get(&mut self, host: &str) -> Result<u16, String> {
+            let req = format!("GET /get HTTP/1.1\r\nHost: {host}\r\n\r\n");
+            self.tls.write_all(req.as_bytes()).map_err(|e| e.to_string())?;
+            let mut buf = Vec::new();
+            let mut chunk = [0u8; 8192];
+            loop {
+                let n = self.tls.read(&mut chunk).map_err(|e| e.to_string())?;
+                if n == 0 {
+                    return Err("closed".into());
+                }
+                buf.extend_from_slice(&chunk[..n]);
+                if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                    let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+                    let len: usize = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length:"))
+                        .and_then(|v| v.trim().parse().ok())
+                        .unwrap_or(0);
+                    if buf.len() >= end + 4 + len {
+                        let status = head.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+                        return Ok(status);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn certificate_rotation_under_load_fails_no_request() {
+    let up = Upstream::start("u");
+    let v1 = cert("v1", &["rotate.example.com"]);
+    let v2 = cert("v2", &["rotate.example.com"]);
+    let p = Prefix::new("", "", "");
+    // The certificate comes from files, as a renewal tool writes them.
+    p.write("conf/rotate.crt", &v1.0);
+    p.write("conf/rotate.key", &v1.1);
+    p.write_resources(&format!(
+        "{}ssls:\n  - id: 1\n    snis: [rotate.example.com]\n    cert_file: conf/rotate.crt\n    key_file: conf/rotate.key\n",
+        route_to(&up)
+    ));
+    let w = Weir::start(&p);
+    w.wait_ready(p.node());
+    let tls = p.tls();
+    // Session resumption: a second connection of the same client resumes (TLS 1.3 tickets).
+    let resuming = client::config(true);
+    let mut first = client::Conn::open(&resuming, tls, "rotate.example.com").expect("first connection");
+    assert_eq!(first.get("rotate.example.com"), Ok(200));
+    let second = client::Conn::open(&resuming, tls, "rotate.example.com").expect("second connection");
+    assert_eq!(second.tls.conn.handshake_kind(), Some(rustls::HandshakeKind::Resumed));
+
+    // Full handshakes from here on: each one asks the resolver for the certificate.
+    let config = client::config(false);
+    let mut kept = client::Conn::open(&config, tls, "rotate.example.com").expect("kept connection");
+    assert_eq!(kept.cn(), "v1");
+    assert_eq!(kept.get("rotate.example.com"), Ok(200));
+
+    // Two clients make new handshakes and requests without pause while the files change.
+    let stop = Arc::new(AtomicBool::new(false));
+    let failures = Arc::new(Mutex::new(Vec::<String>::new()));
+    let done = Arc::new(AtomicUsize::new(0));
+    let seen_v2_at = Arc::new(Mutex::new(None::<Instant>));
+    let load: Vec<_> = (0..2)
+        .map(|_| {
+            let (stop, failures, done, seen, config) =
+                (stop.clone(), failures.clone(), done.clone(), seen_v2_at.clone(), config.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::SeqCst) {
+                    let outcome = client::Conn::open(&config, tls, "rotate.example.com")
+                        .and_then(|mut c| c.get("rotate.example.com").map(|s| (s, c.cn())));
+                    match outcome {
+                        Ok((200, cn)) => {
+                            if cn == "v2" {
+                                seen.lock().expect("lock").get_or_insert_with(Instant::now);
+                            }
+                        }
+                        Ok((status, _)) => failures.lock().expect("lock").push(format!("status {status}")),
+                        Err(e) => failures.lock().expect("lock").push(e),
+                    }
+                    done.fetch_add(1, Ordering::SeqCst);
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    let changed = Instant::now();
+    p.write("conf/rotate.key", &v2.1);
+    p.write("conf/rotate.crt", &v2.0);
+    assert!(
+        eventually(Duration::from_secs(5), || seen_v2_at.lock().expect("lock").is_some()),
+        "new handshakes never got the new certificate"
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    stop.store(true, Ordering::SeqCst);
+    for t in load {
+        t.join().expect("load thread");
+    }
+    let took = seen_v2_at.lock().expect("lock").map(|t| t.duration_since(changed));
+    let failures = failures.lock().expect("lock");
+    assert!(
+        failures.is_empty(),
+        "{} failed of {}: {:?}",
+        failures.len(),
+        done.load(Ordering::SeqCst),
+        &failures[..failures.len().min(5)]
+    );
+    assert!(done.load(Ordering::SeqCst) > 20, "too few requests to judge");
+    assert!(took.is_some_and(|t| t < Duration::from_millis(1500)), "the new certificate applied after {took:?}");
+    // The connection opened before the change still works, on its original certificate.
+    assert_eq!(kept.get("rotate.example.com"), Ok(200));
+    assert_eq!(kept.cn(), "v1");
+}
+
+// ---- HTTP/2 attacks, with raw frames on the cleartext HTTP/2 listener ----
+
+fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let len = payload.len() as u32;
+    let mut f = vec![(len >> 16) as u8, (len >> 8) as u8, len as u8, kind, flags];
+    f.extend_from_slice(&stream.to_be_bytes());
+    f.extend_from_slice(payload);
+    f
+}
+
+/// HPACK for `GET /` with `:authority` (static-table indexes, literal values).
+fn request_block() -> Vec<u8> {
+    let mut b = vec![0x82, 0x86, 0x84, 0x01, 9];
+    b.extend_from_slice(b"localhost");
+    b
+}
+
+/// A literal header `x-pad: <n bytes>` without indexing (HPACK 6.2.2, 7-bit length prefix).
+fn padding_header(n: usize) -> Vec<u8> {
+    let mut b = vec![0x00, 5];
+    b.extend_from_slice(b"x-pad");
+    // Length with a 7-bit prefix.
+    if n < 127 {
+        b.push(n as u8);
+    } else {
+        b.push(127);
+        let mut rest = n - 127;
+        while rest >= 128 {
+            b.push((rest % 128) as u8 | 0x80);
+            rest /= 128;
+        }
+        b.push(rest as u8);
+    }
+    b.extend(std::iter::repeat_n(b'a', n));
+    b
+}
+
+const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// Reads frames until GOAWAY or the end of the connection; (GOAWAY error code, frames read).
+fn read_until_goaway(s: &mut TcpStream) -> (Option<u32>, usize) {
+    let mut frames = 0;
+    loop {
+        let mut head = [0u8; 9];
+        if s.read_exact(&mut head).is_err() {
+            return (None, frames);
+        }
+        let len = (usize::from(head[0]) << 16) | (usize::from(head[1]) << 8) | usize::from(head[2]);
+        let mut payload = vec![0u8; len];
+        if s.read_exact(&mut payload).is_err() {
+            return (None, frames);
+        }
+        frames += 1;
+        if head[3] == 0x7 && payload.len() >= 8 {
+            return (Some(u32::from_be_bytes([payload[4], payload[5], payload[6], payload[7]])), frames);
+        }
+    }
+}
+
+fn h2c_gateway(up: &Upstream) -> (Prefix, Weir, SocketAddr) {
+    let p = Prefix::new("", "", &route_to(up));
+    let config = std::fs::read_to_string(p.dir.join("conf/config.yaml")).expect("read config");
+    p.write(
+        "conf/config.yaml",
+        &config.replace(&format!("port: {}}}", p.node_port), &format!("port: {}, enable_http2: true}}", p.node_port)),
+    );
+    let w = Weir::start(&p);
+    w.wait_ready(p.node());
+    let addr = p.node();
+    (p, w, addr)
+}
+
+#[test]
+fn http2_rapid_reset_is_cut_off() {
+    let up = Upstream::start("u");
+    let (p, w, addr) = h2c_gateway(&up);
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    let mut out = PREFACE.to_vec();
+    out.extend(frame(0x4, 0, 0, &[]));
+    let block = request_block();
+    // 5,000 streams opened and cancelled at once (CVE-2023-44487).
+    for i in 0..5000u32 {
+        let id = 1 + 2 * i;
+        out.extend(frame(0x1, 0x4 | 0x1, id, &block));
+        out.extend(frame(0x3, 0, id, &8u32.to_be_bytes()));
+    }
+    let _ = s.write_all(&out);
+    let (goaway, _) = read_until_goaway(&mut s);
+    // ENHANCE_YOUR_CALM, and far fewer than 5,000 requests reached the upstream.
+    assert_eq!(goaway, Some(0xb), "the connection was not cut off");
+    assert!(up.hits() < 500, "{} requests reached the upstream", up.hits());
+    // Other clients are served meanwhile.
+    assert_eq!(common::get(addr, "/still/up").status, 200);
+    drop((p, w));
+}
+
+#[test]
+fn http2_continuation_flood_is_bounded() {
+    let up = Upstream::start("u");
+    let (p, w, addr) = h2c_gateway(&up);
+    let rss_before = w.rss();
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    s.set_write_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    let mut out = PREFACE.to_vec();
+    out.extend(frame(0x4, 0, 0, &[]));
+    // HEADERS without END_HEADERS, then CONTINUATION frames that never end the block: 64 MiB of
+    // header data if the server kept reading (CVE-2024-27316 and kin).
+    out.extend(frame(0x1, 0x1, 1, &request_block()));
+    let _ = s.write_all(&out);
+    let pad = frame(0x9, 0, 1, &padding_header(16_000));
+    let started = Instant::now();
+    let mut sent = 0usize;
+    while sent < 64 << 20 {
+        if s.write_all(&pad).is_err() {
+            break;
+        }
+        sent += pad.len();
+    }
+    let (goaway, _) = read_until_goaway(&mut s);
+    assert!(sent < 64 << 20 || goaway.is_some(), "the server read 64 MiB of one header block");
+    assert!(started.elapsed() < Duration::from_secs(20));
+    assert_eq!(up.hits(), 0, "the request must not reach the upstream");
+    assert!(w.rss() < rss_before + (16 << 20), "RSS grew from {} to {}", rss_before, w.rss());
+    assert_eq!(common::get(addr, "/still/up").status, 200);
+    drop(p);
+}
