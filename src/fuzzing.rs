@@ -81,7 +81,8 @@ pub fn resources_yaml(data: &[u8]) {
         set.check_only = true;
         set
     });
-    let _ = crate::resources::snapshot::Snapshot::build(&raw, enabled);
+    // Files named by the input (`ssls[].cert_file`) resolve where nothing exists.
+    let _ = crate::resources::snapshot::Snapshot::build_at(&raw, enabled, Path::new("/nonexistent/weir-fuzz"));
 }
 
 /// Runs the request framer over `data` fed `step` bytes at a time: (bytes passed, refusal).

@@ -311,3 +311,41 @@ fn grpc_unary_and_streaming_calls_pass_with_their_trailers() {
         assert!(err.message().contains("502 Bad Gateway"), "{err:?}");
     });
 }
+
+#[test]
+fn grpcs_upstream_over_tls_with_alpn_h2() {
+    let rt = runtime();
+    let server = grpc_server(&rt);
+    // The TLS end: a Weir terminating TLS (HTTP/2 by ALPN) in front of the gRPC server.
+    let key = rcgen::KeyPair::generate().expect("key");
+    let cert =
+        rcgen::CertificateParams::new(vec!["back.test".to_owned()]).expect("params").self_signed(&key).expect("sign");
+    let back = Prefix::new("", "", "");
+    back.write("conf/back.crt", &cert.pem());
+    back.write("conf/back.key", &key.serialize_pem());
+    back.write_config(
+        &format!("  ssl:\n    listen: [{{ip: 127.0.0.1, port: {}}}]\n    fallback_sni: back.test\n", back.tls_port),
+        "",
+    );
+    back.write_resources(&format!(
+        "routes:\n  - id: g\n    uri: /test.Echo/*\n    upstream:\n      scheme: grpc\n      nodes:\n        \"{server}\": 1\n\
+         ssls:\n  - id: 1\n    snis: [back.test]\n    cert_file: conf/back.crt\n    key_file: conf/back.key\n"
+    ));
+    let back_weir = Weir::start(&back);
+    back_weir.wait_ready(back.node());
+    // The front: gRPC over TLS to the back (a self-signed certificate: verification off).
+    let (front, _w) = gateway(&format!(
+        "routes:\n  - id: g\n    uri: /test.Echo/*\n    upstream:\n      scheme: grpcs\n      tls: {{verify: false}}\n      nodes:\n        \"{}\": 1\n",
+        back.tls()
+    ));
+    rt.block_on(async {
+        let mut client = Client::connect(front.node()).await;
+        assert_eq!(
+            client.say("over tls").await.map(|r| r.message).map_err(|s| s.to_string()),
+            Ok("echo: over tls".into())
+        );
+        let (got, end) = client.count("fail", 2).await;
+        assert_eq!(got.len(), 2);
+        assert_eq!(end.expect_err("DATA_LOSS").code(), tonic::Code::DataLoss);
+    });
+}

@@ -106,14 +106,14 @@ impl CertTable {
                     let (cp, kp) = (base.join(cf), base.join(kf));
                     table.files.push(cp.clone());
                     table.files.push(kp.clone());
-                    match (std::fs::read_to_string(&cp), std::fs::read_to_string(&kp)) {
+                    match (read_pem(&cp), read_pem(&kp)) {
                         (Ok(c), Ok(k)) => Some((c, k, "cert_file")),
                         (Err(e), _) => {
-                            problem("cert_file", format!("cannot read {}: {e}", cp.display()));
+                            problem("cert_file", e);
                             None
                         }
                         (_, Err(e)) => {
-                            problem("key_file", format!("cannot read {}: {e}", kp.display()));
+                            problem("key_file", e);
                             None
                         }
                     }
@@ -163,6 +163,23 @@ impl CertTable {
         table.wildcards.sort_by_key(|w| std::cmp::Reverse(w.0.len()));
         (table, issues)
     }
+}
+
+/// Largest PEM file read for `cert_file` / `key_file`.
+const MAX_PEM_FILE: u64 = 1 << 20;
+
+/// Reads a PEM file: a regular file (never a device or FIFO that could block or never end) of
+/// at most [`MAX_PEM_FILE`] bytes.
+fn read_pem(path: &Path) -> Result<String, String> {
+    let shown = path.display();
+    let meta = std::fs::metadata(path).map_err(|e| format!("cannot read {shown}: {e}"))?;
+    if !meta.is_file() {
+        return Err(format!("{shown} is not a regular file"));
+    }
+    if meta.len() > MAX_PEM_FILE {
+        return Err(format!("{shown} is larger than {MAX_PEM_FILE} bytes"));
+    }
+    std::fs::read_to_string(path).map_err(|e| format!("cannot read {shown}: {e}"))
 }
 
 /// A valid server name (lower-cased): DNS labels of letters, digits and hyphens, optionally
