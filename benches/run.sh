@@ -6,6 +6,7 @@
 #   - req/s and latency vs nginx proxy_pass, 10 vs 10,000 routes, RSS   benches/proxy.sh
 #   - RSS per idle keep-alive connection vs nginx    benches/idle_conns.sh
 #   - short-url creation and redirects (SQLite; PostgreSQL when PG_URL is set)   benches/short_url.sh
+#   - HTTPS keep-alive, full TLS handshakes/s and HTTP/2 (h2load) vs nginx   benches/tls.sh
 #
 #   benches/run.sh        # needs wrk, nginx, valgrind; DURATION, ROUNDS, STORED as the scripts take
 set -euo pipefail
@@ -23,6 +24,7 @@ fi
 benches/proxy.sh > "$out/proxy" 2>&1 || true
 benches/idle_conns.sh > "$out/idle" 2>&1 || true
 benches/short_url.sh > "$out/su-sqlite" 2>&1 || true
+benches/tls.sh > "$out/tls" 2>&1 || true
 if [ -n "${PG_URL:-}" ]; then BACKEND=postgres benches/short_url.sh > "$out/su-pg" 2>&1 || true; fi
 
 echo
@@ -34,6 +36,8 @@ echo "=== idle connections ==="
 sed 's/^/  /' "$out/idle" | tail -n 1
 echo "=== short-url, SQLite ==="
 grep -E "create|redirect|stored" "$out/su-sqlite" | sed 's/^/  /'
+echo "=== TLS and HTTP/2 (medians of $ROUNDS rounds) ==="
+sed -n '/^scenario/,$p' "$out/tls" | sed 's/^/  /'
 if [ -f "$out/su-pg" ]; then
   echo "=== short-url, PostgreSQL ==="
   grep -E "create|redirect|stored" "$out/su-pg" | sed 's/^/  /'

@@ -299,7 +299,10 @@ where
     S: AsyncRead + AsyncWrite + Unpin + 'static,
 {
     let peer = info.peer;
+    let last_request = Rc::new(Cell::new(tokio::time::Instant::now()));
+    let noted = last_request.clone();
     let service = service_fn(move |req| {
+        noted.set(tokio::time::Instant::now());
         let (gateway, worker, info) = (gateway.clone(), worker.clone(), info.clone());
         async move { Ok::<_, Infallible>(proxy::handle(req, info, &gateway, &worker).await) }
     });
@@ -316,7 +319,9 @@ where
         .keep_alive_interval(HEADER_TIMEOUT)
         .keep_alive_timeout(Duration::from_secs(20));
     let conn = builder.serve_connection(TokioIo::new(io), service);
-    if let Err(e) = until_stopped(conn, stopped).await {
+    // A connection with no new stream for HEADER_TIMEOUT is closed (GOAWAY; streams in flight
+    // finish), as nginx's keepalive_timeout does: idle clients do not hold memory forever.
+    if let Err(e) = until_stopped(conn, stopped, Some(last_request)).await {
         log::debug!("client {peer} (HTTP/2): {e}");
     }
 }
@@ -353,16 +358,34 @@ where
     }
 }
 
-/// Serves `conn` to its end; on stop, lets it finish what is in flight and close.
-async fn until_stopped<C: Graceful>(conn: C, mut stopped: watch::Receiver<bool>) -> hyper::Result<()> {
+/// Serves `conn` to its end; on stop, or when `last_request` is older than [`HEADER_TIMEOUT`],
+/// lets it finish what is in flight and close.
+async fn until_stopped<C: Graceful>(
+    conn: C,
+    mut stopped: watch::Receiver<bool>,
+    last_request: Option<Rc<Cell<tokio::time::Instant>>>,
+) -> hyper::Result<()> {
     tokio::pin!(conn);
-    tokio::select! {
-        r = conn.as_mut() => r,
-        _ = stopped.wait_for(|s| *s) => {
-            conn.as_mut().shut_down();
-            conn.await
+    let idle_deadline = || last_request.as_ref().map(|l| l.get() + HEADER_TIMEOUT);
+    loop {
+        let idle = async {
+            match idle_deadline() {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            r = conn.as_mut() => return r,
+            _ = stopped.wait_for(|s| *s) => break,
+            _ = idle => {
+                if idle_deadline().is_some_and(|at| at <= tokio::time::Instant::now()) {
+                    break;
+                }
+            }
         }
     }
+    conn.as_mut().shut_down();
+    conn.await
 }
 
 async fn serve_h1<S>(
@@ -384,7 +407,7 @@ async fn serve_h1<S>(
     builder.timer(TokioTimer::new()).header_read_timeout(HEADER_TIMEOUT).max_buf_size(64 << 10);
     // Upgrades: a WebSocket route hands the connection over to a tunnel (`tunnel`).
     let conn = builder.serve_connection(io, service).with_upgrades();
-    if let Err(e) = until_stopped(conn, stopped).await {
+    if let Err(e) = until_stopped(conn, stopped, None).await {
         // The client's doing (reset, timeout, malformed input): never at error level.
         log::debug!("client {peer}: {e}");
     }
