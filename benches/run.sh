@@ -7,6 +7,7 @@
 #   - RSS per idle keep-alive connection vs nginx    benches/idle_conns.sh
 #   - short-url creation and redirects (SQLite; PostgreSQL when PG_URL is set)   benches/short_url.sh
 #   - HTTPS keep-alive, full TLS handshakes/s and HTTP/2 (h2load) vs nginx   benches/tls.sh
+#   - the TCP stream proxy vs nginx stream: MB/s, connections/s, RSS per idle connection   benches/stream.sh
 #
 #   benches/run.sh        # needs wrk, nginx, valgrind; DURATION, ROUNDS, STORED as the scripts take
 set -euo pipefail
@@ -25,6 +26,7 @@ benches/proxy.sh > "$out/proxy" 2>&1 || true
 benches/idle_conns.sh > "$out/idle" 2>&1 || true
 benches/short_url.sh > "$out/su-sqlite" 2>&1 || true
 benches/tls.sh > "$out/tls" 2>&1 || true
+benches/stream.sh > "$out/stream" 2>&1 || true
 if [ -n "${PG_URL:-}" ]; then BACKEND=postgres benches/short_url.sh > "$out/su-pg" 2>&1 || true; fi
 
 echo
@@ -38,6 +40,8 @@ echo "=== short-url, SQLite ==="
 grep -E "create|redirect|stored" "$out/su-sqlite" | sed 's/^/  /'
 echo "=== TLS and HTTP/2 (medians of $ROUNDS rounds) ==="
 sed -n '/^scenario/,$p' "$out/tls" | sed 's/^/  /'
+echo "=== TCP stream proxy (medians of $ROUNDS rounds) ==="
+sed -n '/^scenario/,$p' "$out/stream" | sed 's/^/  /'
 if [ -f "$out/su-pg" ]; then
   echo "=== short-url, PostgreSQL ==="
   grep -E "create|redirect|stored" "$out/su-pg" | sed 's/^/  /'

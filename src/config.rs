@@ -25,9 +25,9 @@ pub struct Config {
     /// Enabled HTTP plugins; absent means every plugin compiled into this binary.
     #[serde(default)]
     pub plugins: Option<Vec<String>>,
-    /// Enabled stream plugins.
+    /// Enabled stream plugins; absent means every stream plugin compiled into this binary.
     #[serde(default)]
-    pub stream_plugins: Vec<String>,
+    pub stream_plugins: Option<Vec<String>>,
     /// Process-level settings of plugins, keyed by plugin name.
     #[serde(default)]
     pub plugin_attr: BTreeMap<String, Value>,
@@ -64,6 +64,61 @@ pub struct GatewaySection {
     /// The TLS listener (certificates come from `ssls` resources).
     #[serde(default)]
     pub ssl: SslSection,
+    /// TCP and UDP listeners of the stream proxy (`stream_routes`); off when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream_proxy: Option<StreamProxy>,
+}
+
+/// `gateway.stream_proxy:` section.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StreamProxy {
+    /// TCP listeners: ports (on 0.0.0.0) or `{ip, port, tls}`.
+    #[serde(default)]
+    pub tcp: Vec<StreamListen>,
+    /// UDP listeners: ports (on 0.0.0.0) or `{ip, port}`.
+    #[serde(default)]
+    pub udp: Vec<Listen>,
+}
+
+/// One TCP listener of the stream proxy.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
+#[serde(untagged)]
+pub enum StreamListen {
+    /// A port on all IPv4 addresses.
+    Port(#[schemars(range(min = 1))] u16),
+    /// An explicit address.
+    Addr(StreamListenAddr),
+}
+
+/// `{ip, port, tls}` stream listener.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct StreamListenAddr {
+    /// Address to bind (default 0.0.0.0).
+    #[serde(default = "any_ip")]
+    pub ip: IpAddr,
+    /// Port.
+    #[schemars(range(min = 1))]
+    pub port: u16,
+    /// Clients speak TLS: routes match on the SNI, and Weir terminates TLS with the `ssls`
+    /// certificates unless the route sets `tls_passthrough`.
+    #[serde(default)]
+    pub tls: bool,
+}
+
+impl StreamListen {
+    /// The socket address to bind.
+    pub fn addr(&self) -> SocketAddr {
+        match *self {
+            StreamListen::Port(port) => SocketAddr::new(any_ip(), port),
+            StreamListen::Addr(a) => SocketAddr::new(a.ip, a.port),
+        }
+    }
+    /// Whether clients speak TLS.
+    pub fn tls(&self) -> bool {
+        matches!(self, StreamListen::Addr(a) if a.tls)
+    }
 }
 
 /// `gateway.ssl:` section: where TLS is terminated.
@@ -116,6 +171,7 @@ impl Default for GatewaySection {
             merge_slashes: true,
             escaped_slashes: EscapedSlashes::Keep,
             ssl: SslSection::default(),
+            stream_proxy: None,
         }
     }
 }
@@ -382,8 +438,27 @@ impl Config {
         let ssl_listen = if ssl.enable { &ssl.listen[..] } else { &[] };
         let all = self.gateway.node_listen.iter().map(|l| ("gateway.node_listen", l)).enumerate();
         let all = all.chain(ssl_listen.iter().map(|l| ("gateway.ssl.listen", l)).enumerate());
-        for (i, (key, l)) in all {
-            let addr = l.addr();
+        let all = all.map(|(i, (key, l))| (i, key, l.addr()));
+        let tcp: &[StreamListen] = self.gateway.stream_proxy.as_ref().map_or(&[], |s| &s.tcp[..]);
+        let all = all.chain(tcp.iter().enumerate().map(|(i, l)| (i, "gateway.stream_proxy.tcp", l.addr())));
+        let all: Vec<(usize, &str, SocketAddr)> = all.collect();
+        if self.gateway.enable_control && tcp.iter().any(|l| l.addr().port() == control.port) {
+            issues.push(Issue::new(
+                "gateway.control.port",
+                format!("control port {} conflicts with gateway.stream_proxy.tcp", control.port),
+            ));
+        }
+        let mut udp_seen: Vec<SocketAddr> = Vec::new();
+        for (i, l) in self.gateway.stream_proxy.iter().flat_map(|s| s.udp.iter()).enumerate() {
+            if udp_seen.contains(&l.addr()) {
+                issues.push(Issue::new(
+                    format!("gateway.stream_proxy.udp[{i}]"),
+                    format!("{} is listed twice", l.addr()),
+                ));
+            }
+            udp_seen.push(l.addr());
+        }
+        for (i, key, addr) in all {
             let clash = seen.iter().any(|s: &SocketAddr| {
                 s.port() == addr.port() && (*s == addr || s.ip().is_unspecified() || addr.ip().is_unspecified())
             });
@@ -396,17 +471,39 @@ impl Config {
         if let Some(plugins) = &self.plugins {
             for (i, name) in plugins.iter().enumerate() {
                 if catalog.get(name).is_none() {
-                    issues.push(Issue::new(format!("plugins[{i}]"), unknown_plugin(name, &names)));
+                    let why = if catalog.stream_get(name).is_some() {
+                        format!("`{name}` is a stream plugin: list it under `stream_plugins`")
+                    } else {
+                        unknown_plugin(name, &names)
+                    };
+                    issues.push(Issue::new(format!("plugins[{i}]"), why));
                 } else if plugins[..i].contains(name) {
                     issues.push(Issue::new(format!("plugins[{i}]"), format!("plugin `{name}` is listed twice")));
                 }
             }
         }
-        for (i, name) in self.stream_plugins.iter().enumerate() {
-            issues.push(Issue::new(
-                format!("stream_plugins[{i}]"),
-                format!("unknown stream plugin `{name}`: this build has no stream plugins"),
-            ));
+        let stream_names = catalog.stream_names();
+        for (i, name) in self.stream_plugins.iter().flatten().enumerate() {
+            let at = format!("stream_plugins[{i}]");
+            if catalog.stream_get(name).is_some() {
+                if self.stream_plugins.iter().flatten().take(i).any(|n| n == name) {
+                    issues.push(Issue::new(at, format!("stream plugin `{name}` is listed twice")));
+                }
+            } else if catalog.get(name).is_some() {
+                issues.push(Issue::new(at, format!("`{name}` is an HTTP plugin: list it under `plugins`")));
+            } else if stream_names.is_empty() {
+                issues
+                    .push(Issue::new(at, format!("unknown stream plugin `{name}`: this build has no stream plugins")));
+            } else {
+                let why = match did_you_mean(name, &stream_names) {
+                    Some(s) => format!("unknown stream plugin `{name}` (did you mean `{s}`?)"),
+                    None => format!(
+                        "unknown stream plugin `{name}`; compiled into this binary: {}",
+                        stream_names.join(", ")
+                    ),
+                };
+                issues.push(Issue::new(at, why));
+            }
         }
         for (name, attr) in &self.plugin_attr {
             let path = format!("plugin_attr.{name}");
@@ -430,6 +527,14 @@ impl Config {
         match &self.plugins {
             Some(list) => list.clone(),
             None => catalog.names(),
+        }
+    }
+
+    /// Names of the enabled stream plugins: the `stream_plugins:` list, or every compiled-in one.
+    pub fn enabled_stream_names(&self, catalog: &Catalog) -> Vec<String> {
+        match &self.stream_plugins {
+            Some(list) => list.clone(),
+            None => catalog.stream_names(),
         }
     }
 }

@@ -111,3 +111,25 @@ pub fn request_stream(data: &[u8]) {
     let step = 1 + usize::from(data.first().copied().unwrap_or(0) % 13);
     assert_eq!(frame(data, step), whole, "split into {step}-byte reads");
 }
+
+/// The ClientHello reader of TLS stream listeners: never panics, never reads past the first
+/// record, gives the same answer for the bytes with anything appended, and a prefix of a hello
+/// it reads never yields a different server name.
+pub fn client_hello_sni(data: &[u8]) {
+    use crate::stream::sni::{client_hello_sni, Hello};
+    let whole = client_hello_sni(data);
+    if let Hello::Sni(Some(name)) = &whole {
+        assert!(name.len() <= 253 && !name.bytes().any(|b| b.is_ascii_uppercase()), "{name}");
+    }
+    if !matches!(whole, Hello::NeedMore) {
+        let mut longer = data.to_vec();
+        longer.extend_from_slice(b"\x16\x03\x01 trailing bytes");
+        assert_eq!(client_hello_sni(&longer), whole, "bytes after the record changed the answer");
+    }
+    for cut in [data.len() / 2, data.len().saturating_sub(1)] {
+        match client_hello_sni(&data[..cut]) {
+            Hello::Sni(name) => assert_eq!(Hello::Sni(name), whole, "a prefix read differently"),
+            Hello::NeedMore | Hello::NotTls => {}
+        }
+    }
+}

@@ -9,8 +9,12 @@
 extern crate weir_plugin_example;
 #[cfg(feature = "file-logger")]
 extern crate weir_plugin_file_logger;
+#[cfg(feature = "ip-restriction")]
+extern crate weir_plugin_ip_restriction;
 #[cfg(feature = "key-auth")]
 extern crate weir_plugin_key_auth;
+#[cfg(feature = "limit-conn")]
+extern crate weir_plugin_limit_conn;
 #[cfg(feature = "limit-count")]
 extern crate weir_plugin_limit_count;
 #[cfg(feature = "proxy-rewrite")]
@@ -21,6 +25,8 @@ extern crate weir_plugin_request_id;
 extern crate weir_plugin_response_rewrite;
 #[cfg(feature = "short-url")]
 extern crate weir_plugin_short_url;
+#[cfg(feature = "stream-file-logger")]
+extern crate weir_plugin_stream_file_logger;
 
 pub mod cli;
 pub mod config;
@@ -35,6 +41,7 @@ pub mod plugins;
 pub mod resources;
 pub mod run;
 pub mod state;
+pub mod stream;
 pub mod validate;
 
 use std::sync::OnceLock;

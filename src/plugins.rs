@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use serde_json::{json, Map, Value};
-use weir_plugin::Plugin;
+use weir_plugin::{Plugin, StreamPlugin};
 
 use crate::validate::CompiledSchema;
 
@@ -62,15 +62,56 @@ impl PluginEntry {
     }
 }
 
-/// Every plugin compiled into the binary, sorted by priority (descending) then name.
+/// One compiled-in stream plugin with its schema compiled.
+pub struct StreamEntry {
+    /// The plugin.
+    pub plugin: Box<dyn StreamPlugin>,
+    /// Its name.
+    pub name: &'static str,
+    /// Its priority.
+    pub priority: i32,
+    /// Configuration schema.
+    pub schema: CompiledSchema,
+}
+
+impl StreamEntry {
+    fn new(plugin: Box<dyn StreamPlugin>) -> Result<Self, String> {
+        let name = plugin.name();
+        let schema =
+            CompiledSchema::new(plugin.schema()).map_err(|e| format!("stream plugin `{name}`: schema: {e}"))?;
+        Ok(StreamEntry { name, priority: plugin.priority(), schema, plugin })
+    }
+
+    /// The per-plugin object of `/v1/schema`'s `stream-plugins`.
+    pub fn describe(&self) -> Value {
+        json!({
+            "schema": self.schema.schema(),
+            "priority": self.priority,
+            "version": self.plugin.version(),
+        })
+    }
+}
+
+/// Every plugin compiled into the binary, sorted by priority (descending) then name; HTTP and
+/// stream plugins apart.
 pub struct Catalog {
     entries: Vec<Arc<PluginEntry>>,
+    stream: Vec<Arc<StreamEntry>>,
 }
 
 impl Catalog {
     /// Collects the plugins registered at link time. Two plugins with one name are an error.
     pub fn discover() -> Result<Catalog, String> {
-        Self::from_plugins(weir_plugin::registered().map(|r| (r.make)()).collect())
+        let mut catalog = Self::from_plugins(weir_plugin::registered().map(|r| (r.make)()).collect())?;
+        for r in weir_plugin::stream::registered_stream() {
+            let entry = StreamEntry::new((r.make)())?;
+            if catalog.stream.iter().any(|e| e.name == entry.name) {
+                return Err(format!("two stream plugins are named `{}`; plugin names must be unique", entry.name));
+            }
+            catalog.stream.push(Arc::new(entry));
+        }
+        catalog.stream.sort_by(|a, b| b.priority.cmp(&a.priority).then(a.name.cmp(b.name)));
+        Ok(catalog)
     }
 
     /// A catalog of the given plugins (tests build their own).
@@ -84,12 +125,27 @@ impl Catalog {
             entries.push(Arc::new(entry));
         }
         entries.sort_by(|a, b| b.priority.cmp(&a.priority).then(a.name.cmp(b.name)));
-        Ok(Catalog { entries })
+        Ok(Catalog { entries, stream: Vec::new() })
     }
 
     /// A catalog without plugins.
     pub fn empty() -> Catalog {
-        Catalog { entries: Vec::new() }
+        Catalog { entries: Vec::new(), stream: Vec::new() }
+    }
+
+    /// A stream plugin by name.
+    pub fn stream_get(&self, name: &str) -> Option<&Arc<StreamEntry>> {
+        self.stream.iter().find(|e| e.name == name)
+    }
+
+    /// Stream plugin names, in priority order.
+    pub fn stream_names(&self) -> Vec<String> {
+        self.stream.iter().map(|e| e.name.to_owned()).collect()
+    }
+
+    /// Every compiled-in stream plugin.
+    pub fn stream_entries(&self) -> &[Arc<StreamEntry>] {
+        &self.stream
     }
 
     /// A plugin by name.
@@ -109,7 +165,21 @@ impl Catalog {
         let mut by_priority = listed.clone();
         by_priority.sort_by(|a, b| b.priority.cmp(&a.priority).then(a.name.cmp(b.name)));
         let index = listed.iter().map(|e| (e.name, e.clone())).collect();
-        EnabledSet { schema_json: std::sync::OnceLock::new(), listed, by_priority, index, check_only: false }
+        EnabledSet {
+            schema_json: std::sync::OnceLock::new(),
+            listed,
+            by_priority,
+            index,
+            stream: Vec::new(),
+            check_only: false,
+        }
+    }
+
+    /// The enabled stream plugins named by `names`, in priority order.
+    pub fn enable_stream(&self, names: &[String]) -> Vec<Arc<StreamEntry>> {
+        let mut on: Vec<Arc<StreamEntry>> = names.iter().filter_map(|n| self.stream_get(n).cloned()).collect();
+        on.sort_by(|a, b| b.priority.cmp(&a.priority).then(a.name.cmp(b.name)));
+        on
     }
 }
 
@@ -122,6 +192,8 @@ pub struct EnabledSet {
     /// By priority (descending), then name.
     pub by_priority: Vec<Arc<PluginEntry>>,
     index: HashMap<&'static str, Arc<PluginEntry>>,
+    /// Enabled stream plugins, by priority (descending), then name.
+    pub stream: Vec<Arc<StreamEntry>>,
     /// Built for `weir -t`: plugins validate but open nothing.
     pub check_only: bool,
 }
@@ -134,6 +206,14 @@ impl EnabledSet {
     /// The `plugins` object of `/v1/schema`.
     pub fn describe(&self) -> Value {
         Value::Object(self.by_priority.iter().map(|e| (e.name.to_owned(), e.describe())).collect())
+    }
+    /// An enabled stream plugin by name.
+    pub fn stream_get(&self, name: &str) -> Option<&Arc<StreamEntry>> {
+        self.stream.iter().find(|e| e.name == name)
+    }
+    /// The `stream-plugins` object of `/v1/schema`.
+    pub fn describe_stream(&self) -> Value {
+        Value::Object(self.stream.iter().map(|e| (e.name.to_owned(), e.describe())).collect())
     }
 }
 

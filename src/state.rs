@@ -114,6 +114,7 @@ impl Gateway {
         // Only the plugin part of the configuration is taken; listeners need a restart.
         let mut config = Config::clone(&self.config.load());
         config.plugins = fresh.plugins;
+        config.stream_plugins = fresh.stream_plugins;
         config.plugin_attr = fresh.plugin_attr;
         self.config.store(Arc::new(config));
         self.enabled.store(Arc::new(enabled));
@@ -135,6 +136,7 @@ pub fn release_garbage() {
 /// The enabled set of `config`, with every enabled plugin initialised with its `plugin_attr`.
 fn enable(config: &Config, catalog: &Catalog, prefix: &Prefix, check_only: bool) -> Result<EnabledSet, String> {
     let mut enabled = catalog.enable(&config.enabled_plugin_names(catalog));
+    enabled.stream = catalog.enable_stream(&config.enabled_stream_names(catalog));
     enabled.check_only = check_only;
     let env = weir_plugin::InitEnv { data_dir: prefix.data_dir(), check_only };
     for entry in &enabled.listed {
@@ -142,6 +144,9 @@ fn enable(config: &Config, catalog: &Catalog, prefix: &Prefix, check_only: bool)
             .plugin
             .init(config.plugin_attr.get(entry.name), &env)
             .map_err(|e| format!("plugin_attr.{}: {e}", entry.name))?;
+    }
+    for entry in &enabled.stream {
+        entry.plugin.init(&env).map_err(|e| format!("stream_plugins: {}: {e}", entry.name))?;
     }
     Ok(enabled)
 }

@@ -47,12 +47,14 @@ fn schema_lists_core_kinds_and_enabled_plugins() {
     assert_eq!(r.status, 200);
     assert_eq!(r.header("content-type"), Some("application/json"));
     let doc = r.json();
-    for kind in ["route", "service", "upstream", "consumer", "global_rule", "plugin_metadata"] {
+    for kind in ["route", "service", "upstream", "consumer", "global_rule", "plugin_metadata", "ssl", "stream_route"] {
         assert!(doc["main"][kind]["properties"].is_object(), "main.{kind}.properties missing: {doc}");
     }
     assert!(doc["main"]["route"]["properties"]["uri"].is_object());
     assert!(doc["main"]["upstream"]["properties"]["checks"]["properties"]["active"].is_object());
-    assert_eq!(doc["stream-plugins"], json!({}));
+    // No `stream_plugins:` in config.yaml: every compiled-in stream plugin is enabled.
+    let stream = doc["stream-plugins"].as_object().expect("stream-plugins object");
+    assert_eq!(stream.contains_key("limit-conn"), cfg!(feature = "limit-conn"), "{doc}");
     let example = &doc["plugins"]["example-plugin"];
     assert_eq!(example["priority"], 0);
     assert_eq!(example["version"], 0.1);

@@ -1,5 +1,6 @@
 //! The binary's plugin set follows the cargo features it was built with: `/v1/schema` lists
-//! exactly the compiled-in plugins (CI also runs this with a reduced feature set).
+//! exactly the compiled-in plugins, HTTP and stream (CI also runs this with a reduced feature set,
+//! which has no stream plugin).
 
 mod common;
 
@@ -24,6 +25,19 @@ fn schema_lists_exactly_the_compiled_plugins() {
     let schema = get(p.control(), "/v1/schema").json();
     let mut listed: Vec<String> =
         schema["plugins"].as_object().map(|o| o.keys().cloned().collect()).unwrap_or_default();
+    listed.sort_unstable();
+    assert_eq!(listed, expected);
+
+    // Stream plugins likewise: a build without their features lists none.
+    let stream = [
+        ("ip-restriction", cfg!(feature = "ip-restriction")),
+        ("limit-conn", cfg!(feature = "limit-conn")),
+        ("stream-file-logger", cfg!(feature = "stream-file-logger")),
+    ];
+    let mut expected: Vec<&str> = stream.iter().filter(|(_, on)| *on).map(|(name, _)| *name).collect();
+    expected.sort_unstable();
+    let mut listed: Vec<String> =
+        schema["stream-plugins"].as_object().map(|o| o.keys().cloned().collect()).unwrap_or_default();
     listed.sort_unstable();
     assert_eq!(listed, expected);
 }

@@ -44,3 +44,8 @@ fn short_url_body() {
 fn request_stream() {
     each_input("request_stream", weir::fuzzing::request_stream);
 }
+
+#[test]
+fn client_hello_sni() {
+    each_input("client_hello_sni", weir::fuzzing::client_hello_sni);
+}

@@ -247,62 +247,12 @@ fn invalid_certificates_are_refused_at_load_with_the_reason() {
     }
 }
 
-/// A rustls client that trusts nothing in particular and reports the served certificate's CN.
+/// A rustls client that accepts any certificate and reports the served certificate's CN.
 mod client {
     use super::*;
-    use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-    use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
-    use rustls::{DigitallySignedStruct, SignatureScheme};
+    use rustls::pki_types::ServerName;
 
-    #[derive(Debug)]
-    struct AnyCert(Arc<rustls::crypto::CryptoProvider>);
-
-    impl ServerCertVerifier for AnyCert {
-        fn verify_server_cert(
-            &self,
-            _: &CertificateDer<'_>,
-            _: &[CertificateDer<'_>],
-            _: &ServerName<'_>,
-            _: &[u8],
-            _: UnixTime,
-        ) -> Result<ServerCertVerified, rustls::Error> {
-            Ok(ServerCertVerified::assertion())
-        }
-        fn verify_tls12_signature(
-            &self,
-            m: &[u8],
-            c: &CertificateDer<'_>,
-            d: &DigitallySignedStruct,
-        ) -> Result<HandshakeSignatureValid, rustls::Error> {
-            rustls::crypto::verify_tls12_signature(m, c, d, &self.0.signature_verification_algorithms)
-        }
-        fn verify_tls13_signature(
-            &self,
-            m: &[u8],
-            c: &CertificateDer<'_>,
-            d: &DigitallySignedStruct,
-        ) -> Result<HandshakeSignatureValid, rustls::Error> {
-            rustls::crypto::verify_tls13_signature(m, c, d, &self.0.signature_verification_algorithms)
-        }
-        fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-            self.0.signature_verification_algorithms.supported_schemes()
-        }
-    }
-
-    /// A client configuration; `resume`: offer session resumption.
-    pub fn config(resume: bool) -> Arc<rustls::ClientConfig> {
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let mut config = rustls::ClientConfig::builder_with_provider(provider.clone())
-            .with_safe_default_protocol_versions()
-            .expect("versions")
-            .dangerous()
-            .with_custom_certificate_verifier(Arc::new(AnyCert(provider)))
-            .with_no_client_auth();
-        if !resume {
-            config.resumption = rustls::client::Resumption::disabled();
-        }
-        Arc::new(config)
-    }
+    pub use common::tls_client::config;
 
     /// An open TLS connection to the gateway.
     pub struct Conn {
@@ -325,10 +275,7 @@ mod client {
         /// The served certificate's subject CN.
         pub fn cn(&self) -> String {
             let certs = self.tls.conn.peer_certificates().unwrap_or_default();
-            let Some(leaf) = certs.first() else { return String::new() };
-            let (_, parsed) = x509_parser::parse_x509_certificate(leaf.as_ref()).expect("parse certificate");
-            let cn = parsed.subject().iter_common_name().next().and_then(|c| c.as_str().ok()).unwrap_or("");
-            cn.to_owned()
+            certs.first().map(|leaf| common::tls_client::common_name(leaf.as_ref())).unwrap_or_default()
         }
 
         /// One keep-alive GET; the status.

@@ -178,7 +178,7 @@ pub fn handle(endpoint: Endpoint, req: &HttpRequest, gw: &Gateway) -> HttpRespon
                 let doc = json!({
                     "main": KindSchemas::get().describe(),
                     "plugins": enabled.describe(),
-                    "stream-plugins": {},
+                    "stream-plugins": enabled.describe_stream(),
                 });
                 bytes::Bytes::from(doc.to_string())
             });
@@ -255,6 +255,7 @@ fn healthcheck(gw: &Gateway, src_type: &str, id: &str, html: bool) -> HttpRespon
         "routes" => snap.route(id).is_some(),
         "services" => snap.service(id).is_some(),
         "upstreams" => snap.upstream(id).is_some(),
+        "stream_routes" => snap.stream_route(id).is_some(),
         _ => return error(StatusCode::BAD_REQUEST, format!("invalid src type {src_type}")),
     };
     if !exists {
@@ -280,6 +281,7 @@ fn gc(_gw: &Gateway) -> HttpResponse {
         }
     }
     let after = memory::stats();
+    let (tcp, udp) = crate::stream::live();
     log::info!(
         "gc: resident {} -> {} bytes, rss {} -> {} bytes",
         before.resident,
@@ -294,6 +296,15 @@ fn gc(_gw: &Gateway) -> HttpResponse {
             "after": after,
             "freed_rss": before.rss.saturating_sub(after.rss),
             "actions": actions,
+            // One process, one allocator: the purge covers both subsystems.
+            "subsystems": {
+                "http": "covered by the allocator purge",
+                "stream": {
+                    "covered": "by the allocator purge (relays hold no buffer while idle)",
+                    "tcp_connections": tcp,
+                    "udp_sessions": udp,
+                },
+            },
         }),
     )
 }

@@ -184,7 +184,7 @@ fn read_pem(path: &Path) -> Result<String, String> {
 
 /// A valid server name (lower-cased): DNS labels of letters, digits and hyphens, optionally
 /// behind a leading `*.`.
-fn check_sni(sni: &str) -> Result<String, String> {
+pub fn check_sni(sni: &str) -> Result<String, String> {
     let name = sni.to_ascii_lowercase();
     let host = name.strip_prefix("*.").unwrap_or(&name);
     let ok = !host.is_empty()

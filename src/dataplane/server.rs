@@ -36,6 +36,7 @@ use super::normalize::PathRules;
 use super::proxy::{self, ConnInfo, Worker};
 use crate::config::{Config, EscapedSlashes, SslSection};
 use crate::state::Gateway;
+use crate::stream::tcp::StreamWorker;
 
 /// How long a connection may take to send a request head, and how long it may stay idle between
 /// requests (nginx's `client_header_timeout`).
@@ -65,6 +66,8 @@ enum Kind {
     Plain { h2c: bool },
     /// TLS, then what ALPN chose.
     Tls(Arc<ServerConfig>),
+    /// The stream proxy's TCP (`stream_routes`); with TLS (SNI routing) when set.
+    Stream(Option<Arc<ServerConfig>>),
 }
 
 /// The TLS listener's configuration: Weir's SNI resolver, TLS 1.2 and 1.3, session resumption
@@ -107,6 +110,22 @@ impl DataPlane {
                 listeners.push((l, Kind::Tls(tls)));
             }
         }
+        let mut udp = Vec::new();
+        if let Some(stream) = &config.gateway.stream_proxy {
+            let stream_tls = tls_config(&gateway, ssl, false)?;
+            for listen in &stream.tcp {
+                let addr = listen.addr();
+                let l = bind(addr).map_err(|e| format!("cannot listen on {addr} (gateway.stream_proxy.tcp): {e}"))?;
+                listeners.push((l, Kind::Stream(listen.tls().then(|| stream_tls.clone()))));
+            }
+            for listen in &stream.udp {
+                let addr = listen.addr();
+                let s = std::net::UdpSocket::bind(addr)
+                    .and_then(|s| s.set_nonblocking(true).map(|_| s))
+                    .map_err(|e| format!("cannot listen on {addr} (gateway.stream_proxy.udp): {e}"))?;
+                udp.push(s);
+            }
+        }
         let rules = PathRules {
             merge_slashes: config.gateway.merge_slashes,
             reject_escaped_slashes: config.gateway.escaped_slashes == EscapedSlashes::Reject,
@@ -121,9 +140,11 @@ impl DataPlane {
                 .map_err(|e| format!("cannot share the data-plane listener with worker {i}: {e}"))?;
             let gateway = gateway.clone();
             let stopped = stopped.clone();
+            // UDP sessions live on the first worker (a datagram socket has no accept to share).
+            let udp = if i == 0 { std::mem::take(&mut udp) } else { Vec::new() };
             let handle = std::thread::Builder::new()
                 .name(format!("weir-worker-{i}"))
-                .spawn(move || run_worker(gateway, mine, rules, stopped))
+                .spawn(move || run_worker(gateway, mine, udp, rules, stopped))
                 .map_err(|e| format!("cannot start data-plane worker {i}: {e}"))?;
             workers.push(handle);
         }
@@ -159,6 +180,7 @@ pub const BACKLOG: u32 = 2048;
 fn run_worker(
     gateway: Arc<Gateway>,
     listeners: Vec<(std::net::TcpListener, Kind)>,
+    udp: Vec<std::net::UdpSocket>,
     rules: PathRules,
     stopped: watch::Receiver<bool>,
 ) {
@@ -172,7 +194,22 @@ fn run_worker(
     let local = tokio::task::LocalSet::new();
     local.block_on(&runtime, async move {
         let worker = Rc::new(Worker::new(rules));
+        let streams = Rc::new(StreamWorker::default());
         let open = Rc::new(Cell::new(0usize));
+        for socket in udp {
+            match tokio::net::UdpSocket::from_std(socket) {
+                Ok(s) => {
+                    let (gateway, mut stopped) = (gateway.clone(), stopped.clone());
+                    tokio::task::spawn_local(async move {
+                        tokio::select! {
+                            _ = crate::stream::udp::serve(s, gateway) => {}
+                            _ = stopped.wait_for(|s| *s) => {}
+                        }
+                    });
+                }
+                Err(e) => log::error!("stream UDP listener: {e}"),
+            }
+        }
         for (l, kind) in listeners {
             match TcpListener::from_std(l) {
                 Ok(l) => {
@@ -181,6 +218,7 @@ fn run_worker(
                         kind,
                         gateway.clone(),
                         worker.clone(),
+                        streams.clone(),
                         open.clone(),
                         stopped.clone(),
                     ));
@@ -203,6 +241,7 @@ async fn accept_loop(
     kind: Kind,
     gateway: Arc<Gateway>,
     worker: Rc<Worker>,
+    streams: Rc<StreamWorker>,
     open: Rc<Cell<usize>>,
     mut stopped: watch::Receiver<bool>,
 ) {
@@ -222,6 +261,11 @@ async fn accept_loop(
             }
         };
         let _ = stream.set_nodelay(true);
+        if let Kind::Stream(tls) = &kind {
+            let (gateway, streams, tls) = (gateway.clone(), streams.clone(), tls.clone());
+            tokio::task::spawn_local(crate::stream::tcp::serve(stream, peer, local, tls, gateway, streams));
+            continue;
+        }
         let scheme = if matches!(kind, Kind::Tls(_)) { "https" } else { "http" };
         let info = ConnInfo { peer, peer_ip: Arc::from(peer.ip().to_string()), local, scheme };
         open.set(open.get() + 1);
@@ -271,6 +315,8 @@ async fn serve(
             Ok(Err(e)) => log::debug!("client {peer}: {e}"),
             Err(_) => log::debug!("client {peer}: no request within {HEADER_TIMEOUT:?}"),
         },
+        // Served by `accept_loop` directly.
+        Kind::Stream(_) => {}
         Kind::Tls(config) => {
             let accepted = tokio::time::timeout(HANDSHAKE_TIMEOUT, TlsAcceptor::from(config).accept(stream)).await;
             let tls = match accepted {

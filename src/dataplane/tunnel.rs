@@ -2,19 +2,12 @@
 //! 101 it is no longer HTTP), then a byte copy both ways until either side closes or nothing
 //! moves for the route's `timeout.read`.
 
-use std::cell::Cell;
-use std::io;
-use std::pin::Pin;
-use std::rc::Rc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use hyper::body::Incoming;
 use hyper::client::conn::http1;
 use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::time::Instant;
 
 use super::body::ProxyBody;
 use super::client::{Pool, PoolKey, SendError};
@@ -60,53 +53,6 @@ pub async fn handshake(
 /// on as a half-close) or the tunnel idles for `idle`. Returns how it ended.
 pub async fn run(client: OnUpgrade, upstream: OnUpgrade, idle: Duration) -> Result<String, String> {
     let (client, upstream) = tokio::try_join!(client, upstream).map_err(|e| format!("upgrade failed: {e}"))?;
-    let last = Rc::new(Cell::new(Instant::now()));
-    let mut client = Watched { io: TokioIo::new(client), last: last.clone() };
-    let mut upstream = Watched { io: TokioIo::new(upstream), last: last.clone() };
-    let copy = tokio::io::copy_bidirectional(&mut client, &mut upstream);
-    tokio::pin!(copy);
-    loop {
-        tokio::select! {
-            done = &mut copy => {
-                return done
-                    .map(|(up, down)| format!("{up} bytes to the upstream, {down} to the client"))
-                    .map_err(|e| e.to_string());
-            }
-            _ = tokio::time::sleep_until(last.get() + idle) => {
-                if last.get().elapsed() >= idle {
-                    return Ok(format!("idle for {idle:?} (timeout.read)"));
-                }
-            }
-        }
-    }
-}
-
-/// An upgraded connection that notes when bytes last moved.
-struct Watched<T> {
-    io: T,
-    last: Rc<Cell<Instant>>,
-}
-
-impl<T: AsyncRead + Unpin> AsyncRead for Watched<T> {
-    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        let before = buf.filled().len();
-        let polled = Pin::new(&mut this.io).poll_read(cx, buf);
-        if buf.filled().len() > before {
-            this.last.set(Instant::now());
-        }
-        polled
-    }
-}
-
-impl<T: AsyncWrite + Unpin> AsyncWrite for Watched<T> {
-    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
-    }
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().io).poll_flush(cx)
-    }
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
-    }
+    let done = crate::stream::copy::copy_idle(TokioIo::new(client), TokioIo::new(upstream), idle).await;
+    Ok(format!("{}: {} bytes to the upstream, {} to the client", done.reason, done.up, done.down))
 }

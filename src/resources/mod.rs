@@ -2,7 +2,8 @@
 //! validation into immutable snapshots, and the providers that feed snapshots.
 
 pub mod checks;
-pub mod cidr;
+/// IP addresses and CIDR blocks (shared with plugins through the SDK).
+pub use weir_plugin::cidr;
 pub mod model;
 pub mod snapshot;
 pub mod yaml;

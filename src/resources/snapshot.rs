@@ -20,6 +20,7 @@ use crate::dataplane::certs::CertTable;
 use crate::dataplane::router::{CompiledRoute, RouteTable};
 use crate::dataplane::upstream::CompiledUpstream;
 use crate::plugins::{EnabledSet, PluginEntry};
+use crate::stream::router::{BoundStreamPlugin, CompiledStreamRoute, StreamChain, StreamTable};
 use crate::validate::{CompiledSchema, Issue};
 
 /// The top level of a resource document.
@@ -41,6 +42,8 @@ struct ResourceFile {
     plugin_metadata: Vec<Value>,
     #[serde(default)]
     ssls: Vec<Value>,
+    #[serde(default)]
+    stream_routes: Vec<Value>,
 }
 
 /// Compiled schemas of the resource kinds (compiled once per process).
@@ -70,6 +73,7 @@ impl KindSchemas {
                     ("global_rule", compile(weir_plugin::schema_of::<GlobalRule>())),
                     ("plugin_metadata", compile(weir_plugin::schema_of::<PluginMetadata>())),
                     ("ssl", compile(weir_plugin::schema_of::<Ssl>())),
+                    ("stream_route", compile(weir_plugin::schema_of::<StreamRoute>())),
                 ],
             }
         })
@@ -127,6 +131,10 @@ pub struct Snapshot {
     pub ssls: Vec<Arc<Ssl>>,
     /// Certificates of the TLS listener, by server name.
     pub certs: CertTable,
+    /// Stream routes, in file order.
+    pub stream_routes: Vec<Arc<StreamRoute>>,
+    /// The stream proxy's routing table.
+    pub stream_table: StreamTable,
     index: HashMap<(&'static str, String), usize>,
 }
 
@@ -139,6 +147,10 @@ impl Snapshot {
     pub fn service(&self, id: &str) -> Option<&Arc<Service>> {
         self.index.get(&("services", id.to_owned())).map(|&i| &self.services[i])
     }
+    /// A stream route by id.
+    pub fn stream_route(&self, id: &str) -> Option<&Arc<StreamRoute>> {
+        self.index.get(&("stream_routes", id.to_owned())).map(|&i| &self.stream_routes[i])
+    }
     /// An upstream object by id.
     pub fn upstream(&self, id: &str) -> Option<&Arc<Upstream>> {
         self.index.get(&("upstreams", id.to_owned())).map(|&i| &self.upstreams[i])
@@ -150,14 +162,15 @@ impl Snapshot {
     /// Number of resources of every kind, for logs.
     pub fn summary(&self) -> String {
         format!(
-            "{} routes, {} services, {} upstreams, {} consumers, {} global rules, {} plugin metadata, {} ssls",
+            "{} routes, {} services, {} upstreams, {} consumers, {} global rules, {} plugin metadata, {} ssls, {} stream routes",
             self.routes.len(),
             self.services.len(),
             self.upstreams.len(),
             self.consumers.len(),
             self.global_rules.len(),
             self.plugin_metadata.len(),
-            self.ssls.len()
+            self.ssls.len(),
+            self.stream_routes.len()
         )
     }
 
@@ -201,6 +214,7 @@ impl Builder<'_> {
         let global_rules: Vec<(String, GlobalRule)> = self.parse(raw, "global_rules", "global_rule");
         let metadata: Vec<(String, PluginMetadata)> = self.parse(raw, "plugin_metadata", "plugin_metadata");
         let ssls: Vec<(String, Ssl)> = self.parse(raw, "ssls", "ssl");
+        let stream_routes: Vec<(String, StreamRoute)> = self.parse(raw, "stream_routes", "stream_route");
         if !self.issues.is_empty() {
             return Err(self.issues);
         }
@@ -215,6 +229,7 @@ impl Builder<'_> {
         self.index("global_rules", global_rules.iter().map(|(o, g)| (o, g.id.0.clone())));
         self.index("plugin_metadata", metadata.iter().map(|(o, m)| (o, m.id.clone())));
         self.index("ssls", ssls.iter().map(|(o, s)| (o, s.id.0.clone())));
+        self.index("stream_routes", stream_routes.iter().map(|(o, r)| (o, r.id.0.clone())));
         let (certs, problems) = CertTable::build(&ssls, self.base);
         for (o, (key, why)) in problems {
             self.issue(&o, &key, &why);
@@ -251,6 +266,11 @@ impl Builder<'_> {
                     self.issue(o, "service_id", &format!("service `{sid}` does not exist"));
                 }
             }
+        }
+        let mut stream_chains = HashMap::new();
+        for (o, r) in &stream_routes {
+            self.check_stream_route(o, r);
+            stream_chains.insert(r.id.0.clone(), self.stream_chain(o, &r.plugins));
         }
         if !self.issues.is_empty() {
             return Err(self.issues);
@@ -290,7 +310,8 @@ impl Builder<'_> {
         self.snap.upstreams = upstreams.into_iter().map(|(_, u)| Arc::new(u)).collect();
         self.snap.consumers = consumers.into_iter().map(|(_, c)| Arc::new(c)).collect();
         self.snap.global_rules = global_rules.into_iter().map(|(_, g)| Arc::new(g)).collect();
-        self.compile_data_plane();
+        self.snap.stream_routes = stream_routes.into_iter().map(|(_, r)| Arc::new(r)).collect();
+        self.compile_data_plane(stream_chains);
         if !self.issues.is_empty() {
             return Err(self.issues);
         }
@@ -298,7 +319,7 @@ impl Builder<'_> {
     }
 
     /// Compiles upstreams, merges plugin chains and builds the routing table.
-    fn compile_data_plane(&mut self) {
+    fn compile_data_plane(&mut self, mut stream_chains: HashMap<String, StreamChain>) {
         let all = std::cell::RefCell::new(Vec::new());
         let compile = |owner: (&'static str, &str), u: &Upstream| {
             let (c, warnings) = CompiledUpstream::compile((owner.0, Arc::from(owner.1)), Arc::new(u.clone()));
@@ -346,6 +367,18 @@ impl Builder<'_> {
             let hosts = service.as_ref().and_then(|s| s.hosts.clone());
             compiled.push(Arc::new(CompiledRoute::new(r.clone(), hosts.as_deref(), plugins, upstream, order)));
         }
+        let mut stream = Vec::with_capacity(self.snap.stream_routes.len());
+        for (order, r) in self.snap.stream_routes.iter().enumerate() {
+            let upstream = match (&r.upstream, &r.upstream_id, &r.service_id) {
+                (Some(u), _, _) => Some(compile(("stream_routes", &r.id.0), u)),
+                (None, Some(id), _) => objects.get(&id.0).cloned(),
+                (None, None, Some(sid)) => service_upstreams.get(&sid.0).cloned().flatten(),
+                (None, None, None) => None,
+            };
+            let chain = stream_chains.remove(&r.id.0).unwrap_or_default();
+            stream.push(CompiledStreamRoute::new(r.clone(), upstream, chain, order));
+        }
+        self.snap.stream_table = StreamTable::new(stream);
         self.snap.compiled_upstreams = all.into_inner();
         let (table, problems) = RouteTable::build(compiled);
         for p in problems {
@@ -360,6 +393,71 @@ impl Builder<'_> {
         }
         sort_chain(&mut global);
         self.snap.global_chain = global.into();
+    }
+
+    /// Addresses, SNI and references of a stream route.
+    fn check_stream_route(&mut self, o: &str, r: &StreamRoute) {
+        if let Some(a) = &r.server_addr {
+            if a.parse::<std::net::IpAddr>().is_err() {
+                self.issue(o, "server_addr", &format!("`{a}` is not an IP address"));
+            }
+        }
+        if let Some(a) = &r.remote_addr {
+            if let Err(e) = crate::resources::cidr::Cidr::parse(a) {
+                self.issue(o, "remote_addr", &e);
+            }
+        }
+        if let Some(sni) = &r.sni {
+            if let Err(e) = crate::dataplane::certs::check_sni(sni) {
+                self.issue(o, "sni", &e);
+            }
+        }
+        if r.tls_passthrough && r.sni.is_none() {
+            self.issue(o, "tls_passthrough", "routing on the SNI without terminating TLS needs `sni`");
+        }
+        self.check_upstream_ref(o, r.upstream.as_deref(), r.upstream_id.as_ref());
+        match (&r.upstream, &r.upstream_id, &r.service_id) {
+            (None, None, None) => {
+                self.issue(o, "upstream", "a stream route needs `upstream`, `upstream_id` or `service_id`")
+            }
+            (None, None, Some(sid)) if !self.snap.index.contains_key(&("services", sid.0.clone())) => {
+                self.issue(o, "service_id", &format!("service `{sid}` does not exist"));
+            }
+            _ => {}
+        }
+    }
+
+    /// Builds the stream plugins of a stream route, in priority order.
+    fn stream_chain(&mut self, o: &str, confs: &PluginConfs) -> StreamChain {
+        let mut chain: Vec<BoundStreamPlugin> = Vec::with_capacity(confs.len());
+        for (name, conf) in confs {
+            let path = format!("plugins.{name}");
+            let Some(entry) = self.enabled.stream_get(name).cloned() else {
+                let catalog = crate::plugins_catalog();
+                let reason = if catalog.get(name).is_some() {
+                    format!("`{name}` is an HTTP plugin; stream routes take stream plugins")
+                } else if catalog.stream_get(name).is_some() {
+                    format!("stream plugin `{name}` is compiled in but not enabled (add it to `stream_plugins:` in config.yaml)")
+                } else {
+                    format!(
+                        "unknown stream plugin `{name}`; compiled into this binary: {}",
+                        catalog.stream_names().join(", ")
+                    )
+                };
+                self.issue(o, &path, &reason);
+                continue;
+            };
+            if let Err(found) = entry.schema.check(conf) {
+                self.issues.extend(found.into_iter().map(|f| f.under(&path).in_resource(o)));
+                continue;
+            }
+            match entry.plugin.build(conf) {
+                Ok(instance) => chain.push(BoundStreamPlugin { entry, instance }),
+                Err(e) => self.issue(o, &path, &e),
+            }
+        }
+        chain.sort_by(|a, b| b.entry.priority.cmp(&a.entry.priority).then(a.entry.name.cmp(b.entry.name)));
+        chain.into()
     }
 
     fn issue(&mut self, owner: &str, path: &str, reason: &str) {

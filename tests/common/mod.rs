@@ -349,6 +349,7 @@ pub fn download_count(addr: SocketAddr, path: &str) -> (u16, u64) {
     (status, total)
 }
 
+pub mod tls_client;
 pub mod tls_upstream;
 
 /// Reports a skipped test on the terminal (libtest captures `eprintln!` of passing tests; direct

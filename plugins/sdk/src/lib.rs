@@ -8,10 +8,13 @@
 //! A plugin crate depends on this crate only. The host collects every registered plugin with
 //! `inventory`, sorts them by priority (descending) and name, and rejects duplicates.
 
+pub mod cidr;
 pub mod control;
 pub mod headers;
+pub mod logfile;
 pub mod phase;
 pub mod schema;
+pub mod stream;
 
 use std::any::Any;
 use std::sync::Arc;
@@ -24,6 +27,7 @@ pub use phase::{Consumer, Flow, FlowFuture, PluginInstance, PluginResponse, Requ
 pub use schema::schema_of;
 pub use schemars;
 pub use serde_json::{self, Value};
+pub use stream::{StreamCtx, StreamFlow, StreamInstance, StreamPlugin};
 
 #[doc(hidden)]
 pub use inventory;

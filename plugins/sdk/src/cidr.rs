@@ -1,4 +1,5 @@
-//! IP addresses and CIDR blocks (`remote_addrs` of routes).
+//! IP addresses and CIDR blocks (`remote_addrs` of routes, `remote_addr` of stream routes,
+//! address lists of plugins).
 
 use std::net::IpAddr;
 
@@ -26,6 +27,11 @@ impl Cidr {
             },
         };
         Ok(Cidr { addr, prefix })
+    }
+
+    /// The prefix length (32 or 128 for a single address): how specific the network is.
+    pub fn prefix_len(&self) -> u8 {
+        self.prefix
     }
 
     /// Whether `ip` is inside this network.

@@ -1,0 +1,197 @@
+//! One TCP connection of the stream proxy: SNI (TLS listeners), route, `preread`, connect
+//! (with retries on connect failure), `connect`, relay, `log`.
+
+use std::cell::RefCell;
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rustls::ServerConfig;
+use tokio::net::TcpStream;
+use tokio_rustls::TlsAcceptor;
+use weir_plugin::{StreamCtx, StreamFlow};
+
+use super::copy::{copy_idle, relay, Relayed};
+use super::router::StreamChain;
+use super::sni::{client_hello_sni, Hello, MAX_HELLO};
+use crate::dataplane::server::HANDSHAKE_TIMEOUT;
+use crate::dataplane::upstream::{fnv1a, CompiledUpstream, InFlight};
+use crate::health::checker::Source as ReportSource;
+use crate::health::state::Report;
+use crate::health::HealthRegistry;
+use crate::state::Gateway;
+
+/// Per-worker state of the stream proxy (the worker is single-threaded: nothing is locked).
+#[derive(Default)]
+pub struct StreamWorker {
+    /// The buffer every relay of this worker reads into (see `copy::relay`).
+    pub scratch: RefCell<Vec<u8>>,
+}
+
+/// Runs the log phase when the connection is done, whatever way it ends.
+struct Logged {
+    ctx: StreamCtx,
+    chain: StreamChain,
+}
+
+impl Drop for Logged {
+    fn drop(&mut self) {
+        let c = &self.ctx;
+        log::debug!(
+            "stream {} {} -> {:?} (route {:?}): {} bytes up, {} down, {}",
+            c.protocol,
+            c.remote_addr,
+            c.upstream_addr,
+            c.route_id,
+            c.bytes_from_client,
+            c.bytes_to_client,
+            c.close_reason
+        );
+        for p in self.chain.iter() {
+            p.instance.log(&self.ctx);
+        }
+    }
+}
+
+/// Runs `preread` of `chain`; `Err(reason)` closes the connection.
+pub async fn preread(chain: &StreamChain, ctx: &mut StreamCtx) -> Result<(), String> {
+    for p in chain.iter() {
+        match p.instance.preread(ctx) {
+            StreamFlow::Continue => {}
+            StreamFlow::Delay(d) => tokio::time::sleep(d).await,
+            StreamFlow::Close(reason) => return Err(format!("{}: {reason}", p.entry.name)),
+        }
+    }
+    Ok(())
+}
+
+/// Waits for the client's ClientHello (without consuming it) and reads its SNI.
+async fn peek_hello(stream: &TcpStream) -> std::io::Result<Hello> {
+    let mut buf = vec![0u8; MAX_HELLO];
+    loop {
+        let n = stream.peek(&mut buf).await?;
+        if n == 0 {
+            return Ok(Hello::NotTls);
+        }
+        match client_hello_sni(&buf[..n]) {
+            Hello::NeedMore if n < buf.len() => tokio::time::sleep(Duration::from_millis(2)).await,
+            Hello::NeedMore => return Ok(Hello::Sni(None)),
+            found => return Ok(found),
+        }
+    }
+}
+
+/// Connects to a node of `upstream`, trying the next node on connect failure (`retries`).
+pub async fn connect(
+    upstream: &Arc<CompiledUpstream>,
+    health: &HealthRegistry,
+    client: SocketAddr,
+) -> Result<(TcpStream, SocketAddr, Option<InFlight>), String> {
+    let checker = health.ensure(upstream);
+    let hash = upstream.hash_key_source().map(|_| fnv1a(client.ip().to_string().as_bytes()));
+    let mut tried: Vec<usize> = Vec::with_capacity(2);
+    let mut last = String::from("no node available");
+    for _ in 0..=upstream.retries {
+        let healthy_exists =
+            checker.as_ref().is_none_or(|c| upstream.nodes.iter().any(|n| n.weight > 0 && c.takes_traffic(n.addr)));
+        let eligible = |i: usize| {
+            !tried.contains(&i)
+                && (!healthy_exists || checker.as_ref().is_none_or(|c| c.takes_traffic(upstream.nodes[i].addr)))
+        };
+        let Some((idx, inflight)) = upstream.pick(hash, eligible) else { break };
+        tried.push(idx);
+        let addr = upstream.nodes[idx].addr;
+        let (report, why) = match tokio::time::timeout(upstream.timeouts.connect, TcpStream::connect(addr)).await {
+            Ok(Ok(s)) => {
+                let _ = s.set_nodelay(true);
+                if let Some(c) = &checker {
+                    c.report(addr, Report::Success, ReportSource::Passive, "connected");
+                }
+                return Ok((s, addr, inflight));
+            }
+            Ok(Err(e)) => (Report::TcpFailure, format!("connect to {addr} failed: {e}")),
+            Err(_) => (Report::Timeout, format!("connect to {addr} timed out after {:?}", upstream.timeouts.connect)),
+        };
+        if let Some(c) = &checker {
+            c.report(addr, report, ReportSource::Passive, &why);
+        }
+        last = why;
+    }
+    Err(last)
+}
+
+/// Serves one accepted connection. `tls`: the listener speaks TLS (terminated with this
+/// configuration unless the route passes it through).
+pub async fn serve(
+    client: TcpStream,
+    peer: SocketAddr,
+    local: SocketAddr,
+    tls: Option<Arc<ServerConfig>>,
+    gateway: Arc<Gateway>,
+    worker: Rc<StreamWorker>,
+) {
+    let _live = super::Live::tcp();
+    let mut ctx = StreamCtx::new("tcp", peer, local);
+    if tls.is_some() {
+        match tokio::time::timeout(HANDSHAKE_TIMEOUT, peek_hello(&client)).await {
+            Ok(Ok(Hello::Sni(sni))) => ctx.sni = sni,
+            Ok(Ok(_)) => {
+                log::debug!("stream client {peer} on {local}: not a TLS ClientHello; closing");
+                return;
+            }
+            Ok(Err(e)) => {
+                log::debug!("stream client {peer}: {e}");
+                return;
+            }
+            Err(_) => {
+                log::debug!("stream client {peer}: no ClientHello within {HANDSHAKE_TIMEOUT:?}");
+                return;
+            }
+        }
+    }
+    let snap = gateway.resources.load_full();
+    let Some(route) = snap.stream_table.find(local, peer.ip(), ctx.sni.as_deref()).cloned() else {
+        log::info!("stream: no stream route for {peer} on {local} (sni {:?}); closing", ctx.sni);
+        return;
+    };
+    drop(snap);
+    ctx.route_id = Some(route.id.clone());
+    let mut logged = Logged { ctx, chain: route.plugins.clone() };
+    if let Err(reason) = preread(&route.plugins, &mut logged.ctx).await {
+        logged.ctx.close_reason = reason;
+        return;
+    }
+    let Some(upstream) = route.upstream.clone() else {
+        logged.ctx.close_reason = "no upstream".into();
+        return;
+    };
+    let (up, addr, _inflight) = match connect(&upstream, &gateway.health, peer).await {
+        Ok(c) => c,
+        Err(e) => {
+            log::warn!("stream route {}: {e}", route.id);
+            logged.ctx.close_reason = e;
+            return;
+        }
+    };
+    logged.ctx.upstream_addr = Some(addr);
+    for p in route.plugins.iter() {
+        p.instance.connect(&mut logged.ctx);
+    }
+    let idle = upstream.timeouts.read;
+    let done: Relayed = match tls {
+        Some(config) if !route.route.tls_passthrough => {
+            let accepted = tokio::time::timeout(HANDSHAKE_TIMEOUT, TlsAcceptor::from(config).accept(client)).await;
+            match accepted {
+                Ok(Ok(tls)) => copy_idle(tls, up, idle).await,
+                Ok(Err(e)) => Relayed { up: 0, down: 0, reason: format!("TLS handshake failed: {e}") },
+                Err(_) => Relayed { up: 0, down: 0, reason: "TLS handshake timed out".into() },
+            }
+        }
+        // Plain TCP, or TLS passed through untouched (the ClientHello was only peeked at).
+        _ => relay(&client, &up, idle, &worker.scratch).await,
+    };
+    logged.ctx.bytes_from_client = done.up;
+    logged.ctx.bytes_to_client = done.down;
+    logged.ctx.close_reason = done.reason;
+}
