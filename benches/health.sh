@@ -11,6 +11,7 @@ MEASURE=${SECONDS_MEASURED:-20}
 TYPE=${TYPE:-http}
 BIN=${BIN:-target/release/weir}
 WORK=$(mktemp -d /tmp/weir-health-bench.XXXXXX)
+chmod 755 "$WORK"   # nginx workers (nobody) must read the files served
 UP_PORT=18480; WEIR_PORT=18482; CTL_PORT=18490
 [ -x "$BIN" ] || cargo build --release
 cleanup() {

@@ -9,6 +9,7 @@ cd "$(dirname "$0")/.."
 N=${N:-5000}
 BIN=${BIN:-target/release/weir}
 WORK=$(mktemp -d /tmp/weir-idle.XXXXXX)
+chmod 755 "$WORK"   # nginx workers (nobody) must read the files served
 UP=18380; NGX=18381; WEIR=18382; CTL=18390
 [ -x "$BIN" ] || cargo build --release
 command -v nginx >/dev/null || { echo "nginx is required (apt-get install nginx-light)"; exit 1; }

@@ -17,6 +17,7 @@ PROXY_CPU=${PROXY_CPU:-0}
 LOAD_CPU=${LOAD_CPU:-1}
 BIN=${BIN:-target/release/weir}
 WORK=$(mktemp -d /tmp/weir-bench.XXXXXX)
+chmod 755 "$WORK"   # nginx workers (nobody) must read the files served
 UP_PORT=18180; NGINX_PORT=18181; WEIR_PORT=18182; CTL_PORT=18190
 
 [ -x "$BIN" ] || cargo build --release
@@ -125,7 +126,7 @@ ms() { awk -v v="$1" 'BEGIN { if (v ~ /us$/) { sub(/us/,"",v); print v/1000 } el
 
 RESULTS="$WORK/results"
 : > "$RESULTS"
-curl -s -o /dev/null "127.0.0.1:$NGINX_PORT/bench" || { echo "nginx peer not answering"; exit 1; }
+[ "$(curl -sf "127.0.0.1:$NGINX_PORT/bench" | wc -c)" = 1024 ] || { echo "nginx peer does not answer 200 with 1 KiB"; exit 1; }
 for round in $(seq 1 "$ROUNDS"); do
   plain 10 > "$WORK/weir/conf/resources.yaml"; start_weir
   run weir-plain "$WEIR_PORT" | tee -a "$RESULTS"; stop_weir

@@ -21,6 +21,7 @@ PROXY_CPU=${PROXY_CPU:-0}
 LOAD_CPU=${LOAD_CPU:-1}
 BIN=${BIN:-target/release/weir}
 WORK=$(mktemp -d /tmp/weir-stream-bench.XXXXXX)
+chmod 755 "$WORK"   # nginx workers (nobody) must read the files served
 UP_PORT=18380; NGINX_PORT=18381; WEIR_PORT=18382; WEIR_HTTP=18383; CTL_PORT=18390
 STREAM_MODULE=${STREAM_MODULE:-/usr/lib/nginx/modules/ngx_stream_module.so}
 

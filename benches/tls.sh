@@ -21,6 +21,7 @@ PROXY_CPU=${PROXY_CPU:-0}
 LOAD_CPU=${LOAD_CPU:-1}
 BIN=${BIN:-target/release/weir}
 WORK=$(mktemp -d /tmp/weir-tls-bench.XXXXXX)
+chmod 755 "$WORK"   # nginx workers (nobody) must read the files served
 UP_PORT=18280; NGINX_PORT=18281; WEIR_PORT=18282; WEIR_PLAIN=18283; CTL_PORT=18290
 
 [ -x "$BIN" ] || cargo build --release
@@ -133,7 +134,7 @@ run() {
 
 RESULTS="$WORK/results"
 : > "$RESULTS"
-curl -sk -o /dev/null "https://127.0.0.1:$NGINX_PORT/bench" || { echo "nginx peer not answering"; cat "$WORK/peer/error.log"; exit 1; }
+[ "$(curl -skf "https://127.0.0.1:$NGINX_PORT/bench" | wc -c)" = 1024 ] || { echo "nginx peer does not answer 200 with 1 KiB"; cat "$WORK/peer/error.log"; exit 1; }
 start_weir
 for round in $(seq 1 "$ROUNDS"); do
   for scenario in https handshake h2; do
