@@ -126,7 +126,7 @@ run() {
            rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out") ;;
     h2) out=$(taskset -c "$LOAD_CPU" h2load -c"$CONNS" -m10 -D"$DURATION" --warm-up-time=1 "$url" 2>&1)
         rps=$(awk '/^finished in/ {gsub(",", "", $4); print $4}' <<<"$out")
-        local failed; failed=$(awk '/^requests:/ {print $8}' <<<"$out")
+        local failed; failed=$(awk '/^requests:/ {print $10}' <<<"$out")
         [ "${failed:-0}" = "0" ] || echo "  ($name h2: $failed failed requests)" >&2 ;;
   esac
   echo "$name-$scenario ${rps:-0}"

@@ -361,3 +361,27 @@ fn stream_configuration_errors_name_the_key() {
         assert!(out.contains(expected), "expected `{expected}` in:\n{out}");
     }
 }
+
+#[test]
+fn stream_plugins_follow_config_on_plugin_reload() {
+    let p = Prefix::new("", "stream_plugins: [ip-restriction, limit-conn]\n", "");
+    let _w = Weir::start(&p);
+    let listed = || {
+        let schema = get(p.control(), "/v1/schema").json();
+        let mut names: Vec<String> =
+            schema["stream-plugins"].as_object().map(|o| o.keys().cloned().collect()).unwrap_or_default();
+        names.sort_unstable();
+        names
+    };
+    assert_eq!(listed(), ["ip-restriction", "limit-conn"]);
+    p.write_config("", "stream_plugins: [stream-file-logger]\n");
+    let r = common::request(p.control(), "PUT", "/v1/plugins/reload", &[], b"");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(listed(), ["stream-file-logger"]);
+    // A name of the wrong kind is refused, and the running set stays.
+    p.write_config("", "stream_plugins: [key-auth]\n");
+    let r = common::request(p.control(), "PUT", "/v1/plugins/reload", &[], b"");
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.text().contains("`key-auth` is an HTTP plugin"), "{}", r.text());
+    assert_eq!(listed(), ["stream-file-logger"]);
+}

@@ -216,7 +216,7 @@ async fn access_phases(ctx: &mut RequestCtx, chains: &[PluginChain; 2]) -> Optio
 /// The data-plane handler.
 pub async fn handle(req: http::Request<Incoming>, conn: ConnInfo, gw: &Gateway, worker: &Worker) -> Response {
     let upgrade_asked = req.version() < http::Version::HTTP_2 && req.headers().contains_key(http::header::UPGRADE);
-    let mut resp = serve(req, conn, gw, worker).await;
+    let mut resp = serve(req, conn, gw, worker, upgrade_asked).await;
     if upgrade_asked && resp.status() != StatusCode::SWITCHING_PROTOCOLS {
         // The framer stopped judging this connection's bytes at the upgrade request (`framing`):
         // whatever the client sent after it is never served as a request.
@@ -258,7 +258,13 @@ fn is_websocket(headers: &http::HeaderMap) -> bool {
     has(http::header::UPGRADE, "websocket") && has(http::header::CONNECTION, "upgrade")
 }
 
-async fn serve(req: http::Request<Incoming>, conn: ConnInfo, gw: &Gateway, worker: &Worker) -> Response {
+async fn serve(
+    req: http::Request<Incoming>,
+    conn: ConnInfo,
+    gw: &Gateway,
+    worker: &Worker,
+    upgrade_asked: bool,
+) -> Response {
     // Request line and header limits were enforced by the framer (`framing`) before hyper parsed
     // (HTTP/1.1), or by the HTTP/2 settings (`server`).
     let (mut parts, mut payload) = req.into_parts();
@@ -270,7 +276,7 @@ async fn serve(req: http::Request<Incoming>, conn: ConnInfo, gw: &Gateway, worke
             return error_response(StatusCode::BAD_REQUEST, &format!("400 Bad Request: {why}"));
         }
     }
-    let websocket = !h2 && is_websocket(&parts.headers);
+    let websocket = upgrade_asked && is_websocket(&parts.headers);
     let on_upgrade = if websocket { parts.extensions.remove::<hyper::upgrade::OnUpgrade>() } else { None };
     // One normalized path for routing, plugins and the upstream (docs/data-plane.md).
     let path = match normalize(parts.uri.path(), worker.rules) {

@@ -350,7 +350,9 @@ where
     let service = service_fn(move |req| {
         noted.set(tokio::time::Instant::now());
         let (gateway, worker, info) = (gateway.clone(), worker.clone(), info.clone());
-        async move { Ok::<_, Infallible>(proxy::handle(req, info, &gateway, &worker).await) }
+        // Boxed: the request's future is several KiB, and HTTP/2 moves it into a task of its own
+        // (spawn, then stage changes); a box moves as one pointer.
+        async move { Ok::<_, Infallible>(Box::pin(proxy::handle(req, info, &gateway, &worker)).await) }
     });
     let mut builder = http2::Builder::new(super::client::LocalExec);
     builder
