@@ -493,10 +493,14 @@ async fn forward(
             headers.insert(http::header::TE, HeaderValue::from_static("trailers"));
         }
         *request.headers_mut() = headers;
+        // The WebSocket and HTTP/2 exchanges are boxed: their futures are large and rare, and
+        // inline they would make every HTTP/1.1 request's future (moved on each request) larger.
         let exchange = if tunnel.is_some() {
-            super::tunnel::handshake(&worker.pool, &node.pool_key, &upstream.timeouts, request).await.map(|r| (r, None))
+            Box::pin(super::tunnel::handshake(&worker.pool, &node.pool_key, &upstream.timeouts, request))
+                .await
+                .map(|r| (r, None))
         } else if node.pool_key.h2 {
-            worker.pool.send_h2(&node.pool_key, &upstream.timeouts, request).await.map(|r| (r, None))
+            Box::pin(worker.pool.send_h2(&node.pool_key, &upstream.timeouts, request)).await.map(|r| (r, None))
         } else {
             worker
                 .pool
