@@ -1,27 +1,21 @@
-//! Server certificates: `ssls` resources compiled into a table of certified keys, and the SNI
-//! resolver the TLS listener consults on every handshake.
+//! Server certificates: `ssls` resources compiled into a table of certified keys (part of the
+//! resource snapshot; the listener's resolver, `dataplane::resolver`, looks names up in it).
 //!
 //! Selection (docs/data-plane.md): the exact SNI, then the longest wildcard suffix
 //! (`*.example.com` answers any name ending in `.example.com`), then `gateway.ssl.fallback_sni`;
 //! otherwise the handshake fails with a fatal alert. Among the certificates of one entry (an RSA
 //! and an ECDSA one, say), the first whose key can sign with a scheme the client offers wins.
-//!
-//! The resolver reads the current resource snapshot on each handshake, so a changed certificate
-//! applies to the next handshake after the reload that carried it; open connections keep the
-//! certificate they were established with.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 
 use rustls::crypto::ring::sign::any_supported_type;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 
 use crate::resources::model::Ssl;
-use crate::state::Gateway;
 
 /// Days before expiry from which loading a certificate logs a warning.
 pub const EXPIRY_WARNING_DAYS: i64 = 14;
@@ -37,7 +31,7 @@ pub struct SslCerts {
 
 impl SslCerts {
     /// The first certificate whose key can sign with one of `schemes`.
-    fn choose(&self, schemes: &[rustls::SignatureScheme]) -> Option<Arc<CertifiedKey>> {
+    pub fn choose(&self, schemes: &[rustls::SignatureScheme]) -> Option<Arc<CertifiedKey>> {
         self.keys.iter().find(|k| k.key.choose_scheme(schemes).is_some()).cloned()
     }
 }
@@ -243,43 +237,6 @@ fn check_dates(leaf: &CertificateDer<'_>) -> Result<(), String> {
         log::warn!("certificate `{subject}` expires on {}", date(not_after));
     }
     Ok(())
-}
-
-/// The TLS listener's certificate resolver: the current snapshot's [`CertTable`].
-pub struct SniResolver {
-    gateway: Weak<Gateway>,
-    fallback: Option<String>,
-}
-
-impl SniResolver {
-    /// A resolver reading `gateway`'s resources; `fallback` is `gateway.ssl.fallback_sni`.
-    pub fn new(gateway: &Arc<Gateway>, fallback: Option<String>) -> Self {
-        SniResolver { gateway: Arc::downgrade(gateway), fallback: fallback.map(|f| f.to_ascii_lowercase()) }
-    }
-}
-
-impl std::fmt::Debug for SniResolver {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SniResolver").field("fallback", &self.fallback).finish()
-    }
-}
-
-impl ResolvesServerCert for SniResolver {
-    fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        let gateway = self.gateway.upgrade()?;
-        let snap = gateway.resources.load();
-        let table = &snap.certs;
-        // rustls hands over the SNI lower-cased and without a trailing dot.
-        let found = hello.server_name().and_then(|sni| table.find(sni));
-        let found = found.or_else(|| self.fallback.as_deref().and_then(|f| table.find(f)));
-        match found {
-            Some(certs) => certs.choose(hello.signature_schemes()),
-            None => {
-                log::debug!("TLS handshake refused: no certificate for SNI {:?}", hello.server_name());
-                None
-            }
-        }
-    }
 }
 
 #[cfg(test)]

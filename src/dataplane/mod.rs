@@ -1,9 +1,10 @@
-//! The data plane: client requests on `gateway.node_listen`, checked for framing, matched to
-//! routes, run through plugins, proxied to upstream nodes.
+//! The data plane: client requests on `gateway.node_listen` and `gateway.ssl.listen`, checked for
+//! framing, matched to routes, run through plugins, proxied to upstream nodes.
 //!
-//! Follow a request: `server` (accept, hyper) → `guard` + `framing` (strict request framing)
-//! → `proxy::handle` (`normalize`, `router`, plugin phases) → `upstream` (balancer) → `client`
-//! (pool, timeouts) → `body` (streaming back, log phase).
+//! Follow a request: `server` (accept; TLS with `resolver` over `certs`; HTTP/1.1 or HTTP/2) →
+//! `guard` + `framing` (strict HTTP/1.1 framing) → `proxy::handle` (`normalize`, `router`, plugin
+//! phases) → `upstream` (balancer) → `client` (pool, timeouts; HTTP/2 for gRPC) or `tunnel`
+//! (WebSocket) → `body` (streaming back, log phase).
 
 pub mod body;
 pub mod certs;
@@ -13,6 +14,7 @@ pub mod guard;
 pub mod headers;
 pub mod normalize;
 pub mod proxy;
+pub mod resolver;
 pub mod router;
 pub mod server;
 pub mod tls;

@@ -30,10 +30,10 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
 
-use super::certs::SniResolver;
 use super::guard::Guarded;
 use super::normalize::PathRules;
 use super::proxy::{self, ConnInfo, Worker};
+use super::resolver::SniResolver;
 use crate::config::{Config, EscapedSlashes, SslSection};
 use crate::state::Gateway;
 use crate::stream::tcp::StreamWorker;

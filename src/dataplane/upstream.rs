@@ -13,8 +13,7 @@ use http::HeaderValue;
 use parking_lot::Mutex;
 
 use super::client::{PoolKey, PoolSettings};
-use crate::resources::model::{HashOn, LbType, Nodes, PassHost, Scheme, Upstream};
-use crate::resources::snapshot::parse_node_key;
+use crate::resources::model::{parse_node_key, HashOn, LbType, Nodes, PassHost, Scheme, Upstream};
 
 /// One upstream node.
 #[derive(Debug, Clone)]

@@ -438,6 +438,35 @@ pub struct PluginMetadata {
     pub fields: serde_json::Map<String, Value>,
 }
 
+/// Parses a node map key: `host`, `host:port`, `[v6]` or `[v6]:port`.
+pub fn parse_node_key(key: &str) -> Result<(String, Option<u16>), String> {
+    let bad_port = |p: &str| format!("invalid port `{p}` in node `{key}`");
+    let (host, port) = if let Some(rest) = key.strip_prefix('[') {
+        let (h, after) = rest.split_once(']').ok_or_else(|| format!("unclosed `[` in node `{key}`"))?;
+        match after.strip_prefix(':') {
+            Some(p) => (h, Some(p)),
+            None if after.is_empty() => (h, None),
+            None => return Err(format!("unexpected `{after}` after `]` in node `{key}`")),
+        }
+    } else {
+        match key.rsplit_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (key, None),
+        }
+    };
+    if host.is_empty() {
+        return Err(format!("empty host in node `{key}`"));
+    }
+    let port = match port {
+        Some(p) => match p.parse::<u16>() {
+            Ok(0) | Err(_) => return Err(bad_port(p)),
+            Ok(n) => Some(n),
+        },
+        None => None,
+    };
+    Ok((host.to_owned(), port))
+}
+
 /// A server certificate for the TLS listener (APISIX `ssls`), chosen by the client's SNI.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]

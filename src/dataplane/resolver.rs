@@ -1,0 +1,49 @@
+//! The TLS listeners' certificate resolver: on every handshake, the certificate the current
+//! resource snapshot's [`CertTable`](super::certs::CertTable) has for the client's SNI (exact,
+//! longest wildcard, then `gateway.ssl.fallback_sni`). Reading the snapshot per handshake is what
+//! makes a changed certificate apply to the next handshake after the reload that carried it;
+//! open connections keep the certificate they were established with.
+
+use std::sync::{Arc, Weak};
+
+use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::sign::CertifiedKey;
+
+use crate::state::Gateway;
+
+/// Resolves certificates from the current snapshot's [`CertTable`](super::certs::CertTable).
+pub struct SniResolver {
+    gateway: Weak<Gateway>,
+    fallback: Option<String>,
+}
+
+impl SniResolver {
+    /// A resolver reading `gateway`'s resources; `fallback` is `gateway.ssl.fallback_sni`.
+    pub fn new(gateway: &Arc<Gateway>, fallback: Option<String>) -> Self {
+        SniResolver { gateway: Arc::downgrade(gateway), fallback: fallback.map(|f| f.to_ascii_lowercase()) }
+    }
+}
+
+impl std::fmt::Debug for SniResolver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SniResolver").field("fallback", &self.fallback).finish()
+    }
+}
+
+impl ResolvesServerCert for SniResolver {
+    fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        let gateway = self.gateway.upgrade()?;
+        let snap = gateway.resources.load();
+        let table = &snap.certs;
+        // rustls hands over the SNI lower-cased and without a trailing dot.
+        let found = hello.server_name().and_then(|sni| table.find(sni));
+        let found = found.or_else(|| self.fallback.as_deref().and_then(|f| table.find(f)));
+        match found {
+            Some(certs) => certs.choose(hello.signature_schemes()),
+            None => {
+                log::debug!("TLS handshake refused: no certificate for SNI {:?}", hello.server_name());
+                None
+            }
+        }
+    }
+}
