@@ -312,12 +312,48 @@ pub struct Deployment {
     #[serde(default = "default_prefix")]
     #[schemars(regex(pattern = r"^/[A-Za-z0-9_./-]*$"))]
     pub prefix: String,
+    /// The etcd cluster (`config_provider: etcd`).
+    #[serde(default)]
+    pub etcd: EtcdSection,
 }
 
 impl Default for Deployment {
     fn default() -> Self {
-        Deployment { config_provider: ConfigProvider::Yaml, prefix: default_prefix() }
+        Deployment { config_provider: ConfigProvider::Yaml, prefix: default_prefix(), etcd: EtcdSection::default() }
     }
+}
+
+/// `deployment.etcd:` (APISIX keys).
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct EtcdSection {
+    /// Endpoints, e.g. `http://127.0.0.1:2379`.
+    #[serde(default = "default_etcd_host")]
+    #[schemars(length(min = 1), inner(regex(pattern = r"^https?://")))]
+    pub host: Vec<String>,
+    /// Seconds for connecting and for each request.
+    #[serde(default = "default_etcd_timeout")]
+    #[schemars(range(min = 0.1, max = 600.0))]
+    pub timeout: f64,
+    /// User of etcd's authentication.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    /// Password of `user`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password: Option<String>,
+}
+
+impl Default for EtcdSection {
+    fn default() -> Self {
+        EtcdSection { host: default_etcd_host(), timeout: default_etcd_timeout(), user: None, password: None }
+    }
+}
+
+fn default_etcd_host() -> Vec<String> {
+    vec!["http://127.0.0.1:2379".into()]
+}
+fn default_etcd_timeout() -> f64 {
+    30.0
 }
 
 fn default_prefix() -> String {
@@ -331,6 +367,8 @@ pub enum ConfigProvider {
     // Resources from `conf/resources.yaml`, watched for changes.
     #[default]
     Yaml,
+    // Resources from etcd (`deployment.etcd`), watched for changes.
+    Etcd,
 }
 
 /// Paths of one Weir installation.

@@ -1,6 +1,6 @@
 //! Running the gateway: start listeners, watch resources, stop gracefully on SIGTERM / SIGINT.
 
-use crate::config::Prefix;
+use crate::config::{ConfigProvider, Prefix};
 use crate::resources::yaml;
 use crate::state::Gateway;
 use std::net::SocketAddr;
@@ -37,7 +37,14 @@ pub fn run(prefix: Prefix) -> Result<(), String> {
                 log::warn!("gateway.ssl is enabled but no ssls resource is loaded: TLS handshakes will fail");
             }
         }
-        yaml::watch(gateway.prefix.resources_file(), &gateway);
+        match config.deployment.config_provider {
+            ConfigProvider::Yaml => yaml::watch(gateway.prefix.resources_file(), &gateway),
+            ConfigProvider::Etcd => {
+                let start = gateway.etcd_start.lock().take();
+                let d = &config.deployment;
+                crate::resources::etcd::watch(&gateway, d.etcd.clone(), d.prefix.clone(), start);
+            }
+        }
         let names: Vec<&str> = gateway.enabled.load().listed.iter().map(|e| e.name).collect();
         log::info!(
             "weir {} started in {} ms; plugins: [{}]; resources: {}",

@@ -9,10 +9,11 @@ use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 use serde_json::Value;
 
-use crate::config::{Config, Prefix};
+use crate::config::{Config, ConfigProvider, Prefix};
 use crate::control::plugin_routes::PluginRoutes;
 use crate::health::HealthRegistry;
 use crate::plugins::{Catalog, EnabledSet};
+use crate::resources::etcd::{self, ProviderStatus, Values};
 use crate::resources::{yaml, Snapshot};
 use crate::validate::Issue;
 
@@ -39,6 +40,10 @@ pub struct Gateway {
     raw_resources: Mutex<String>,
     /// Serializes reloads (file watcher and plugin reload).
     reload: Mutex<()>,
+    /// The resource provider's state (`GET /v1/config_status`).
+    pub provider_status: Mutex<ProviderStatus>,
+    /// What the start-up read of etcd found, for the watcher to continue from.
+    pub etcd_start: Mutex<Option<(Values, i64)>>,
 }
 
 impl Gateway {
@@ -61,9 +66,42 @@ impl Gateway {
             .map_err(|e| format!("{}: {e}", prefix.config_file().display()))?;
         let config_prefix = config.deployment.prefix.clone();
         let file = prefix.resources_file();
-        let raw = yaml::load(&file).map_err(|e| e.to_string())?;
-        let snapshot = Snapshot::build_at(&raw, &enabled, &prefix.dir)
-            .map_err(|issues| render(&file.display().to_string(), &issues))?;
+        let mut status = ProviderStatus::new("yaml");
+        let mut etcd_start = None;
+        let raw = match config.deployment.config_provider {
+            ConfigProvider::Yaml => yaml::load(&file).map_err(|e| e.to_string())?,
+            // `weir -t` checks the configuration only: no connection.
+            ConfigProvider::Etcd if check_only => Value::Object(Default::default()),
+            ConfigProvider::Etcd => {
+                status = ProviderStatus::new("etcd");
+                match etcd::initial_read(&config.deployment.etcd, &config_prefix) {
+                    Ok((values, revision)) => {
+                        let check = |d: &Value| Snapshot::build_at(d, &enabled, &prefix.dir).map(drop);
+                        let (doc, skipped) = etcd::valid_document(check, &values, &config_prefix);
+                        for (key, why) in &skipped {
+                            log::error!("etcd {key}: {why}; skipped");
+                        }
+                        status.connected = true;
+                        status.revision = Some(revision);
+                        status.skipped = skipped.into_iter().map(|(k, _)| k).collect();
+                        etcd_start = Some((values, revision));
+                        doc
+                    }
+                    Err(e) => {
+                        // Serve (nothing yet) and keep trying: an instance never stays down
+                        // because the store is.
+                        log::warn!("{e}; starting with no resources, retrying in the background");
+                        status.last_error = Some(e);
+                        Value::Object(Default::default())
+                    }
+                }
+            }
+        };
+        let source = match config.deployment.config_provider {
+            ConfigProvider::Yaml => file.display().to_string(),
+            ConfigProvider::Etcd => format!("etcd {config_prefix}"),
+        };
+        let snapshot = Snapshot::build_at(&raw, &enabled, &prefix.dir).map_err(|issues| render(&source, &issues))?;
         Ok(Arc::new(Gateway {
             prefix,
             catalog,
@@ -75,12 +113,19 @@ impl Gateway {
             started: Instant::now(),
             raw_resources: Mutex::new(raw.to_string()),
             reload: Mutex::new(()),
+            provider_status: Mutex::new(status),
+            etcd_start: Mutex::new(etcd_start),
         }))
     }
 
     /// Every compiled-in plugin (for process-wide hooks: shutdown, log reopening).
     pub fn catalog_entries(&self) -> Vec<std::sync::Arc<crate::plugins::PluginEntry>> {
         self.catalog.names().iter().filter_map(|n| self.catalog.get(n).cloned()).collect()
+    }
+
+    /// Validates a resource document against the enabled plugins without publishing it.
+    pub fn check_resources(&self, raw: &Value) -> Result<(), Vec<Issue>> {
+        Snapshot::build_at(raw, &self.enabled.load(), &self.prefix.dir).map(drop)
     }
 
     /// Validates a new resource document and, if valid, publishes it. Returns a summary.

@@ -43,6 +43,7 @@ enum Tag {
     HealthMissingId,
     Healthcheck,
     Gc,
+    ConfigStatus,
     PluginMetadatas,
     PluginMetadata,
     List(Kind),
@@ -63,6 +64,8 @@ pub enum Endpoint {
     Healthcheck(String, String),
     /// `POST /v1/gc`.
     Gc,
+    /// `GET /v1/config_status`.
+    ConfigStatus,
     /// `GET /v1/plugin_metadatas`.
     PluginMetadatas,
     /// `GET /v1/plugin_metadata/{plugin_name}`.
@@ -85,6 +88,7 @@ fn table() -> &'static [(&'static str, Tag, &'static [&'static str])] {
         ("/v1/healthcheck/{src_type}/", Tag::HealthMissingId, GET),
         ("/v1/healthcheck/{src_type}/{src_id}", Tag::Healthcheck, GET),
         ("/v1/gc", Tag::Gc, &["POST"]),
+        ("/v1/config_status", Tag::ConfigStatus, &["GET"]),
         ("/v1/plugin_metadatas", Tag::PluginMetadatas, GET),
         ("/v1/plugin_metadata/{plugin_name}", Tag::PluginMetadata, GET),
         ("/v1/routes", Tag::List(Kind::Route), GET),
@@ -121,6 +125,7 @@ pub fn lookup(path: &str) -> Option<(Endpoint, &'static [&'static str])> {
         Tag::HealthMissingId => Endpoint::HealthMissingId(p("src_type")),
         Tag::Healthcheck => Endpoint::Healthcheck(p("src_type"), p("src_id")),
         Tag::Gc => Endpoint::Gc,
+        Tag::ConfigStatus => Endpoint::ConfigStatus,
         Tag::PluginMetadatas => Endpoint::PluginMetadatas,
         Tag::PluginMetadata => Endpoint::PluginMetadata(p("plugin_name")),
         Tag::List(k) => Endpoint::List(k),
@@ -198,6 +203,10 @@ pub fn handle(endpoint: Endpoint, req: &HttpRequest, gw: &Gateway) -> HttpRespon
         }
         Endpoint::Healthcheck(src_type, id) => healthcheck(gw, &src_type, &id, wants_html(req)),
         Endpoint::Gc => gc(gw),
+        Endpoint::ConfigStatus => {
+            let status = gw.provider_status.lock().clone();
+            json_response(StatusCode::OK, &serde_json::to_value(&status).unwrap_or_default())
+        }
         Endpoint::PluginMetadatas => {
             let snap = gw.resources.load();
             json_response(StatusCode::OK, &Value::Array(snap.plugin_metadata.iter().map(dump).collect()))

@@ -2,6 +2,7 @@
 //! validation into immutable snapshots, and the providers that feed snapshots.
 
 pub mod checks;
+pub mod etcd;
 /// IP addresses and CIDR blocks (shared with plugins through the SDK).
 pub use weir_plugin::cidr;
 pub mod model;

@@ -1,0 +1,392 @@
+//! The `etcd` resource provider (`deployment.config_provider: etcd`).
+//!
+//! Resources live under `<deployment.prefix>/<kind>/<id>` (`/weir/routes/1`), each value one JSON
+//! object of the same shape as a resources.yaml entry. Start-up reads every key in one range
+//! read at a revision; a watch from the next revision then feeds every change through the same
+//! snapshot builder and validation as the file. A value that fails validation (written behind
+//! Weir's back) is logged with its key, field and reason and skipped; the rest applies.
+//!
+//! When etcd is unreachable the last good snapshot keeps serving; the provider retries with
+//! backoff, logs once per state change, and reports its state (`GET /v1/config_status`). A
+//! cancelled or compacted watch, or a reconnection, is followed by a full resync.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use etcd_client::{Client, ConnectOptions, EventType, GetOptions, WatchOptions};
+use parking_lot::Mutex;
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+use crate::config::EtcdSection;
+use crate::state::Gateway;
+use crate::validate::Issue;
+
+/// Resource kinds stored in etcd, as `<prefix>/<kind>/<id>` (the lists of resources.yaml).
+pub const KINDS: [&str; 8] =
+    ["routes", "services", "upstreams", "consumers", "global_rules", "plugin_metadata", "ssls", "stream_routes"];
+
+/// What `GET /v1/config_status` reports.
+#[derive(Debug, Clone, Serialize)]
+pub struct ProviderStatus {
+    /// `yaml` or `etcd`.
+    pub provider: &'static str,
+    /// Whether the provider is connected (always true for yaml).
+    pub connected: bool,
+    /// The etcd revision of the last applied snapshot.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub revision: Option<i64>,
+    /// The last error (connection, watch, or a skipped invalid value).
+    pub last_error: Option<String>,
+    /// Keys skipped as invalid in the snapshot in force.
+    pub skipped: Vec<String>,
+}
+
+impl ProviderStatus {
+    /// The status of a provider that is not connected yet.
+    pub fn new(provider: &'static str) -> Self {
+        ProviderStatus {
+            provider,
+            connected: provider == "yaml",
+            revision: None,
+            last_error: None,
+            skipped: Vec::new(),
+        }
+    }
+}
+
+/// Every resource value by key, as read from etcd.
+pub type Values = BTreeMap<String, Value>;
+
+/// The kind and id of `key` under `prefix`, if it is a resource key.
+fn kind_of<'k>(prefix: &str, key: &'k str) -> Option<(&'static str, &'k str)> {
+    let rest = key.strip_prefix(prefix)?.strip_prefix('/')?;
+    let (kind, id) = rest.split_once('/')?;
+    let kind = KINDS.iter().find(|k| **k == kind)?;
+    (!id.is_empty() && !id.contains('/')).then_some((kind, id))
+}
+
+/// Parses a value: a JSON object, or why not.
+fn parse(bytes: &[u8]) -> Result<Value, String> {
+    match serde_json::from_slice::<Value>(bytes) {
+        Ok(v @ Value::Object(_)) => Ok(v),
+        Ok(_) => Err("the value is not a JSON object".into()),
+        Err(e) => Err(format!("the value is not JSON: {e}")),
+    }
+}
+
+/// The key of each entry of each list of a document.
+type KeysByList = BTreeMap<&'static str, Vec<String>>;
+
+/// The identity field of a kind: `username` for consumers, `id` for the rest.
+fn id_field(kind: &str) -> &'static str {
+    if kind == "consumers" {
+        "username"
+    } else {
+        "id"
+    }
+}
+
+/// Gives `value` the id its key names (APISIX stores values without it, or with the same one).
+fn with_id(kind: &str, id: &str, value: &Value) -> Result<Value, String> {
+    let mut v = value.clone();
+    let Value::Object(o) = &mut v else { return Err("the value is not a JSON object".into()) };
+    let field = id_field(kind);
+    match o.get(field) {
+        None => {
+            o.insert(field.to_owned(), Value::String(id.to_owned()));
+        }
+        Some(Value::String(s)) if s == id => {}
+        Some(Value::Number(n)) if n.to_string() == id => {}
+        Some(other) => return Err(format!("`{field}` is {other} but the key names `{id}`")),
+    }
+    Ok(v)
+}
+
+/// The resource document of `values`: `{"routes": [...], ...}`, in key order. Returns, per list,
+/// the key of each entry (to name skipped entries), and entries whose id contradicts their key.
+fn document(values: &Values, prefix: &str) -> (Value, KeysByList, Vec<(String, String)>) {
+    let mut lists: BTreeMap<&'static str, Vec<Value>> = BTreeMap::new();
+    let mut keys: KeysByList = BTreeMap::new();
+    let mut wrong = Vec::new();
+    for (key, value) in values {
+        let Some((kind, id)) = kind_of(prefix, key) else { continue };
+        match with_id(kind, id, value) {
+            Ok(v) => {
+                lists.entry(kind).or_default().push(v);
+                keys.entry(kind).or_default().push(key.clone());
+            }
+            Err(why) => wrong.push((key.clone(), why)),
+        }
+    }
+    let doc: Map<String, Value> = lists.into_iter().map(|(k, v)| (k.to_owned(), Value::Array(v))).collect();
+    (Value::Object(doc), keys, wrong)
+}
+
+/// The list and index an issue is about (`routes[2] (id 7): uri: ...`).
+fn located(issue: &Issue) -> Option<(&str, usize)> {
+    let (list, rest) = issue.path.split_once('[')?;
+    let (index, _) = rest.split_once(']')?;
+    Some((list, index.parse().ok()?))
+}
+
+/// Builds the largest valid snapshot of `values`: entries the builder names in its issues are
+/// logged and dropped, and the rest is built again (a dropped upstream can take the routes that
+/// name it along). Returns the document that built, and the skipped keys with their reasons.
+pub fn valid_document(
+    check: impl Fn(&Value) -> Result<(), Vec<Issue>>,
+    values: &Values,
+    prefix: &str,
+) -> (Value, Vec<(String, String)>) {
+    let mut values = values.clone();
+    let mut skipped: Vec<(String, String)> = Vec::new();
+    values.retain(|key, _| {
+        let known = kind_of(prefix, key).is_some();
+        if !known {
+            skipped.push((key.clone(), "not a resource key (<prefix>/<kind>/<id>)".into()));
+        }
+        known
+    });
+    for _ in 0..16 {
+        let (doc, keys, wrong) = document(&values, prefix);
+        for (key, why) in wrong {
+            values.remove(&key);
+            skipped.push((key, why));
+        }
+        let issues = match check(&doc) {
+            Ok(()) => return (doc, skipped),
+            Err(issues) => issues,
+        };
+        let mut dropped = false;
+        for issue in &issues {
+            let Some((list, i)) = located(issue) else { continue };
+            let Some(key) = keys.iter().find(|(k, _)| **k == list).and_then(|(_, ks)| ks.get(i)) else { continue };
+            if values.remove(key).is_some() {
+                dropped = true;
+            }
+            skipped.push((key.clone(), issue.to_string()));
+        }
+        if !dropped {
+            // Issues not tied to one entry (for example two routes conflicting): nothing to drop.
+            for issue in issues {
+                skipped.push((String::new(), issue.to_string()));
+            }
+            break;
+        }
+    }
+    // Nothing valid could be assembled: an empty document (the caller keeps the last good one).
+    (Value::Object(Map::new()), skipped)
+}
+
+/// Runs the provider on a thread of its own for as long as `gateway` lives. `initial` is what the
+/// start-up read found (values and revision), when it succeeded.
+pub fn watch(gateway: &Arc<Gateway>, settings: EtcdSection, prefix: String, initial: Option<(Values, i64)>) {
+    let weak = Arc::downgrade(gateway);
+    let spawned = std::thread::Builder::new().name("etcd-watch".into()).spawn(move || {
+        let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+            Ok(rt) => rt,
+            Err(e) => {
+                log::error!("etcd provider cannot start its runtime: {e}");
+                return;
+            }
+        };
+        runtime.block_on(sync_forever(weak, settings, prefix, initial));
+    });
+    if let Err(e) = spawned {
+        log::error!("cannot start the etcd provider: {e}");
+    }
+}
+
+fn options(settings: &EtcdSection) -> ConnectOptions {
+    let timeout = Duration::from_secs_f64(settings.timeout.max(0.1));
+    let mut o = ConnectOptions::new().with_timeout(timeout).with_connect_timeout(timeout);
+    if let (Some(user), Some(password)) = (&settings.user, &settings.password) {
+        o = o.with_user(user.clone(), password.clone());
+    }
+    o
+}
+
+/// Endpoints without the scheme, as the client wants them.
+fn endpoints(settings: &EtcdSection) -> Vec<String> {
+    settings.host.iter().map(|h| h.trim_end_matches('/').to_owned()).collect()
+}
+
+/// Connects and reads every resource under `prefix`: the values and the revision of the read.
+pub async fn read_all(settings: &EtcdSection, prefix: &str) -> Result<(Client, Values, i64), String> {
+    let mut client = Client::connect(endpoints(settings), Some(options(settings)))
+        .await
+        .map_err(|e| format!("cannot connect to etcd {:?}: {e}", settings.host))?;
+    let resp = client
+        .get(format!("{prefix}/"), Some(GetOptions::new().with_prefix()))
+        .await
+        .map_err(|e| format!("etcd range read of {prefix}/: {e}"))?;
+    let revision = resp.header().map_or(0, |h| h.revision());
+    let mut values = Values::new();
+    for kv in resp.kvs() {
+        let key = String::from_utf8_lossy(kv.key()).into_owned();
+        match parse(kv.value()) {
+            Ok(v) => {
+                values.insert(key, v);
+            }
+            Err(e) => log::error!("etcd {key}: {e}; skipped"),
+        }
+    }
+    Ok((client, values, revision))
+}
+
+/// The blocking start-up read (`Gateway::load`): values and revision, or why not.
+pub fn initial_read(settings: &EtcdSection, prefix: &str) -> Result<(Values, i64), String> {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
+    runtime.block_on(async { read_all(settings, prefix).await.map(|(_, v, r)| (v, r)) })
+}
+
+/// Applies `values` at `revision` to the gateway (the valid part) and records the status.
+pub fn apply(gateway: &Gateway, values: &Values, prefix: &str, revision: i64) {
+    let (doc, skipped) = valid_document(|d| gateway.check_resources(d), values, prefix);
+    for (key, why) in &skipped {
+        log::error!("etcd {}: {why}; skipped", if key.is_empty() { "(resources)" } else { key });
+    }
+    match gateway.apply_resources(doc) {
+        Ok(summary) => log::info!("etcd revision {revision} applied: {summary}"),
+        Err(issues) => {
+            for i in issues {
+                log::error!("etcd revision {revision}: {i}; keeping the last good resources");
+            }
+        }
+    }
+    let mut status = gateway.provider_status.lock();
+    status.revision = Some(revision);
+    status.skipped = skipped.iter().map(|(k, _)| k.clone()).filter(|k| !k.is_empty()).collect();
+    if let Some((key, why)) = skipped.first() {
+        status.last_error = Some(format!("{key}: {why}"));
+    }
+}
+
+fn set_connected(status: &Mutex<ProviderStatus>, connected: bool, error: Option<String>) {
+    let mut s = status.lock();
+    if s.connected != connected {
+        match (&error, connected) {
+            (_, true) => log::info!("etcd: connected"),
+            (Some(e), false) => log::warn!("etcd: {e}; serving the last good resources, retrying"),
+            (None, false) => log::warn!("etcd: disconnected; serving the last good resources, retrying"),
+        }
+    }
+    s.connected = connected;
+    if error.is_some() {
+        s.last_error = error;
+    }
+}
+
+/// Read, apply, watch; on any failure, back off and start again with a full read.
+async fn sync_forever(gateway: Weak<Gateway>, settings: EtcdSection, prefix: String, initial: Option<(Values, i64)>) {
+    let mut backoff = Duration::from_millis(200);
+    let mut known: Option<(Values, i64)> = initial;
+    loop {
+        let Some(gw) = gateway.upgrade() else { return };
+        let outcome = match known.take() {
+            // Start-up already read and applied this revision: only connect for the watch.
+            Some((values, revision)) => Client::connect(endpoints(&settings), Some(options(&settings)))
+                .await
+                .map(|c| (c, values, revision))
+                .map_err(|e| format!("cannot connect to etcd {:?}: {e}", settings.host)),
+            None => read_all(&settings, &prefix)
+                .await
+                .inspect(|(_, values, revision)| apply(&gw, values, &prefix, *revision)),
+        };
+        drop(gw);
+        let (client, values, revision) = match outcome {
+            Ok(ok) => ok,
+            Err(e) => {
+                if let Some(gw) = gateway.upgrade() {
+                    set_connected(&gw.provider_status, false, Some(e));
+                }
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(10));
+                continue;
+            }
+        };
+        if let Some(gw) = gateway.upgrade() {
+            set_connected(&gw.provider_status, true, None);
+        }
+        backoff = Duration::from_millis(200);
+        let why = follow(&gateway, client, values, revision, &prefix).await;
+        if let Some(gw) = gateway.upgrade() {
+            set_connected(&gw.provider_status, false, Some(why));
+        }
+        tokio::time::sleep(backoff).await;
+    }
+}
+
+/// Watches from `revision + 1`, applying each change; returns why the watch ended.
+async fn follow(
+    gateway: &Weak<Gateway>,
+    mut client: Client,
+    mut values: Values,
+    revision: i64,
+    prefix: &str,
+) -> String {
+    let opts = WatchOptions::new().with_prefix().with_start_revision(revision + 1);
+    let (_watcher, mut stream) = match client.watch(format!("{prefix}/"), Some(opts)).await {
+        Ok(pair) => pair,
+        Err(e) => return format!("etcd watch: {e}"),
+    };
+    loop {
+        let resp = match stream.message().await {
+            Ok(Some(r)) => r,
+            Ok(None) => return "etcd closed the watch".into(),
+            Err(e) => return format!("etcd watch: {e}"),
+        };
+        if resp.canceled() || resp.compact_revision() > 0 {
+            // Compacted past our revision (or cancelled): read everything again.
+            return format!("etcd watch cancelled (compacted at {}); resyncing", resp.compact_revision());
+        }
+        let mut changed = false;
+        for event in resp.events() {
+            let Some(kv) = event.kv() else { continue };
+            let key = String::from_utf8_lossy(kv.key()).into_owned();
+            match event.event_type() {
+                EventType::Put => match parse(kv.value()) {
+                    Ok(v) => {
+                        values.insert(key, v);
+                        changed = true;
+                    }
+                    Err(e) => {
+                        log::error!("etcd {key}: {e}; skipped");
+                        changed |= values.remove(&key).is_some();
+                    }
+                },
+                EventType::Delete => changed |= values.remove(&key).is_some(),
+            }
+        }
+        let Some(gw) = gateway.upgrade() else { return "shutting down".into() };
+        let at = resp.header().map_or(revision, |h| h.revision());
+        if changed {
+            apply(&gw, &values, prefix, at);
+        } else {
+            gw.provider_status.lock().revision = Some(at);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_name_kind_and_id() {
+        assert_eq!(kind_of("/weir", "/weir/routes/1"), Some(("routes", "1")));
+        assert_eq!(kind_of("/weir", "/weir/plugin_metadata/key-auth"), Some(("plugin_metadata", "key-auth")));
+        assert_eq!(kind_of("/weir", "/weir/routes/"), None);
+        assert_eq!(kind_of("/weir", "/weir/routes/1/plugins"), None);
+        assert_eq!(kind_of("/weir", "/weir/nope/1"), None);
+        assert_eq!(kind_of("/weir", "/other/routes/1"), None);
+    }
+
+    #[test]
+    fn issues_point_at_entries() {
+        let i = Issue::new("uri", "bad").in_resource("routes[3] (id 7)");
+        assert_eq!(located(&i), Some(("routes", 3)));
+        assert_eq!(located(&Issue::new("routes", "conflict")), None);
+    }
+}

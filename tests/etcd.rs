@@ -1,0 +1,207 @@
+//! The etcd resource provider against a real etcd server (`etcd` and `etcdctl` from Debian's
+//! etcd-server and etcd-client packages; without them these tests are reported as skipped).
+//! Resources written to etcd are served; changes apply within a second; invalid values are
+//! skipped with their key; etcd going away leaves the last good resources serving, and changes
+//! made meanwhile apply once it is back.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::upstream::Upstream;
+use common::{eventually, get, Prefix, Weir};
+
+struct Etcd {
+    child: Option<Child>,
+    dir: PathBuf,
+    client: u16,
+    peer: u16,
+}
+
+impl Etcd {
+    fn start() -> Option<Etcd> {
+        if Command::new("etcd").arg("--version").output().is_err()
+            || Command::new("etcdctl").arg("version").output().is_err()
+        {
+            // CI installs etcd: there these tests must run, never skip.
+            assert!(
+                std::env::var_os("WEIR_REQUIRE_ETCD").is_none(),
+                "WEIR_REQUIRE_ETCD is set but etcd is not installed"
+            );
+            return None;
+        }
+        let dir = std::env::temp_dir().join(format!("weir-etcd-{}-{}", std::process::id(), common::free_port()));
+        let mut e = Etcd { child: None, dir, client: common::free_port(), peer: common::free_port() };
+        e.run();
+        Some(e)
+    }
+
+    fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.client)
+    }
+
+    fn run(&mut self) {
+        let peer = format!("http://127.0.0.1:{}", self.peer);
+        let child = Command::new("etcd")
+            .args(["--name", "weir-test", "--data-dir"])
+            .arg(&self.dir)
+            .args(["--listen-client-urls", &self.endpoint(), "--advertise-client-urls", &self.endpoint()])
+            .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
+            .args(["--initial-cluster", &format!("weir-test={peer}")])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start etcd");
+        self.child = Some(child);
+        let up = eventually(Duration::from_secs(20), || self.ctl(&["endpoint", "health"]).is_ok());
+        assert!(up, "etcd did not come up");
+    }
+
+    fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    fn ctl(&self, args: &[&str]) -> Result<String, String> {
+        let out = Command::new("etcdctl")
+            .env("ETCDCTL_API", "3")
+            .args(["--endpoints", &self.endpoint()])
+            .args(args)
+            .output()
+            .map_err(|e| e.to_string())?;
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).into_owned())
+        }
+    }
+
+    fn put(&self, key: &str, value: &str) {
+        self.ctl(&["put", key, value]).unwrap_or_else(|e| panic!("etcdctl put {key}: {e}"));
+    }
+
+    fn del(&self, key: &str) {
+        self.ctl(&["del", key]).unwrap_or_else(|e| panic!("etcdctl del {key}: {e}"));
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        self.stop();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn gateway(etcd: &Etcd) -> (Prefix, Weir) {
+    let p = Prefix::new(
+        "",
+        &format!(
+            "deployment:\n  config_provider: etcd\n  etcd:\n    host: [\"{}\"]\n    timeout: 2\n",
+            etcd.endpoint()
+        ),
+        "",
+    );
+    let w = Weir::start(&p);
+    w.wait_ready(p.node());
+    (p, w)
+}
+
+fn route(uri: &str, up: &Upstream) -> String {
+    format!("{{\"uri\": \"{uri}\", \"upstream\": {{\"nodes\": {{\"{}\": 1}}}}}}", up.node())
+}
+
+fn status(addr: SocketAddr, path: &str) -> u16 {
+    get(addr, path).status
+}
+
+#[test]
+fn resources_in_etcd_are_served_and_follow_changes() {
+    let Some(etcd) = Etcd::start() else {
+        return common::skip("resources_in_etcd_are_served_and_follow_changes", "etcd/etcdctl are not installed");
+    };
+    let up = Upstream::start("u");
+    etcd.put("/weir/routes/1", &route("/one", &up));
+    // Written behind Weir's back: not JSON, a schema error, a route naming a missing upstream.
+    etcd.put("/weir/routes/bad-json", "{nope");
+    etcd.put("/weir/routes/bad-uri", &route("no-slash", &up));
+    etcd.put("/weir/routes/dangling", "{\"uri\": \"/dangling\", \"upstream_id\": \"missing\"}");
+    let (p, w) = gateway(&etcd);
+    assert_eq!(status(p.node(), "/one"), 200);
+    let st = get(p.control(), "/v1/config_status").json();
+    assert_eq!(st["provider"], "etcd", "{st}");
+    assert_eq!(st["connected"], true, "{st}");
+    assert!(st["revision"].as_i64().is_some_and(|r| r > 0), "{st}");
+    let skipped = st["skipped"].to_string();
+    assert!(skipped.contains("/weir/routes/bad-uri") && skipped.contains("/weir/routes/dangling"), "{st}");
+    let log = w.log_text();
+    assert!(log.contains("etcd /weir/routes/bad-json: the value is not JSON"), "{log}");
+    assert!(log.contains("etcd /weir/routes/dangling:") && log.contains("upstream `missing` does not exist"), "{log}");
+
+    // A change applies within a second, and so does a delete.
+    etcd.put("/weir/routes/2", &route("/two", &up));
+    assert!(eventually(Duration::from_secs(1), || status(p.node(), "/two") == 200), "the new route was not served");
+    etcd.del("/weir/routes/1");
+    assert!(
+        eventually(Duration::from_secs(1), || status(p.node(), "/one") == 404),
+        "the deleted route is still served"
+    );
+    // An upstream object and a route naming it, in that order.
+    etcd.put("/weir/upstreams/u1", &format!("{{\"nodes\": {{\"{}\": 1}}}}", up.node()));
+    etcd.put("/weir/routes/3", "{\"uri\": \"/three\", \"upstream_id\": \"u1\"}");
+    assert!(eventually(Duration::from_secs(1), || status(p.node(), "/three") == 200));
+}
+
+#[test]
+fn etcd_outage_keeps_the_last_good_resources() {
+    let Some(mut etcd) = Etcd::start() else {
+        return common::skip("etcd_outage_keeps_the_last_good_resources", "etcd/etcdctl are not installed");
+    };
+    let up = Upstream::start("u");
+    etcd.put("/weir/routes/1", &route("/one", &up));
+    let (p, w) = gateway(&etcd);
+    assert_eq!(status(p.node(), "/one"), 200);
+
+    etcd.stop();
+    assert!(
+        eventually(Duration::from_secs(10), || get(p.control(), "/v1/config_status").json()["connected"] == false),
+        "the outage was not reported"
+    );
+    assert_eq!(status(p.node(), "/one"), 200, "the last good resources must keep serving");
+    assert_eq!(get(p.control(), "/v1/healthcheck").status, 200);
+
+    // Back, with changes made while Weir was away: they apply after the reconnection.
+    etcd.run();
+    etcd.put("/weir/routes/2", &route("/two", &up));
+    assert!(
+        eventually(Duration::from_secs(15), || status(p.node(), "/two") == 200),
+        "the change made during the outage was not applied: {}",
+        get(p.control(), "/v1/config_status").text()
+    );
+    assert_eq!(get(p.control(), "/v1/config_status").json()["connected"], true);
+    let log = w.log_text();
+    assert_eq!(
+        log.matches("serving the last good resources, retrying").count(),
+        1,
+        "log once per state change:\n{log}"
+    );
+}
+
+#[test]
+fn unreachable_etcd_at_start_serves_nothing_until_it_appears() {
+    let Some(mut etcd) = Etcd::start() else {
+        return common::skip("unreachable_etcd_at_start", "etcd/etcdctl are not installed");
+    };
+    let up = Upstream::start("u");
+    etcd.put("/weir/routes/1", &route("/one", &up));
+    etcd.stop();
+    let (p, _w) = gateway(&etcd);
+    assert_eq!(status(p.node(), "/one"), 404);
+    assert_eq!(get(p.control(), "/v1/config_status").json()["connected"], false);
+    etcd.run();
+    assert!(eventually(Duration::from_secs(15), || status(p.node(), "/one") == 200), "never caught up");
+}
