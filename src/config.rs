@@ -315,11 +315,105 @@ pub struct Deployment {
     /// The etcd cluster (`config_provider: etcd`).
     #[serde(default)]
     pub etcd: EtcdSection,
+    /// The Admin API (with the etcd provider).
+    #[serde(default)]
+    pub admin: AdminSection,
+}
+
+/// `deployment.admin:` (APISIX keys).
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AdminSection {
+    /// Whether the Admin API runs (default: with the etcd provider). It writes to etcd, so it
+    /// cannot run with the yaml provider.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enable_admin: Option<bool>,
+    /// Where it listens.
+    #[serde(default = "default_admin_listen")]
+    pub admin_listen: AdminListen,
+    /// API keys (`X-API-KEY`): `admin` may write, `viewer` may only read.
+    #[serde(default)]
+    pub admin_key: Vec<AdminKey>,
+    /// Client addresses allowed (IPs or CIDRs; default loopback only).
+    #[serde(default = "default_allow_admin")]
+    pub allow_admin: Vec<String>,
+}
+
+impl Default for AdminSection {
+    fn default() -> Self {
+        AdminSection {
+            enable_admin: None,
+            admin_listen: default_admin_listen(),
+            admin_key: Vec::new(),
+            allow_admin: default_allow_admin(),
+        }
+    }
+}
+
+/// `deployment.admin.admin_listen`.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AdminListen {
+    /// Address (default 127.0.0.1).
+    #[serde(default = "loopback")]
+    pub ip: IpAddr,
+    /// Port (default 9180).
+    #[serde(default = "admin_port")]
+    #[schemars(range(min = 1))]
+    pub port: u16,
+}
+
+/// One Admin API key.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AdminKey {
+    /// Who holds it (for logs).
+    #[schemars(length(min = 1))]
+    pub name: String,
+    /// The key clients send in `X-API-KEY`.
+    pub key: String,
+    /// What it may do.
+    pub role: AdminRole,
+}
+
+/// `admin_key[].role`.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum AdminRole {
+    // Read and write.
+    Admin,
+    // Read only.
+    Viewer,
+}
+
+/// The key the documentation shows: refused when the Admin API listens beyond loopback.
+pub const EXAMPLE_ADMIN_KEY: &str = "weir-example-admin-key";
+
+fn default_admin_listen() -> AdminListen {
+    AdminListen { ip: loopback(), port: admin_port() }
+}
+fn admin_port() -> u16 {
+    9180
+}
+fn default_allow_admin() -> Vec<String> {
+    vec!["127.0.0.0/8".into(), "::1".into()]
+}
+
+impl Config {
+    /// Whether the Admin API runs.
+    pub fn admin_enabled(&self) -> bool {
+        self.deployment.admin.enable_admin.unwrap_or(self.deployment.config_provider == ConfigProvider::Etcd)
+    }
 }
 
 impl Default for Deployment {
     fn default() -> Self {
-        Deployment { config_provider: ConfigProvider::Yaml, prefix: default_prefix(), etcd: EtcdSection::default() }
+        Deployment {
+            config_provider: ConfigProvider::Yaml,
+            prefix: default_prefix(),
+            etcd: EtcdSection::default(),
+            admin: AdminSection::default(),
+        }
     }
 }
 
@@ -505,6 +599,49 @@ impl Config {
             }
             seen.push(addr);
         }
+        let admin = &self.deployment.admin;
+        if admin.enable_admin == Some(true) && self.deployment.config_provider == ConfigProvider::Yaml {
+            issues.push(Issue::new(
+                "deployment.admin.enable_admin",
+                "the Admin API writes resources to etcd: it needs deployment.config_provider: etcd (with the yaml provider, edit conf/resources.yaml)",
+            ));
+        }
+        if self.admin_enabled() {
+            if admin.admin_key.is_empty() {
+                issues.push(Issue::new(
+                    "deployment.admin.admin_key",
+                    "the Admin API needs at least one key (`{name, key, role: admin}`)",
+                ));
+            }
+            for (i, k) in admin.admin_key.iter().enumerate() {
+                if k.key.trim().is_empty() {
+                    issues.push(Issue::new(
+                        format!("deployment.admin.admin_key[{i}].key"),
+                        "an admin key may not be empty",
+                    ));
+                } else if k.key == EXAMPLE_ADMIN_KEY && !admin.admin_listen.ip.is_loopback() {
+                    issues.push(Issue::new(
+                        format!("deployment.admin.admin_key[{i}].key"),
+                        "this is the documented example key; choose your own before listening beyond loopback",
+                    ));
+                }
+            }
+            for (i, c) in admin.allow_admin.iter().enumerate() {
+                if let Err(e) = weir_plugin::cidr::Cidr::parse(c) {
+                    issues.push(Issue::new(format!("deployment.admin.allow_admin[{i}]"), e));
+                }
+            }
+            let port = admin.admin_listen.port;
+            let taken = self.gateway.node_listen.iter().any(|l| l.addr().port() == port)
+                || (self.gateway.enable_control && control.port == port)
+                || (ssl.enable && ssl.listen.iter().any(|l| l.addr().port() == port));
+            if taken {
+                issues.push(Issue::new(
+                    "deployment.admin.admin_listen.port",
+                    format!("port {port} is already a listener"),
+                ));
+            }
+        }
         let names = catalog.names();
         if let Some(plugins) = &self.plugins {
             for (i, name) in plugins.iter().enumerate() {
@@ -645,6 +782,27 @@ mod tests {
         assert!(e.contains("plugin_attr.nope: unknown plugin"), "{e}");
         let e = check(json!({"stream_plugins": ["mqtt-proxy"]})).unwrap_err();
         assert!(e.contains("stream_plugins[0]"), "{e}");
+    }
+
+    #[test]
+    fn admin_api_rules() {
+        let e = check(json!({"deployment": {"admin": {"enable_admin": true}}})).unwrap_err();
+        assert!(e.contains("deployment.admin.enable_admin: the Admin API writes resources to etcd"), "{e}");
+        let e = check(json!({"deployment": {"config_provider": "etcd"}})).unwrap_err();
+        assert!(e.contains("deployment.admin.admin_key: the Admin API needs at least one key"), "{e}");
+        let key = |k: &str, ip: &str| {
+            json!({"deployment": {"config_provider": "etcd", "admin": {
+                "admin_listen": {"ip": ip, "port": 9180},
+                "admin_key": [{"name": "a", "key": k, "role": "admin"}]}}})
+        };
+        assert!(check(key("s3cret", "127.0.0.1")).is_ok());
+        assert!(check(key(EXAMPLE_ADMIN_KEY, "127.0.0.1")).is_ok());
+        let e = check(key(EXAMPLE_ADMIN_KEY, "0.0.0.0")).unwrap_err();
+        assert!(e.contains("admin_key[0].key: this is the documented example key"), "{e}");
+        let e = check(key(" ", "127.0.0.1")).unwrap_err();
+        assert!(e.contains("admin_key[0].key: an admin key may not be empty"), "{e}");
+        // Without the Admin API the etcd provider needs no key.
+        assert!(check(json!({"deployment": {"config_provider": "etcd", "admin": {"enable_admin": false}}})).is_ok());
     }
 
     #[test]

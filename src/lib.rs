@@ -28,6 +28,7 @@ extern crate weir_plugin_short_url;
 #[cfg(feature = "stream-file-logger")]
 extern crate weir_plugin_stream_file_logger;
 
+pub mod admin;
 pub mod cli;
 pub mod config;
 pub mod control;

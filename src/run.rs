@@ -23,6 +23,14 @@ pub fn run(prefix: Prefix) -> Result<(), String> {
         } else {
             log::info!("control server disabled (gateway.enable_control: false)");
         }
+        if config.admin_enabled() {
+            let d = &config.deployment;
+            let addr = SocketAddr::new(d.admin.admin_listen.ip, d.admin.admin_listen.port);
+            let server = crate::admin::server(gateway.clone(), d.admin.clone(), d.etcd.clone(), d.prefix.clone())
+                .map_err(|e| format!("cannot listen on {addr} (deployment.admin.admin_listen): {e}"))?;
+            log::info!("Admin API listening on http://{addr} (/weir/admin/, /apisix/admin/)");
+            servers.push(server);
+        }
         let data_plane = crate::dataplane::server::DataPlane::start(gateway.clone(), &config)?;
         let workers = config.gateway.worker_processes.count();
         for l in &config.gateway.node_listen {

@@ -97,17 +97,25 @@ impl Drop for Etcd {
     }
 }
 
-fn gateway(etcd: &Etcd) -> (Prefix, Weir) {
-    let p = Prefix::new(
-        "",
-        &format!(
-            "deployment:\n  config_provider: etcd\n  etcd:\n    host: [\"{}\"]\n    timeout: 2\n",
-            etcd.endpoint()
-        ),
-        "",
+const ADMIN_KEY: &str = "test-admin-key";
+const VIEWER_KEY: &str = "test-viewer-key";
+
+/// A gateway on `etcd`; its Admin API listens on the returned port.
+fn gateway_with_admin(etcd: &Etcd) -> (Prefix, Weir, u16) {
+    let admin = common::free_port();
+    let deployment = format!(
+        "deployment:\n  config_provider: etcd\n  etcd:\n    host: [\"{}\"]\n    timeout: 2\n  admin:\n    admin_listen: {{ip: 127.0.0.1, port: {admin}}}\n    admin_key:\n      - {{name: ops, key: {ADMIN_KEY}, role: admin}}\n      - {{name: dash, key: {VIEWER_KEY}, role: viewer}}\n",
+        etcd.endpoint()
     );
+    let p = Prefix::new("", &deployment, "");
     let w = Weir::start(&p);
     w.wait_ready(p.node());
+    w.wait_ready(SocketAddr::from(([127, 0, 0, 1], admin)));
+    (p, w, admin)
+}
+
+fn gateway(etcd: &Etcd) -> (Prefix, Weir) {
+    let (p, w, _) = gateway_with_admin(etcd);
     (p, w)
 }
 
@@ -204,4 +212,101 @@ fn unreachable_etcd_at_start_serves_nothing_until_it_appears() {
     assert_eq!(get(p.control(), "/v1/config_status").json()["connected"], false);
     etcd.run();
     assert!(eventually(Duration::from_secs(15), || status(p.node(), "/one") == 200), "never caught up");
+}
+
+/// One Admin API call with `key`.
+fn admin_call(port: u16, method: &str, path: &str, key: Option<&str>, body: &str) -> common::Response {
+    let mut headers = vec![("Content-Type", "application/json")];
+    if let Some(k) = key {
+        headers.push(("X-API-KEY", k));
+    }
+    common::request(SocketAddr::from(([127, 0, 0, 1], port)), method, path, &headers, body.as_bytes())
+}
+
+#[test]
+fn admin_api_writes_validated_resources_that_every_instance_serves() {
+    let Some(etcd) = Etcd::start() else {
+        return common::skip("admin_api_writes_validated_resources", "etcd/etcdctl are not installed");
+    };
+    let up = Upstream::start("u");
+    let (p, _w, admin) = gateway_with_admin(&etcd);
+    let (p2, _w2) = gateway(&etcd);
+    let call = |method: &str, path: &str, body: &str| admin_call(admin, method, path, Some(ADMIN_KEY), body);
+
+    // Keys and roles.
+    assert_eq!(admin_call(admin, "GET", "/apisix/admin/routes", None, "").status, 401);
+    assert_eq!(admin_call(admin, "GET", "/apisix/admin/routes", Some("wrong"), "").status, 401);
+    assert_eq!(admin_call(admin, "GET", "/apisix/admin/routes", Some(VIEWER_KEY), "").status, 200);
+    assert_eq!(admin_call(admin, "PUT", "/apisix/admin/routes/1", Some(VIEWER_KEY), "{}").status, 403);
+
+    // PUT creates (201), the value comes back with id and times; both instances serve it.
+    let upstream = format!("{{\"nodes\": [{{\"host\": \"127.0.0.1\", \"port\": {}, \"weight\": 1}}]}}", up.addr.port());
+    let r = call("PUT", "/apisix/admin/upstreams/u1", &upstream);
+    assert_eq!(r.status, 201, "{}", r.text());
+    let r = call(
+        "PUT",
+        "/apisix/admin/routes/1",
+        "{\"uri\": \"/one\", \"upstream_id\": \"u1\", \"enable_websocket\": false, \"status\": 1, \"priority\": 0, \"plugins\": {}}",
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    let v = r.json();
+    assert_eq!(v["key"], "/weir/routes/1");
+    assert_eq!(v["value"]["id"], "1");
+    assert!(v["value"]["create_time"].is_i64() && v["value"]["update_time"].is_i64(), "{v}");
+    for gw in [p.node(), p2.node()] {
+        assert!(eventually(Duration::from_secs(1), || status(gw, "/one") == 200), "not served by {gw}");
+    }
+    // The node list stays a list.
+    let got = call("GET", "/weir/admin/upstreams/u1", "").json();
+    assert!(got["value"]["nodes"].is_array(), "{got}");
+    assert!(got["createdIndex"].is_i64() && got["modifiedIndex"].is_i64(), "{got}");
+    // Replace: 200.
+    assert_eq!(call("PUT", "/apisix/admin/routes/1", "{\"uri\": \"/one\", \"upstream_id\": \"u1\"}").status, 200);
+
+    // Validation before etcd: the file's wording, nothing stored.
+    let r = call("PUT", "/apisix/admin/routes/2", "{\"uri\": \"no-slash\", \"upstream_id\": \"u1\"}");
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.json()["error_msg"].as_str().is_some_and(|m| m.contains("uri")), "{}", r.text());
+    let r = call("PUT", "/apisix/admin/routes/2", "{\"uri\": \"/two\", \"upstream_id\": \"missing\"}");
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.text().contains("upstream `missing` does not exist"), "{}", r.text());
+    assert_eq!(call("GET", "/apisix/admin/routes/2", "").json(), serde_json::json!({"message": "Key not found"}));
+
+    // POST generates the id; the list counts it; paging.
+    let r = call("POST", "/apisix/admin/routes", "{\"uri\": \"/posted\", \"upstream_id\": \"u1\"}");
+    assert_eq!(r.status, 201, "{}", r.text());
+    let posted = r.json()["value"]["id"].as_str().map(str::to_owned).expect("generated id");
+    let listed = call("GET", "/apisix/admin/routes", "").json();
+    assert_eq!(listed["total"], 2, "{listed}");
+    let page = call("GET", "/apisix/admin/routes?page=2&page_size=1", "").json();
+    assert_eq!(page["list"].as_array().map(Vec::len), Some(1), "{page}");
+
+    // PATCH merges, also on a sub-path; compare-and-swap with If-Match.
+    let r = call("PATCH", "/apisix/admin/routes/1/plugins", "{\"example-plugin\": {\"i\": 1}}");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["value"]["plugins"]["example-plugin"]["i"], 1);
+    let current = call("GET", "/apisix/admin/routes/1", "").json();
+    let stale = (current["modifiedIndex"].as_i64().expect("revision") - 1).to_string();
+    let headers = [("Content-Type", "application/json"), ("X-API-KEY", ADMIN_KEY), ("If-Match", stale.as_str())];
+    let body = "{\"uri\": \"/one\", \"upstream_id\": \"u1\"}";
+    let addr = SocketAddr::from(([127, 0, 0, 1], admin));
+    let r = common::request(addr, "PUT", "/apisix/admin/routes/1", &headers, body.as_bytes());
+    assert_eq!(r.status, 412, "{}", r.text());
+
+    // Consumers: PUT /consumers with the username in the body.
+    let r = call(
+        "PUT",
+        "/apisix/admin/consumers",
+        "{\"username\": \"jack\", \"plugins\": {\"key-auth\": {\"key\": \"k1\"}}}",
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    assert_eq!(call("GET", "/apisix/admin/consumers/jack", "").status, 200);
+
+    // An upstream in use cannot go; a route can.
+    let r = call("DELETE", "/apisix/admin/upstreams/u1", "");
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.text().contains("routes/1"), "{}", r.text());
+    let r = call("DELETE", &format!("/apisix/admin/routes/{posted}"), "");
+    assert_eq!(r.json()["deleted"], "1", "{}", r.text());
+    assert_eq!(call("DELETE", "/apisix/admin/routes/nope", "").status, 404);
 }

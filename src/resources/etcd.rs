@@ -88,10 +88,14 @@ fn id_field(kind: &str) -> &'static str {
     }
 }
 
-/// Gives `value` the id its key names (APISIX stores values without it, or with the same one).
+/// Gives `value` the id its key names (APISIX stores values without it, or with the same one),
+/// without the Admin API's `create_time` / `update_time`.
 fn with_id(kind: &str, id: &str, value: &Value) -> Result<Value, String> {
     let mut v = value.clone();
     let Value::Object(o) = &mut v else { return Err("the value is not a JSON object".into()) };
+    // Bookkeeping the Admin API (and APISIX) stores with every value, not part of the resource.
+    o.remove("create_time");
+    o.remove("update_time");
     let field = id_field(kind);
     match o.get(field) {
         None => {

@@ -1,0 +1,391 @@
+//! The Admin API (`deployment.admin`, with the etcd provider): APISIX v3's resource API over
+//! etcd, under `/weir/admin/<kind>[/<id>]` and the same paths under `/apisix/admin/` so that
+//! APISIX tooling works unchanged.
+//!
+//! Every write is validated by the same snapshot builder as the file and etcd (400 with the
+//! same `key.path: reason` wording) before it reaches etcd, and is a compare-and-swap on the
+//! key's revision: with `If-Match: <modifiedIndex>` the write applies only to that revision
+//! (412 otherwise), and PATCH always applies to the revision it read. Instances see the write
+//! through their etcd watch, this one included.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+
+use actix_web::http::StatusCode;
+use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer};
+use etcd_client::{Client, Compare, CompareOp, ConnectOptions, GetOptions, Txn, TxnOp};
+use serde_json::{json, Map, Value};
+use weir_plugin::cidr::Cidr;
+
+use crate::config::{AdminRole, AdminSection, EtcdSection};
+use crate::control::json_response;
+use crate::resources::etcd::{valid_document, Values, KINDS};
+use crate::state::Gateway;
+
+/// Largest request body.
+const MAX_BODY: usize = 4 << 20;
+
+struct Admin {
+    gateway: Arc<Gateway>,
+    settings: AdminSection,
+    allow: Vec<Cidr>,
+    etcd: EtcdSection,
+    prefix: String,
+}
+
+/// Binds the Admin API (the caller runs it).
+pub fn server(
+    gateway: Arc<Gateway>,
+    settings: AdminSection,
+    etcd: EtcdSection,
+    prefix: String,
+) -> std::io::Result<actix_web::dev::Server> {
+    let addr = SocketAddr::new(settings.admin_listen.ip, settings.admin_listen.port);
+    let allow = settings.allow_admin.iter().filter_map(|c| Cidr::parse(c).ok()).collect();
+    let data = web::Data::new(Admin { gateway, settings, allow, etcd, prefix });
+    Ok(HttpServer::new(move || {
+        App::new().app_data(data.clone()).app_data(web::PayloadConfig::new(MAX_BODY)).default_service(web::to(dispatch))
+    })
+    .workers(1)
+    .disable_signals()
+    .bind(addr)?
+    .run())
+}
+
+fn error(status: StatusCode, msg: impl Into<String>) -> HttpResponse {
+    json_response(status, &json!({ "error_msg": msg.into() }))
+}
+
+fn not_found() -> HttpResponse {
+    json_response(StatusCode::NOT_FOUND, &json!({ "message": "Key not found" }))
+}
+
+/// `(kind, id, sub-path)` of an Admin API path.
+fn parse_path(path: &str) -> Option<(&'static str, Option<&str>, Vec<&str>)> {
+    let rest = path.strip_prefix("/weir/admin/").or_else(|| path.strip_prefix("/apisix/admin/"))?;
+    let mut parts = rest.trim_end_matches('/').split('/');
+    let kind = parts.next()?;
+    let kind = KINDS.iter().copied().find(|k| *k == kind)?;
+    let id = parts.next().filter(|s| !s.is_empty());
+    Some((kind, id, parts.collect()))
+}
+
+fn valid_id(id: &str) -> bool {
+    !id.is_empty() && id.len() <= 64 && id.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+}
+
+async fn dispatch(req: HttpRequest, body: web::Bytes, admin: web::Data<Admin>) -> HttpResponse {
+    // Who may ask: the client address, then the key and its role.
+    let peer = req.peer_addr().map(|a| a.ip());
+    if !peer.is_some_and(|ip: IpAddr| admin.allow.iter().any(|c| c.contains(ip))) {
+        return error(StatusCode::FORBIDDEN, "Forbidden: this client address is not in deployment.admin.allow_admin");
+    }
+    let key = req.headers().get("x-api-key").and_then(|v| v.to_str().ok());
+    let Some(role) = key.and_then(|k| admin.settings.admin_key.iter().find(|a| a.key == k)).map(|a| a.role) else {
+        return error(StatusCode::UNAUTHORIZED, "failed to check token: send a valid X-API-KEY");
+    };
+    let method = req.method().as_str().to_owned();
+    if role == AdminRole::Viewer && method != "GET" {
+        return error(StatusCode::FORBIDDEN, "this key's role is viewer: it may only read");
+    }
+    let Some((kind, id, sub)) = parse_path(req.path()) else {
+        return error(StatusCode::NOT_FOUND, "not found: paths are /weir/admin/<kind>[/<id>] (or /apisix/admin/...)");
+    };
+    if id.is_some_and(|i| !valid_id(i)) {
+        return error(StatusCode::BAD_REQUEST, "invalid id: 1-64 of [a-zA-Z0-9-_.]");
+    }
+    let mut client = match connect(&admin.etcd).await {
+        Ok(c) => c,
+        Err(e) => return error(StatusCode::SERVICE_UNAVAILABLE, e),
+    };
+    let if_match = req.headers().get("if-match").and_then(|v| v.to_str().ok()).map(|v| v.trim_matches('"').to_owned());
+    let query = req.query_string().to_owned();
+    let result = match (method.as_str(), id) {
+        ("GET", None) => list(&mut client, &admin, kind, &query).await,
+        ("GET", Some(id)) => get(&mut client, &admin, kind, id).await,
+        ("PUT", Some(id)) if sub.is_empty() => put(&mut client, &admin, kind, Some(id), &body, if_match, false).await,
+        // Consumers are created with the username in the body (APISIX).
+        ("PUT", None) if kind == "consumers" => put(&mut client, &admin, kind, None, &body, if_match, false).await,
+        ("POST", None) if kind != "consumers" => put(&mut client, &admin, kind, None, &body, None, true).await,
+        ("PATCH", Some(id)) => patch(&mut client, &admin, kind, id, &sub, &body).await,
+        ("DELETE", Some(id)) => delete(&mut client, &admin, kind, id).await,
+        _ => Ok(error(StatusCode::METHOD_NOT_ALLOWED, format!("{method} is not allowed on {}", req.path()))),
+    };
+    result.unwrap_or_else(|e| error(StatusCode::SERVICE_UNAVAILABLE, format!("etcd: {e}")))
+}
+
+async fn connect(etcd: &EtcdSection) -> Result<Client, String> {
+    let timeout = std::time::Duration::from_secs_f64(etcd.timeout.max(0.1));
+    let mut o = ConnectOptions::new().with_timeout(timeout).with_connect_timeout(timeout);
+    if let (Some(u), Some(p)) = (&etcd.user, &etcd.password) {
+        o = o.with_user(u.clone(), p.clone());
+    }
+    Client::connect(etcd.host.clone(), Some(o)).await.map_err(|e| format!("cannot reach etcd {:?}: {e}", etcd.host))
+}
+
+fn key_of(admin: &Admin, kind: &str, id: &str) -> String {
+    format!("{}/{kind}/{id}", admin.prefix)
+}
+
+/// One stored node as APISIX reports it.
+fn node(key: &str, value: Value, created: i64, modified: i64) -> Value {
+    json!({ "key": key, "value": value, "createdIndex": created, "modifiedIndex": modified })
+}
+
+async fn list(client: &mut Client, admin: &Admin, kind: &str, query: &str) -> Result<HttpResponse, String> {
+    let prefix = format!("{}/{kind}/", admin.prefix);
+    let resp = client.get(prefix, Some(GetOptions::new().with_prefix())).await.map_err(|e| e.to_string())?;
+    let mut items: Vec<Value> = resp
+        .kvs()
+        .iter()
+        .filter_map(|kv| {
+            let value: Value = serde_json::from_slice(kv.value()).ok()?;
+            Some(node(&String::from_utf8_lossy(kv.key()), value, kv.create_revision(), kv.mod_revision()))
+        })
+        .collect();
+    let total = items.len();
+    let arg = |name: &str| weir_plugin::query_arg(query, name).and_then(|v| v.parse::<usize>().ok());
+    if let Some(size) = arg("page_size").filter(|s| *s > 0) {
+        let page = arg("page").unwrap_or(1).max(1);
+        items = items.into_iter().skip((page - 1) * size).take(size).collect();
+    }
+    Ok(json_response(StatusCode::OK, &json!({ "total": total, "list": items })))
+}
+
+async fn get(client: &mut Client, admin: &Admin, kind: &str, id: &str) -> Result<HttpResponse, String> {
+    let key = key_of(admin, kind, id);
+    let resp = client.get(key.clone(), None).await.map_err(|e| e.to_string())?;
+    let Some(kv) = resp.kvs().first() else { return Ok(not_found()) };
+    let value: Value = serde_json::from_slice(kv.value()).unwrap_or(Value::Null);
+    Ok(json_response(StatusCode::OK, &node(&key, value, kv.create_revision(), kv.mod_revision())))
+}
+
+/// Every resource value under the prefix (for validation with the whole set).
+async fn all_values(client: &mut Client, admin: &Admin) -> Result<Values, String> {
+    let resp = client
+        .get(format!("{}/", admin.prefix), Some(GetOptions::new().with_prefix()))
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(resp
+        .kvs()
+        .iter()
+        .filter_map(|kv| {
+            let v: Value = serde_json::from_slice(kv.value()).ok()?;
+            Some((String::from_utf8_lossy(kv.key()).into_owned(), v))
+        })
+        .collect())
+}
+
+/// Why `key` would be left out of a snapshot of `values` (the file's validation), if it would.
+fn refusal(admin: &Admin, values: &Values, key: &str) -> Option<String> {
+    let (_, skipped) = valid_document(|d| admin.gateway.check_resources(d), values, &admin.prefix);
+    let reasons: Vec<String> = skipped.into_iter().filter(|(k, _)| k == key).map(|(_, why)| why).collect();
+    (!reasons.is_empty()).then(|| reasons.join("; "))
+}
+
+fn now() -> i64 {
+    chrono::Utc::now().timestamp()
+}
+
+/// PUT (with `id`, or a consumer's username in the body) and POST (`generate`).
+async fn put(
+    client: &mut Client,
+    admin: &Admin,
+    kind: &str,
+    id: Option<&str>,
+    body: &[u8],
+    if_match: Option<String>,
+    generate: bool,
+) -> Result<HttpResponse, String> {
+    let Ok(Value::Object(mut value)) = serde_json::from_slice::<Value>(body) else {
+        return Ok(error(StatusCode::BAD_REQUEST, "invalid request body: a JSON object is required"));
+    };
+    let field = if kind == "consumers" { "username" } else { "id" };
+    let id: String = match (id, generate) {
+        (Some(id), _) => id.to_owned(),
+        (None, true) => format!("{:020}", chrono::Utc::now().timestamp_nanos_opt().unwrap_or_default().unsigned_abs()),
+        (None, false) => match value.get(field).and_then(Value::as_str) {
+            Some(u) if valid_id(u) => u.to_owned(),
+            _ => return Ok(error(StatusCode::BAD_REQUEST, format!("`{field}` is required in the body"))),
+        },
+    };
+    match value.get(field) {
+        Some(Value::String(s)) if *s != id => {
+            return Ok(error(StatusCode::BAD_REQUEST, format!("wrong {field}: the body says `{s}`, the path `{id}`")))
+        }
+        Some(Value::Number(n)) if n.to_string() != id => {
+            return Ok(error(StatusCode::BAD_REQUEST, format!("wrong {field}: the body says `{n}`, the path `{id}`")))
+        }
+        _ => {}
+    }
+    value.insert(field.to_owned(), Value::String(id.clone()));
+    let key = key_of(admin, kind, &id);
+    let mut values = all_values(client, admin).await?;
+    let existing = client.get(key.clone(), None).await.map_err(|e| e.to_string())?;
+    let current =
+        existing.kvs().first().map(|kv| (kv.mod_revision(), serde_json::from_slice::<Value>(kv.value()).ok()));
+    let created_at = current
+        .as_ref()
+        .and_then(|(_, v)| v.as_ref())
+        .and_then(|v| v.get("create_time"))
+        .and_then(Value::as_i64)
+        .unwrap_or_else(now);
+    value.insert("create_time".into(), json!(created_at));
+    value.insert("update_time".into(), json!(now()));
+    let value = Value::Object(value);
+    values.insert(key.clone(), value.clone());
+    if let Some(why) = refusal(admin, &values, &key) {
+        return Ok(error(StatusCode::BAD_REQUEST, why));
+    }
+    let expected = match if_match {
+        Some(tag) => match tag.parse::<i64>() {
+            Ok(rev) => Some(rev),
+            Err(_) => return Ok(error(StatusCode::BAD_REQUEST, "If-Match must be a modifiedIndex")),
+        },
+        None => None,
+    };
+    let created = current.is_none();
+    store(client, &key, &value, expected).await.map(|ok| match ok {
+        true => json_response(
+            if created { StatusCode::CREATED } else { StatusCode::OK },
+            &json!({ "key": key, "value": value }),
+        ),
+        false => conflict(),
+    })
+}
+
+fn conflict() -> HttpResponse {
+    error(StatusCode::PRECONDITION_FAILED, "the resource changed since the revision given (If-Match): read it again")
+}
+
+/// Writes `value` at `key`; with `expected`, only if the key's revision is still that (0: the
+/// key must not exist). Returns whether it was written.
+async fn store(client: &mut Client, key: &str, value: &Value, expected: Option<i64>) -> Result<bool, String> {
+    let put = TxnOp::put(key, value.to_string(), None);
+    let txn = match expected {
+        Some(rev) => Txn::new().when([Compare::mod_revision(key, CompareOp::Equal, rev)]).and_then([put]),
+        None => Txn::new().and_then([put]),
+    };
+    let resp = client.txn(txn).await.map_err(|e| e.to_string())?;
+    Ok(resp.succeeded())
+}
+
+/// RFC 7396 JSON merge patch.
+fn merge(target: &mut Value, patch: &Value) {
+    let Value::Object(p) = patch else {
+        *target = patch.clone();
+        return;
+    };
+    if !target.is_object() {
+        *target = Value::Object(Map::new());
+    }
+    let Value::Object(t) = target else { return };
+    for (k, v) in p {
+        if v.is_null() {
+            t.remove(k);
+        } else {
+            merge(t.entry(k.clone()).or_insert(Value::Null), v);
+        }
+    }
+}
+
+async fn patch(
+    client: &mut Client,
+    admin: &Admin,
+    kind: &str,
+    id: &str,
+    sub: &[&str],
+    body: &[u8],
+) -> Result<HttpResponse, String> {
+    let Ok(patch) = serde_json::from_slice::<Value>(body) else {
+        return Ok(error(StatusCode::BAD_REQUEST, "invalid request body: JSON is required"));
+    };
+    let key = key_of(admin, kind, id);
+    let resp = client.get(key.clone(), None).await.map_err(|e| e.to_string())?;
+    let Some(kv) = resp.kvs().first() else { return Ok(not_found()) };
+    let revision = kv.mod_revision();
+    let mut value: Value = serde_json::from_slice(kv.value()).unwrap_or_else(|_| json!({}));
+    // A sub-path (`/routes/1/plugins`) patches that member only.
+    let mut at = &mut value;
+    for part in sub {
+        if !at.is_object() {
+            *at = Value::Object(Map::new());
+        }
+        let Value::Object(o) = at else { break };
+        at = o.entry((*part).to_owned()).or_insert_with(|| json!({}));
+    }
+    merge(at, &patch);
+    if let Value::Object(o) = &mut value {
+        o.insert("update_time".into(), json!(now()));
+    }
+    let mut values = all_values(client, admin).await?;
+    values.insert(key.clone(), value.clone());
+    if let Some(why) = refusal(admin, &values, &key) {
+        return Ok(error(StatusCode::BAD_REQUEST, why));
+    }
+    // Always against the revision read: a concurrent change is never overwritten.
+    Ok(match store(client, &key, &value, Some(revision)).await? {
+        true => json_response(StatusCode::OK, &json!({ "key": key, "value": value })),
+        false => conflict(),
+    })
+}
+
+/// Which resources name `kind`/`id` (an upstream or service still in use cannot be deleted).
+fn users(values: &Values, admin: &Admin, kind: &str, id: &str) -> Vec<String> {
+    let field = match kind {
+        "upstreams" => "upstream_id",
+        "services" => "service_id",
+        _ => return Vec::new(),
+    };
+    let mut found = Vec::new();
+    for (key, v) in values {
+        let named = match v.get(field) {
+            Some(Value::String(s)) => s == id,
+            Some(Value::Number(n)) => n.to_string() == id,
+            _ => false,
+        };
+        if named {
+            found.push(key.strip_prefix(&admin.prefix).unwrap_or(key).trim_start_matches('/').to_owned());
+        }
+    }
+    found
+}
+
+async fn delete(client: &mut Client, admin: &Admin, kind: &str, id: &str) -> Result<HttpResponse, String> {
+    let key = key_of(admin, kind, id);
+    let values = all_values(client, admin).await?;
+    if !values.contains_key(&key) {
+        return Ok(not_found());
+    }
+    let in_use = users(&values, admin, kind, id);
+    if !in_use.is_empty() {
+        let what = kind.trim_end_matches('s');
+        return Ok(error(
+            StatusCode::BAD_REQUEST,
+            format!("can not delete this {what}, {} still using it now", in_use.join(", ")),
+        ));
+    }
+    client.delete(key.clone(), None).await.map_err(|e| e.to_string())?;
+    Ok(json_response(StatusCode::OK, &json!({ "key": key, "deleted": "1" })))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_name_kind_id_and_sub_path() {
+        assert_eq!(parse_path("/weir/admin/routes"), Some(("routes", None, vec![])));
+        assert_eq!(parse_path("/apisix/admin/routes/1"), Some(("routes", Some("1"), vec![])));
+        assert_eq!(parse_path("/apisix/admin/routes/1/plugins"), Some(("routes", Some("1"), vec!["plugins"])));
+        assert_eq!(parse_path("/apisix/admin/nope/1"), None);
+        assert_eq!(parse_path("/v1/routes"), None);
+    }
+
+    #[test]
+    fn merge_patch() {
+        let mut v = json!({"a": 1, "b": {"c": 2, "d": 3}});
+        merge(&mut v, &json!({"b": {"c": null, "e": 4}, "f": [1]}));
+        assert_eq!(v, json!({"a": 1, "b": {"d": 3, "e": 4}, "f": [1]}));
+    }
+}
