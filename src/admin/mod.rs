@@ -13,13 +13,13 @@ use std::sync::Arc;
 
 use actix_web::http::StatusCode;
 use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer};
-use etcd_client::{Client, Compare, CompareOp, ConnectOptions, GetOptions, Txn, TxnOp};
+use etcd_client::{Client, Compare, CompareOp, GetOptions, Txn, TxnOp};
 use serde_json::{json, Map, Value};
 use weir_plugin::cidr::Cidr;
 
 use crate::config::{AdminRole, AdminSection, EtcdSection};
 use crate::control::json_response;
-use crate::resources::etcd::{valid_document, Values, KINDS};
+use crate::resources::etcd::{endpoints, options, valid_document, Values, KINDS};
 use crate::state::Gateway;
 
 /// Largest request body.
@@ -115,12 +115,9 @@ async fn dispatch(req: HttpRequest, body: web::Bytes, admin: web::Data<Admin>) -
 }
 
 async fn connect(etcd: &EtcdSection) -> Result<Client, String> {
-    let timeout = std::time::Duration::from_secs_f64(etcd.timeout.max(0.1));
-    let mut o = ConnectOptions::new().with_timeout(timeout).with_connect_timeout(timeout);
-    if let (Some(u), Some(p)) = (&etcd.user, &etcd.password) {
-        o = o.with_user(u.clone(), p.clone());
-    }
-    Client::connect(etcd.host.clone(), Some(o)).await.map_err(|e| format!("cannot reach etcd {:?}: {e}", etcd.host))
+    Client::connect(endpoints(etcd), Some(options(etcd)))
+        .await
+        .map_err(|e| format!("cannot reach etcd {:?}: {e}", etcd.host))
 }
 
 fn key_of(admin: &Admin, kind: &str, id: &str) -> String {

@@ -202,7 +202,8 @@ pub fn watch(gateway: &Arc<Gateway>, settings: EtcdSection, prefix: String, init
     }
 }
 
-fn options(settings: &EtcdSection) -> ConnectOptions {
+/// Connection options of `deployment.etcd` (timeouts, authentication).
+pub fn options(settings: &EtcdSection) -> ConnectOptions {
     let timeout = Duration::from_secs_f64(settings.timeout.max(0.1));
     let mut o = ConnectOptions::new().with_timeout(timeout).with_connect_timeout(timeout);
     if let (Some(user), Some(password)) = (&settings.user, &settings.password) {
@@ -211,8 +212,8 @@ fn options(settings: &EtcdSection) -> ConnectOptions {
     o
 }
 
-/// Endpoints without the scheme, as the client wants them.
-fn endpoints(settings: &EtcdSection) -> Vec<String> {
+/// The endpoints of `deployment.etcd`.
+pub fn endpoints(settings: &EtcdSection) -> Vec<String> {
     settings.host.iter().map(|h| h.trim_end_matches('/').to_owned()).collect()
 }
 
