@@ -83,9 +83,9 @@ impl Gateway {
                         }
                         status.connected = true;
                         status.revision = Some(revision);
-                        status.skipped = skipped.into_iter().map(|(k, _)| k).collect();
+                        status.skipped = skipped.into_iter().map(|(k, _)| k).filter(|k| !k.is_empty()).collect();
                         etcd_start = Some((values, revision));
-                        doc
+                        doc.unwrap_or_else(|| Value::Object(Default::default()))
                     }
                     Err(e) => {
                         // Serve (nothing yet) and keep trying: an instance never stays down

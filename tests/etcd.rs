@@ -310,3 +310,38 @@ fn admin_api_writes_validated_resources_that_every_instance_serves() {
     assert_eq!(r.json()["deleted"], "1", "{}", r.text());
     assert_eq!(call("DELETE", "/apisix/admin/routes/nope", "").status, 404);
 }
+
+#[test]
+fn a_write_that_breaks_the_set_is_refused_and_never_empties_it() {
+    let Some(etcd) = Etcd::start() else {
+        return common::skip("a_write_that_breaks_the_set", "etcd/etcdctl are not installed");
+    };
+    let up = Upstream::start("u");
+    etcd.put("/weir/routes/1", &route("/one", &up));
+    etcd.put("/weir/consumers/alice", "{\"plugins\": {\"key-auth\": {\"key\": \"k1\"}}}");
+    let (p, _w, admin) = gateway_with_admin(&etcd);
+    assert_eq!(status(p.node(), "/one"), 200);
+    let call = |method: &str, path: &str, key: &str, body: &str| admin_call(admin, method, path, Some(key), body);
+
+    // A second consumer with alice's key: no single entry is wrong, the set is. Refused.
+    let r = call(
+        "PUT",
+        "/apisix/admin/consumers",
+        ADMIN_KEY,
+        "{\"username\": \"bob\", \"plugins\": {\"key-auth\": {\"key\": \"k1\"}}}",
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+    // Written behind Weir's back anyway: the instances keep the last good set.
+    etcd.put("/weir/consumers/bob", "{\"plugins\": {\"key-auth\": {\"key\": \"k1\"}}}");
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(status(p.node(), "/one"), 200, "one bad write emptied the configuration");
+    etcd.del("/weir/consumers/bob");
+
+    // Viewers do not see credentials; sub-paths are for PATCH only.
+    let alice = call("GET", "/apisix/admin/consumers/alice", VIEWER_KEY, "").json();
+    assert_eq!(alice["value"]["plugins"]["key-auth"]["key"], "******", "{alice}");
+    let alice = call("GET", "/apisix/admin/consumers/alice", ADMIN_KEY, "").json();
+    assert_eq!(alice["value"]["plugins"]["key-auth"]["key"], "k1", "{alice}");
+    assert_eq!(call("DELETE", "/apisix/admin/routes/1/plugins", ADMIN_KEY, "").status, 404);
+    assert_eq!(call("GET", "/apisix/admin/routes/1", ADMIN_KEY, "").status, 200);
+}

@@ -70,6 +70,43 @@ fn parse_path(path: &str) -> Option<(&'static str, Option<&str>, Vec<&str>)> {
     Some((kind, id, parts.collect()))
 }
 
+/// Compares keys in time that does not depend on where they differ.
+fn same_key(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Private keys and credentials, hidden from viewer keys.
+fn redact(kind: &str, value: &mut Value) {
+    let Value::Object(o) = value else { return };
+    match kind {
+        "ssls" => {
+            for field in ["key", "keys"] {
+                if let Some(v) = o.get_mut(field) {
+                    *v = match v {
+                        Value::Array(a) => Value::Array(a.iter().map(|_| json!("******")).collect()),
+                        _ => json!("******"),
+                    };
+                }
+            }
+        }
+        "consumers" => {
+            if let Some(Value::Object(plugins)) = o.get_mut("plugins") {
+                for conf in plugins.values_mut() {
+                    if let Value::Object(c) = conf {
+                        for v in c.values_mut() {
+                            if v.is_string() {
+                                *v = json!("******");
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
 fn valid_id(id: &str) -> bool {
     !id.is_empty() && id.len() <= 64 && id.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
 }
@@ -81,7 +118,8 @@ async fn dispatch(req: HttpRequest, body: web::Bytes, admin: web::Data<Admin>) -
         return error(StatusCode::FORBIDDEN, "Forbidden: this client address is not in deployment.admin.allow_admin");
     }
     let key = req.headers().get("x-api-key").and_then(|v| v.to_str().ok());
-    let Some(role) = key.and_then(|k| admin.settings.admin_key.iter().find(|a| a.key == k)).map(|a| a.role) else {
+    let Some(role) = key.and_then(|k| admin.settings.admin_key.iter().find(|a| same_key(&a.key, k))).map(|a| a.role)
+    else {
         return error(StatusCode::UNAUTHORIZED, "failed to check token: send a valid X-API-KEY");
     };
     let method = req.method().as_str().to_owned();
@@ -101,8 +139,11 @@ async fn dispatch(req: HttpRequest, body: web::Bytes, admin: web::Data<Admin>) -
     let if_match = req.headers().get("if-match").and_then(|v| v.to_str().ok()).map(|v| v.trim_matches('"').to_owned());
     let query = req.query_string().to_owned();
     let result = match (method.as_str(), id) {
-        ("GET", None) => list(&mut client, &admin, kind, &query).await,
-        ("GET", Some(id)) => get(&mut client, &admin, kind, id).await,
+        ("GET", None) => list(&mut client, &admin, kind, &query, role).await,
+        ("GET" | "DELETE", Some(_)) if !sub.is_empty() => {
+            Ok(error(StatusCode::NOT_FOUND, "not found: a sub-path (/routes/1/plugins) is for PATCH only"))
+        }
+        ("GET", Some(id)) => get(&mut client, &admin, kind, id, role).await,
         ("PUT", Some(id)) if sub.is_empty() => put(&mut client, &admin, kind, Some(id), &body, if_match, false).await,
         // Consumers are created with the username in the body (APISIX).
         ("PUT", None) if kind == "consumers" => put(&mut client, &admin, kind, None, &body, if_match, false).await,
@@ -129,14 +170,23 @@ fn node(key: &str, value: Value, created: i64, modified: i64) -> Value {
     json!({ "key": key, "value": value, "createdIndex": created, "modifiedIndex": modified })
 }
 
-async fn list(client: &mut Client, admin: &Admin, kind: &str, query: &str) -> Result<HttpResponse, String> {
+async fn list(
+    client: &mut Client,
+    admin: &Admin,
+    kind: &str,
+    query: &str,
+    role: AdminRole,
+) -> Result<HttpResponse, String> {
     let prefix = format!("{}/{kind}/", admin.prefix);
     let resp = client.get(prefix, Some(GetOptions::new().with_prefix())).await.map_err(|e| e.to_string())?;
     let mut items: Vec<Value> = resp
         .kvs()
         .iter()
         .filter_map(|kv| {
-            let value: Value = serde_json::from_slice(kv.value()).ok()?;
+            let mut value: Value = serde_json::from_slice(kv.value()).ok()?;
+            if role == AdminRole::Viewer {
+                redact(kind, &mut value);
+            }
             Some(node(&String::from_utf8_lossy(kv.key()), value, kv.create_revision(), kv.mod_revision()))
         })
         .collect();
@@ -149,35 +199,70 @@ async fn list(client: &mut Client, admin: &Admin, kind: &str, query: &str) -> Re
     Ok(json_response(StatusCode::OK, &json!({ "total": total, "list": items })))
 }
 
-async fn get(client: &mut Client, admin: &Admin, kind: &str, id: &str) -> Result<HttpResponse, String> {
+async fn get(
+    client: &mut Client,
+    admin: &Admin,
+    kind: &str,
+    id: &str,
+    role: AdminRole,
+) -> Result<HttpResponse, String> {
     let key = key_of(admin, kind, id);
     let resp = client.get(key.clone(), None).await.map_err(|e| e.to_string())?;
     let Some(kv) = resp.kvs().first() else { return Ok(not_found()) };
-    let value: Value = serde_json::from_slice(kv.value()).unwrap_or(Value::Null);
+    let mut value: Value = serde_json::from_slice(kv.value()).unwrap_or(Value::Null);
+    if role == AdminRole::Viewer {
+        redact(kind, &mut value);
+    }
     Ok(json_response(StatusCode::OK, &node(&key, value, kv.create_revision(), kv.mod_revision())))
 }
 
-/// Every resource value under the prefix (for validation with the whole set).
-async fn all_values(client: &mut Client, admin: &Admin) -> Result<Values, String> {
+/// The key every Admin API write bumps (outside `<prefix>/`, so the watchers never see it): a
+/// write applies only if no other Admin API write happened since it read the set it validated
+/// against.
+fn marker(admin: &Admin) -> String {
+    format!("{}_admin_revision", admin.prefix)
+}
+
+/// Every resource value under the prefix (for validation with the whole set), and the marker's
+/// revision read before it.
+async fn all_values(client: &mut Client, admin: &Admin) -> Result<(Values, i64), String> {
+    let mark = client.get(marker(admin), None).await.map_err(|e| e.to_string())?;
+    let mark = mark.kvs().first().map_or(0, |kv| kv.mod_revision());
     let resp = client
         .get(format!("{}/", admin.prefix), Some(GetOptions::new().with_prefix()))
         .await
         .map_err(|e| e.to_string())?;
-    Ok(resp
+    let values = resp
         .kvs()
         .iter()
         .filter_map(|kv| {
             let v: Value = serde_json::from_slice(kv.value()).ok()?;
             Some((String::from_utf8_lossy(kv.key()).into_owned(), v))
         })
-        .collect())
+        .collect();
+    Ok((values, mark))
 }
 
-/// Why `key` would be left out of a snapshot of `values` (the file's validation), if it would.
-fn refusal(admin: &Admin, values: &Values, key: &str) -> Option<String> {
-    let (_, skipped) = valid_document(|d| admin.gateway.check_resources(d), values, &admin.prefix);
-    let reasons: Vec<String> = skipped.into_iter().filter(|(k, _)| k == key).map(|(_, why)| why).collect();
-    (!reasons.is_empty()).then(|| reasons.join("; "))
+/// Why the write of `key` (making `after` of `before`) must be refused: the key itself would be
+/// left out of the snapshot, the set could not be built at all, or another entry that builds
+/// today would be left out (a write may not break what others wrote).
+fn refusal(admin: &Admin, before: &Values, after: &Values, key: &str) -> Option<String> {
+    let check = |d: &Value| admin.gateway.check_resources(d);
+    let (_, skipped_before) = valid_document(check, before, &admin.prefix);
+    let (doc, skipped_after) = valid_document(check, after, &admin.prefix);
+    let own: Vec<&str> = skipped_after.iter().filter(|(k, _)| k == key).map(|(_, why)| why.as_str()).collect();
+    if !own.is_empty() {
+        return Some(own.join("; "));
+    }
+    let broken: Vec<String> = skipped_after
+        .iter()
+        .filter(|s| !skipped_before.contains(s))
+        .map(|(k, why)| if k.is_empty() { why.clone() } else { format!("{k} would become invalid: {why}") })
+        .collect();
+    if doc.is_none() || !broken.is_empty() {
+        return Some(broken.join("; "));
+    }
+    None
 }
 
 fn now() -> i64 {
@@ -217,7 +302,7 @@ async fn put(
     }
     value.insert(field.to_owned(), Value::String(id.clone()));
     let key = key_of(admin, kind, &id);
-    let mut values = all_values(client, admin).await?;
+    let (mut values, mark) = all_values(client, admin).await?;
     let existing = client.get(key.clone(), None).await.map_err(|e| e.to_string())?;
     let current =
         existing.kvs().first().map(|kv| (kv.mod_revision(), serde_json::from_slice::<Value>(kv.value()).ok()));
@@ -230,8 +315,9 @@ async fn put(
     value.insert("create_time".into(), json!(created_at));
     value.insert("update_time".into(), json!(now()));
     let value = Value::Object(value);
+    let before = values.clone();
     values.insert(key.clone(), value.clone());
-    if let Some(why) = refusal(admin, &values, &key) {
+    if let Some(why) = refusal(admin, &before, &values, &key) {
         return Ok(error(StatusCode::BAD_REQUEST, why));
     }
     let expected = match if_match {
@@ -242,12 +328,11 @@ async fn put(
         None => None,
     };
     let created = current.is_none();
-    store(client, &key, &value, expected).await.map(|ok| match ok {
-        true => json_response(
-            if created { StatusCode::CREATED } else { StatusCode::OK },
-            &json!({ "key": key, "value": value }),
-        ),
-        false => conflict(),
+    let status = if created { StatusCode::CREATED } else { StatusCode::OK };
+    Ok(match store(client, admin, &key, Some(&value), expected, mark).await? {
+        Stored::Yes => json_response(status, &json!({ "key": key, "value": value })),
+        Stored::Stale => conflict(),
+        Stored::Raced => raced(),
     })
 }
 
@@ -255,16 +340,46 @@ fn conflict() -> HttpResponse {
     error(StatusCode::PRECONDITION_FAILED, "the resource changed since the revision given (If-Match): read it again")
 }
 
-/// Writes `value` at `key`; with `expected`, only if the key's revision is still that (0: the
-/// key must not exist). Returns whether it was written.
-async fn store(client: &mut Client, key: &str, value: &Value, expected: Option<i64>) -> Result<bool, String> {
-    let put = TxnOp::put(key, value.to_string(), None);
-    let txn = match expected {
-        Some(rev) => Txn::new().when([Compare::mod_revision(key, CompareOp::Equal, rev)]).and_then([put]),
-        None => Txn::new().and_then([put]),
+fn raced() -> HttpResponse {
+    error(StatusCode::CONFLICT, "another Admin API write changed the resources meanwhile: send the request again")
+}
+
+/// What a conditional write did.
+enum Stored {
+    Yes,
+    /// The key is not at the `If-Match` revision.
+    Stale,
+    /// Another Admin API write happened since the set was read.
+    Raced,
+}
+
+/// Writes `value` at `key` (deletes it for `None`), only if no Admin API write happened since
+/// `mark` and, with `expected`, only if the key is still at that revision.
+async fn store(
+    client: &mut Client,
+    admin: &Admin,
+    key: &str,
+    value: Option<&Value>,
+    expected: Option<i64>,
+    mark: i64,
+) -> Result<Stored, String> {
+    let m = marker(admin);
+    let mut when = vec![Compare::mod_revision(m.clone(), CompareOp::Equal, mark)];
+    if let Some(rev) = expected {
+        when.push(Compare::mod_revision(key, CompareOp::Equal, rev));
+    }
+    let op = match value {
+        Some(v) => TxnOp::put(key, v.to_string(), None),
+        None => TxnOp::delete(key, None),
     };
+    let txn = Txn::new().when(when).and_then([op, TxnOp::put(m, "", None)]);
     let resp = client.txn(txn).await.map_err(|e| e.to_string())?;
-    Ok(resp.succeeded())
+    if resp.succeeded() {
+        return Ok(Stored::Yes);
+    }
+    let now = client.get(key, None).await.map_err(|e| e.to_string())?;
+    let rev = now.kvs().first().map_or(0, |kv| kv.mod_revision());
+    Ok(if expected.is_some_and(|e| e != rev) { Stored::Stale } else { Stored::Raced })
 }
 
 /// RFC 7396 JSON merge patch.
@@ -315,15 +430,17 @@ async fn patch(
     if let Value::Object(o) = &mut value {
         o.insert("update_time".into(), json!(now()));
     }
-    let mut values = all_values(client, admin).await?;
+    let (mut values, mark) = all_values(client, admin).await?;
+    let before = values.clone();
     values.insert(key.clone(), value.clone());
-    if let Some(why) = refusal(admin, &values, &key) {
+    if let Some(why) = refusal(admin, &before, &values, &key) {
         return Ok(error(StatusCode::BAD_REQUEST, why));
     }
     // Always against the revision read: a concurrent change is never overwritten.
-    Ok(match store(client, &key, &value, Some(revision)).await? {
-        true => json_response(StatusCode::OK, &json!({ "key": key, "value": value })),
-        false => conflict(),
+    Ok(match store(client, admin, &key, Some(&value), Some(revision), mark).await? {
+        Stored::Yes => json_response(StatusCode::OK, &json!({ "key": key, "value": value })),
+        Stored::Stale => conflict(),
+        Stored::Raced => raced(),
     })
 }
 
@@ -350,7 +467,7 @@ fn users(values: &Values, admin: &Admin, kind: &str, id: &str) -> Vec<String> {
 
 async fn delete(client: &mut Client, admin: &Admin, kind: &str, id: &str) -> Result<HttpResponse, String> {
     let key = key_of(admin, kind, id);
-    let values = all_values(client, admin).await?;
+    let (values, mark) = all_values(client, admin).await?;
     if !values.contains_key(&key) {
         return Ok(not_found());
     }
@@ -362,8 +479,10 @@ async fn delete(client: &mut Client, admin: &Admin, kind: &str, id: &str) -> Res
             format!("can not delete this {what}, {} still using it now", in_use.join(", ")),
         ));
     }
-    client.delete(key.clone(), None).await.map_err(|e| e.to_string())?;
-    Ok(json_response(StatusCode::OK, &json!({ "key": key, "deleted": "1" })))
+    Ok(match store(client, admin, &key, None, None, mark).await? {
+        Stored::Yes => json_response(StatusCode::OK, &json!({ "key": key, "deleted": "1" })),
+        Stored::Stale | Stored::Raced => raced(),
+    })
 }
 
 #[cfg(test)]

@@ -136,13 +136,16 @@ fn located(issue: &Issue) -> Option<(&str, usize)> {
 }
 
 /// Builds the largest valid snapshot of `values`: entries the builder names in its issues are
-/// logged and dropped, and the rest is built again (a dropped upstream can take the routes that
-/// name it along). Returns the document that built, and the skipped keys with their reasons.
+/// dropped, and the rest is built again (a dropped upstream can take the routes that name it
+/// along). Returns the document that built, and the skipped keys with their reasons. `None` when
+/// an issue names no single entry (two consumers sharing a credential, conflicting routes): then
+/// nothing valid can be assembled and the caller keeps what it has (an unnamed issue has an
+/// empty key in the list).
 pub fn valid_document(
     check: impl Fn(&Value) -> Result<(), Vec<Issue>>,
     values: &Values,
     prefix: &str,
-) -> (Value, Vec<(String, String)>) {
+) -> (Option<Value>, Vec<(String, String)>) {
     let mut values = values.clone();
     let mut skipped: Vec<(String, String)> = Vec::new();
     values.retain(|key, _| {
@@ -159,7 +162,7 @@ pub fn valid_document(
             skipped.push((key, why));
         }
         let issues = match check(&doc) {
-            Ok(()) => return (doc, skipped),
+            Ok(()) => return (Some(doc), skipped),
             Err(issues) => issues,
         };
         let mut dropped = false;
@@ -179,8 +182,7 @@ pub fn valid_document(
             break;
         }
     }
-    // Nothing valid could be assembled: an empty document (the caller keeps the last good one).
-    (Value::Object(Map::new()), skipped)
+    (None, skipped)
 }
 
 /// Runs the provider on a thread of its own for as long as `gateway` lives. `initial` is what the
@@ -252,13 +254,16 @@ pub fn apply(gateway: &Gateway, values: &Values, prefix: &str, revision: i64) {
     for (key, why) in &skipped {
         log::error!("etcd {}: {why}; skipped", if key.is_empty() { "(resources)" } else { key });
     }
-    match gateway.apply_resources(doc) {
-        Ok(summary) => log::info!("etcd revision {revision} applied: {summary}"),
-        Err(issues) => {
-            for i in issues {
-                log::error!("etcd revision {revision}: {i}; keeping the last good resources");
+    match doc {
+        None => log::error!("etcd revision {revision}: not applied, keeping the last good resources"),
+        Some(doc) => match gateway.apply_resources(doc) {
+            Ok(summary) => log::info!("etcd revision {revision} applied: {summary}"),
+            Err(issues) => {
+                for i in issues {
+                    log::error!("etcd revision {revision}: {i}; keeping the last good resources");
+                }
             }
-        }
+        },
     }
     let mut status = gateway.provider_status.lock();
     status.revision = Some(revision);
