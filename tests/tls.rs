@@ -520,3 +520,38 @@ fn http2_continuation_flood_is_bounded() {
     assert_eq!(common::get(addr, "/still/up").status, 200);
     drop(p);
 }
+
+#[test]
+fn http2_request_with_two_host_headers_is_refused() {
+    let up = Upstream::start("u");
+    let (p, _w, addr) = h2c_gateway(&up);
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    // :method GET, :scheme http, :path /, :authority localhost, then host: localhost and
+    // host: internal (literal headers without indexing, new names).
+    let mut block = request_block();
+    for value in ["localhost", "internal"] {
+        block.extend_from_slice(&[0x00, 4]);
+        block.extend_from_slice(b"host");
+        block.push(value.len() as u8);
+        block.extend_from_slice(value.as_bytes());
+    }
+    let mut out = PREFACE.to_vec();
+    out.extend(frame(0x4, 0, 0, &[]));
+    out.extend(frame(0x1, 0x4 | 0x1, 1, &block));
+    s.write_all(&out).expect("send");
+    // The first HEADERS frame on stream 1 carries :status 400 (HPACK static index 12: 0x8c).
+    let status = loop {
+        let mut head = [0u8; 9];
+        s.read_exact(&mut head).expect("frame");
+        let len = (usize::from(head[0]) << 16) | (usize::from(head[1]) << 8) | usize::from(head[2]);
+        let mut payload = vec![0u8; len];
+        s.read_exact(&mut payload).expect("payload");
+        if head[3] == 0x1 {
+            break payload.first().copied();
+        }
+    };
+    assert_eq!(status, Some(0x8c), "expected :status 400");
+    assert_eq!(up.hits(), 0);
+    drop(p);
+}

@@ -229,6 +229,14 @@ pub async fn handle(req: http::Request<Incoming>, conn: ConnInfo, gw: &Gateway, 
 /// plugins and the upstream see. A Host header naming another host is refused (RFC 9113
 /// section 8.3.1), so that no decision is made on one name and the request sent with the other.
 fn authority_as_host(parts: &mut http::request::Parts) -> Result<(), &'static str> {
+    // HTTP/1.1's framer refuses two Host headers; HTTP/2's parser does not, and an upstream
+    // reading the last one would serve another host than the one routed on.
+    if parts.headers.get_all(http::header::HOST).iter().nth(1).is_some() {
+        return Err("more than one Host header");
+    }
+    if parts.uri.authority().is_some_and(|a| a.as_str().contains('@')) {
+        return Err("userinfo in :authority");
+    }
     let Some(authority) = parts.uri.authority() else {
         return if parts.headers.contains_key(http::header::HOST) { Ok(()) } else { Err("no :authority and no Host") };
     };

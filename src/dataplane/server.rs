@@ -41,6 +41,9 @@ use crate::stream::tcp::StreamWorker;
 /// How long a connection may take to send a request head, and how long it may stay idle between
 /// requests (nginx's `client_header_timeout`).
 pub const HEADER_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a connection on an h2c listener may take to send enough bytes to tell HTTP/2 from
+/// HTTP/1.1 (24 at most).
+pub const PREFACE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a TLS handshake may take (nginx's `ssl_handshake_timeout`).
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -261,6 +264,9 @@ async fn accept_loop(
             }
         };
         let _ = stream.set_nodelay(true);
+        // On a wildcard listener the connection's own address is what `$server_addr` and stream
+        // routes' `server_addr` mean.
+        let local = if local.ip().is_unspecified() { stream.local_addr().unwrap_or(local) } else { local };
         if let Kind::Stream(tls) = &kind {
             let (gateway, streams, tls) = (gateway.clone(), streams.clone(), tls.clone());
             tokio::task::spawn_local(crate::stream::tcp::serve(stream, peer, local, tls, gateway, streams));
@@ -285,6 +291,7 @@ const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 /// server; gives up (HTTP/1.1) at the first byte that differs.
 async fn opens_with_h2_preface(stream: &TcpStream) -> std::io::Result<bool> {
     let mut buf = [0u8; 24];
+    let mut wait = Duration::from_millis(1);
     loop {
         let n = stream.peek(&mut buf).await?;
         if n == 0 || buf[..n] != H2_PREFACE[..n] {
@@ -293,8 +300,10 @@ async fn opens_with_h2_preface(stream: &TcpStream) -> std::io::Result<bool> {
         if n == buf.len() {
             return Ok(true);
         }
-        // A prefix of the preface so far: wait for the rest (rare; bounded by the caller).
-        tokio::time::sleep(Duration::from_millis(2)).await;
+        // A prefix of the preface so far: wait for the rest (rare; bounded by the caller). The
+        // socket stays readable while bytes are queued, so waits grow instead of spinning.
+        tokio::time::sleep(wait).await;
+        wait = (wait * 2).min(Duration::from_millis(200));
     }
 }
 

@@ -22,6 +22,9 @@ use crate::health::state::Report;
 use crate::health::HealthRegistry;
 use crate::state::Gateway;
 
+/// How long a client on a TLS stream listener may take to send its ClientHello.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Per-worker state of the stream proxy (the worker is single-threaded: nothing is locked).
 #[derive(Default)]
 pub struct StreamWorker {
@@ -69,13 +72,19 @@ pub async fn preread(chain: &StreamChain, ctx: &mut StreamCtx) -> Result<(), Str
 /// Waits for the client's ClientHello (without consuming it) and reads its SNI.
 async fn peek_hello(stream: &TcpStream) -> std::io::Result<Hello> {
     let mut buf = vec![0u8; MAX_HELLO];
+    let mut wait = Duration::from_millis(1);
     loop {
         let n = stream.peek(&mut buf).await?;
         if n == 0 {
             return Ok(Hello::NotTls);
         }
         match client_hello_sni(&buf[..n]) {
-            Hello::NeedMore if n < buf.len() => tokio::time::sleep(Duration::from_millis(2)).await,
+            // The socket stays readable while bytes are queued: wait longer each time rather
+            // than spin on an incomplete record.
+            Hello::NeedMore if n < buf.len() => {
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(Duration::from_millis(200));
+            }
             Hello::NeedMore => return Ok(Hello::Sni(None)),
             found => return Ok(found),
         }
@@ -134,7 +143,7 @@ pub async fn serve(
     let _live = super::Live::tcp();
     let mut ctx = StreamCtx::new("tcp", peer, local);
     if tls.is_some() {
-        match tokio::time::timeout(HANDSHAKE_TIMEOUT, peek_hello(&client)).await {
+        match tokio::time::timeout(HELLO_TIMEOUT, peek_hello(&client)).await {
             Ok(Ok(Hello::Sni(sni))) => ctx.sni = sni,
             Ok(Ok(_)) => {
                 log::debug!("stream client {peer} on {local}: not a TLS ClientHello; closing");
@@ -145,7 +154,7 @@ pub async fn serve(
                 return;
             }
             Err(_) => {
-                log::debug!("stream client {peer}: no ClientHello within {HANDSHAKE_TIMEOUT:?}");
+                log::debug!("stream client {peer}: no ClientHello within {HELLO_TIMEOUT:?}");
                 return;
             }
         }
@@ -166,6 +175,25 @@ pub async fn serve(
         logged.ctx.close_reason = "no upstream".into();
         return;
     };
+    // Terminated TLS: finish the client's handshake before any upstream connection is made, so
+    // that scanners and failed handshakes cost the upstream nothing.
+    let client_tls = match tls {
+        Some(config) if !route.route.tls_passthrough => {
+            match tokio::time::timeout(HANDSHAKE_TIMEOUT, TlsAcceptor::from(config).accept(client)).await {
+                Ok(Ok(tls)) => Ok(tls),
+                Ok(Err(e)) => {
+                    logged.ctx.close_reason = format!("TLS handshake failed: {e}");
+                    return;
+                }
+                Err(_) => {
+                    logged.ctx.close_reason = "TLS handshake timed out".into();
+                    return;
+                }
+            }
+        }
+        // Plain TCP, or TLS passed through untouched (the ClientHello was only peeked at).
+        _ => Err(client),
+    };
     let (up, addr, _inflight) = match connect(&upstream, &gateway.health, peer).await {
         Ok(c) => c,
         Err(e) => {
@@ -179,17 +207,9 @@ pub async fn serve(
         p.instance.connect(&mut logged.ctx);
     }
     let idle = upstream.timeouts.read;
-    let done: Relayed = match tls {
-        Some(config) if !route.route.tls_passthrough => {
-            let accepted = tokio::time::timeout(HANDSHAKE_TIMEOUT, TlsAcceptor::from(config).accept(client)).await;
-            match accepted {
-                Ok(Ok(tls)) => copy_idle(tls, up, idle).await,
-                Ok(Err(e)) => Relayed { up: 0, down: 0, reason: format!("TLS handshake failed: {e}") },
-                Err(_) => Relayed { up: 0, down: 0, reason: "TLS handshake timed out".into() },
-            }
-        }
-        // Plain TCP, or TLS passed through untouched (the ClientHello was only peeked at).
-        _ => relay(&client, &up, idle, &worker.scratch).await,
+    let done: Relayed = match client_tls {
+        Ok(tls) => copy_idle(tls, up, idle).await,
+        Err(client) => relay(&client, &up, idle, &worker.scratch).await,
     };
     logged.ctx.bytes_from_client = done.up;
     logged.ctx.bytes_to_client = done.down;

@@ -1,8 +1,10 @@
 //! UDP routes: one session per client address. The first datagram of a client picks the route
 //! and the upstream node (`preread` runs then); the session keeps a socket connected to that
 //! node, relays datagrams both ways, and ends after the upstream's `timeout.read` without
-//! traffic (then `log` runs). Sessions per listener are bounded by [`MAX_SESSIONS`]; past it,
-//! datagrams of new clients are dropped.
+//! traffic (then `log` runs). Sessions per listener are bounded by [`MAX_SESSIONS`] (each holds
+//! one socket: keep the process's file limit above it); past it, datagrams of new clients are
+//! dropped. A session holds no receive buffer of its own, and at most 64 KiB of datagrams while
+//! it is being opened.
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -15,6 +17,7 @@ use tokio::time::Instant;
 use weir_plugin::StreamCtx;
 
 use super::tcp::preread;
+use crate::dataplane::upstream::fnv1a;
 use crate::state::Gateway;
 
 /// Sessions one UDP listener keeps at once.
@@ -22,8 +25,8 @@ pub const MAX_SESSIONS: usize = 10_000;
 /// Largest datagram relayed.
 const MAX_DATAGRAM: usize = 65_535;
 
-/// Datagrams a client may send while its session is being opened (more are dropped).
-const QUEUED_WHILE_OPENING: usize = 64;
+/// Bytes of datagrams a client may send while its session is being opened (more are dropped).
+const QUEUED_WHILE_OPENING: usize = 64 << 10;
 
 struct Session {
     /// Set once the session is open.
@@ -48,6 +51,8 @@ pub async fn serve(socket: UdpSocket, gateway: Arc<Gateway>) {
     };
     let sessions: Sessions = Rc::default();
     let mut buf = vec![0u8; MAX_DATAGRAM];
+    // What sessions receive from upstreams into, one at a time.
+    let scratch = Rc::new(RefCell::new(vec![0u8; MAX_DATAGRAM]));
     loop {
         let (n, peer) = match socket.recv_from(&mut buf).await {
             Ok(r) => r,
@@ -68,7 +73,9 @@ pub async fn serve(socket: UdpSocket, gateway: Arc<Gateway>) {
                         log::debug!("stream UDP {peer}: to upstream: {e}");
                     }
                 }
-                None if s.queued.borrow().len() < QUEUED_WHILE_OPENING => s.queued.borrow_mut().push(buf[..n].to_vec()),
+                None if s.queued.borrow().iter().map(Vec::len).sum::<usize>() + n <= QUEUED_WHILE_OPENING => {
+                    s.queued.borrow_mut().push(buf[..n].to_vec());
+                }
                 None => {}
             }
             continue;
@@ -85,16 +92,23 @@ pub async fn serve(socket: UdpSocket, gateway: Arc<Gateway>) {
             from_client: Cell::new(n as u64),
         });
         sessions.borrow_mut().insert(peer, session.clone());
-        let (socket, sessions, gateway) = (socket.clone(), sessions.clone(), gateway.clone());
+        let (socket, sessions, gateway, scratch) = (socket.clone(), sessions.clone(), gateway.clone(), scratch.clone());
         tokio::task::spawn_local(async move {
-            open(socket, &session, gateway, peer, local).await;
+            open(socket, scratch, &session, gateway, peer, local).await;
             sessions.borrow_mut().remove(&peer);
         });
     }
 }
 
 /// Routes a new client, opens its session, relays until idle, logs.
-async fn open(socket: Rc<UdpSocket>, session: &Session, gateway: Arc<Gateway>, peer: SocketAddr, local: SocketAddr) {
+async fn open(
+    socket: Rc<UdpSocket>,
+    scratch: Rc<RefCell<Vec<u8>>>,
+    session: &Session,
+    gateway: Arc<Gateway>,
+    peer: SocketAddr,
+    local: SocketAddr,
+) {
     let _live = super::Live::udp();
     let snap = gateway.resources.load_full();
     let Some(route) = snap.stream_table.find(local, peer.ip(), None).cloned() else {
@@ -118,7 +132,9 @@ async fn open(socket: Rc<UdpSocket>, session: &Session, gateway: Arc<Gateway>, p
     let Some(upstream) = route.upstream.clone() else { return };
     let checker = gateway.health.ensure(&upstream);
     let eligible = |i: usize| checker.as_ref().is_none_or(|c| c.takes_traffic(upstream.nodes[i].addr));
-    let Some((idx, _inflight)) = upstream.pick(None, eligible).or_else(|| upstream.pick(None, |_| true)) else {
+    // chash: the client's address is the key (as for TCP).
+    let hash = upstream.hash_key_source().map(|_| fnv1a(peer.ip().to_string().as_bytes()));
+    let Some((idx, _inflight)) = upstream.pick(hash, eligible).or_else(|| upstream.pick(hash, |_| true)) else {
         ctx.close_reason = "no upstream node".into();
         finish(&ctx);
         return;
@@ -151,20 +167,41 @@ async fn open(socket: Rc<UdpSocket>, session: &Session, gateway: Arc<Gateway>, p
         }
     }
     let idle = upstream.timeouts.read;
-    let mut buf = vec![0u8; MAX_DATAGRAM];
     let mut to_client = 0u64;
     let reason = loop {
         tokio::select! {
-            got = up.recv(&mut buf) => match got {
-                Ok(n) => {
-                    session.last.set(Instant::now());
-                    to_client += n as u64;
-                    if let Err(e) = socket.send_to(&buf[..n], peer).await {
-                        break format!("to client: {e}");
-                    }
+            ready = up.readable() => {
+                if let Err(e) = ready {
+                    break format!("upstream: {e}");
                 }
-                // Connection refused (ICMP) and the like: the upstream is not there.
-                Err(e) => break format!("upstream: {e}"),
+                // Into the listener's buffer (no await while it is borrowed): a session holds
+                // no receive buffer of its own.
+                let sent = {
+                    let mut buf = scratch.borrow_mut();
+                    match up.try_recv(&mut buf[..]) {
+                        Ok(n) => {
+                            session.last.set(Instant::now());
+                            to_client += n as u64;
+                            match socket.try_send_to(&buf[..n], peer) {
+                                Ok(_) => Ok(None),
+                                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(Some(buf[..n].to_vec())),
+                                Err(e) => Err(format!("to client: {e}")),
+                            }
+                        }
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(None),
+                        // Connection refused (ICMP) and the like: the upstream is not there.
+                        Err(e) => Err(format!("upstream: {e}")),
+                    }
+                };
+                match sent {
+                    Ok(Some(datagram)) => {
+                        if let Err(e) = socket.send_to(&datagram, peer).await {
+                            break format!("to client: {e}");
+                        }
+                    }
+                    Ok(None) => {}
+                    Err(why) => break why,
+                }
             },
             _ = tokio::time::sleep_until(session.last.get() + idle) => {
                 if session.last.get().elapsed() >= idle {
