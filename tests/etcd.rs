@@ -224,13 +224,14 @@ fn admin_call(port: u16, method: &str, path: &str, key: Option<&str>, body: &str
 }
 
 #[test]
-fn admin_api_writes_validated_resources_that_every_instance_serves() {
+fn admin_api_writes_validated_resources_that_three_instances_serve() {
     let Some(etcd) = Etcd::start() else {
         return common::skip("admin_api_writes_validated_resources", "etcd/etcdctl are not installed");
     };
     let up = Upstream::start("u");
     let (p, _w, admin) = gateway_with_admin(&etcd);
     let (p2, _w2) = gateway(&etcd);
+    let (p3, _w3) = gateway(&etcd);
     let call = |method: &str, path: &str, body: &str| admin_call(admin, method, path, Some(ADMIN_KEY), body);
 
     // Keys and roles.
@@ -253,7 +254,8 @@ fn admin_api_writes_validated_resources_that_every_instance_serves() {
     assert_eq!(v["key"], "/weir/routes/1");
     assert_eq!(v["value"]["id"], "1");
     assert!(v["value"]["create_time"].is_i64() && v["value"]["update_time"].is_i64(), "{v}");
-    for gw in [p.node(), p2.node()] {
+    // Three instances converge on what one Admin API wrote.
+    for gw in [p.node(), p2.node(), p3.node()] {
         assert!(eventually(Duration::from_secs(1), || status(gw, "/one") == 200), "not served by {gw}");
     }
     // The node list stays a list.
