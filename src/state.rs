@@ -77,6 +77,7 @@ impl Gateway {
                 match etcd::initial_read(&config.deployment.etcd, &config_prefix) {
                     Ok((values, revision)) => {
                         let check = |d: &Value| Snapshot::build_at(d, &enabled, &prefix.dir).map(drop);
+                        // (The snapshot is built once more below, with the rest of start-up.)
                         let (doc, skipped) = etcd::valid_document(check, &values, &config_prefix);
                         for (key, why) in &skipped {
                             log::error!("etcd {key}: {why}; skipped");
@@ -85,7 +86,7 @@ impl Gateway {
                         status.revision = Some(revision);
                         status.skipped = skipped.into_iter().map(|(k, _)| k).filter(|k| !k.is_empty()).collect();
                         etcd_start = Some((values, revision));
-                        doc.unwrap_or_else(|| Value::Object(Default::default()))
+                        doc.map_or_else(|| Value::Object(Default::default()), |(d, ())| d)
                     }
                     Err(e) => {
                         // Serve (nothing yet) and keep trying: an instance never stays down
@@ -130,15 +131,31 @@ impl Gateway {
 
     /// Validates a new resource document and, if valid, publishes it. Returns a summary.
     pub fn apply_resources(&self, raw: Value) -> Result<String, Vec<Issue>> {
-        let _guard = self.reload.lock();
-        let snapshot = Snapshot::build_at(&raw, &self.enabled.load(), &self.prefix.dir)?;
+        let guard = self.hold_reloads();
+        let snapshot = self.build_snapshot(&raw)?;
+        Ok(self.publish(&guard, snapshot, raw))
+    }
+
+    /// Holds off plugin reloads (and other resource reloads) while a snapshot is built and
+    /// published, so that it is published against the enabled set it was built with.
+    pub fn hold_reloads(&self) -> parking_lot::MutexGuard<'_, ()> {
+        self.reload.lock()
+    }
+
+    /// Validates and builds a snapshot of `raw` against the enabled plugins (publishes nothing).
+    pub fn build_snapshot(&self, raw: &Value) -> Result<Snapshot, Vec<Issue>> {
+        Snapshot::build_at(raw, &self.enabled.load(), &self.prefix.dir)
+    }
+
+    /// Publishes a snapshot built from `raw` (the caller holds [`Gateway::hold_reloads`]).
+    pub fn publish(&self, _held: &parking_lot::MutexGuard<'_, ()>, snapshot: Snapshot, raw: Value) -> String {
         let summary = snapshot.summary();
         self.health.reconcile(&snapshot);
         self.resources.store(Arc::new(snapshot));
         *self.raw_resources.lock() = raw.to_string();
         drop(raw);
         release_garbage();
-        Ok(summary)
+        summary
     }
 
     /// Re-reads `plugins:` and `plugin_attr` from config.yaml and applies them: the enabled set,

@@ -76,6 +76,9 @@ fn parse(bytes: &[u8]) -> Result<Value, String> {
     }
 }
 
+/// Keys left out of a snapshot, with the reason (an empty key: an issue naming no entry).
+pub type Skipped = Vec<(String, String)>;
+
 /// The key of each entry of each list of a document.
 type KeysByList = BTreeMap<&'static str, Vec<String>>;
 
@@ -141,11 +144,11 @@ fn located(issue: &Issue) -> Option<(&str, usize)> {
 /// an issue names no single entry (two consumers sharing a credential, conflicting routes): then
 /// nothing valid can be assembled and the caller keeps what it has (an unnamed issue has an
 /// empty key in the list).
-pub fn valid_document(
-    check: impl Fn(&Value) -> Result<(), Vec<Issue>>,
+pub fn valid_document<T>(
+    check: impl Fn(&Value) -> Result<T, Vec<Issue>>,
     values: &Values,
     prefix: &str,
-) -> (Option<Value>, Vec<(String, String)>) {
+) -> (Option<(Value, T)>, Skipped) {
     let mut values = values.clone();
     let mut skipped: Vec<(String, String)> = Vec::new();
     values.retain(|key, _| {
@@ -162,7 +165,7 @@ pub fn valid_document(
             skipped.push((key, why));
         }
         let issues = match check(&doc) {
-            Ok(()) => return (Some(doc), skipped),
+            Ok(built) => return (Some((doc, built)), skipped),
             Err(issues) => issues,
         };
         let mut dropped = false;
@@ -250,21 +253,20 @@ pub fn initial_read(settings: &EtcdSection, prefix: &str) -> Result<(Values, i64
 
 /// Applies `values` at `revision` to the gateway (the valid part) and records the status.
 pub fn apply(gateway: &Gateway, values: &Values, prefix: &str, revision: i64) {
-    let (doc, skipped) = valid_document(|d| gateway.check_resources(d), values, prefix);
+    // Built once, published as built (no second build), with plugin reloads held off meanwhile.
+    let guard = gateway.hold_reloads();
+    let (built, skipped) = valid_document(|d| gateway.build_snapshot(d), values, prefix);
     for (key, why) in &skipped {
         log::error!("etcd {}: {why}; skipped", if key.is_empty() { "(resources)" } else { key });
     }
-    match doc {
+    match built {
         None => log::error!("etcd revision {revision}: not applied, keeping the last good resources"),
-        Some(doc) => match gateway.apply_resources(doc) {
-            Ok(summary) => log::info!("etcd revision {revision} applied: {summary}"),
-            Err(issues) => {
-                for i in issues {
-                    log::error!("etcd revision {revision}: {i}; keeping the last good resources");
-                }
-            }
-        },
+        Some((doc, snapshot)) => {
+            let summary = gateway.publish(&guard, snapshot, doc);
+            log::info!("etcd revision {revision} applied: {summary}");
+        }
     }
+    drop(guard);
     let mut status = gateway.provider_status.lock();
     status.revision = Some(revision);
     status.skipped = skipped.iter().map(|(k, _)| k.clone()).filter(|k| !k.is_empty()).collect();
