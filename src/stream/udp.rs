@@ -3,8 +3,8 @@
 //! node, relays datagrams both ways, and ends after the upstream's `timeout.read` without
 //! traffic (then `log` runs). Sessions per listener are bounded by [`MAX_SESSIONS`] (each holds
 //! one socket: keep the process's file limit above it); past it, datagrams of new clients are
-//! dropped. A session holds no receive buffer of its own, and at most 64 KiB of datagrams while
-//! it is being opened.
+//! dropped. A session queues at most 64 KiB of datagrams while it is being opened, and holds a
+//! 64 KiB receive buffer while open (a shared one is a to-do: see the closing note).
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -51,8 +51,6 @@ pub async fn serve(socket: UdpSocket, gateway: Arc<Gateway>) {
     };
     let sessions: Sessions = Rc::default();
     let mut buf = vec![0u8; MAX_DATAGRAM];
-    // What sessions receive from upstreams into, one at a time.
-    let scratch = Rc::new(RefCell::new(vec![0u8; MAX_DATAGRAM]));
     loop {
         let (n, peer) = match socket.recv_from(&mut buf).await {
             Ok(r) => r,
@@ -92,23 +90,16 @@ pub async fn serve(socket: UdpSocket, gateway: Arc<Gateway>) {
             from_client: Cell::new(n as u64),
         });
         sessions.borrow_mut().insert(peer, session.clone());
-        let (socket, sessions, gateway, scratch) = (socket.clone(), sessions.clone(), gateway.clone(), scratch.clone());
+        let (socket, sessions, gateway) = (socket.clone(), sessions.clone(), gateway.clone());
         tokio::task::spawn_local(async move {
-            open(socket, scratch, &session, gateway, peer, local).await;
+            open(socket, &session, gateway, peer, local).await;
             sessions.borrow_mut().remove(&peer);
         });
     }
 }
 
 /// Routes a new client, opens its session, relays until idle, logs.
-async fn open(
-    socket: Rc<UdpSocket>,
-    scratch: Rc<RefCell<Vec<u8>>>,
-    session: &Session,
-    gateway: Arc<Gateway>,
-    peer: SocketAddr,
-    local: SocketAddr,
-) {
+async fn open(socket: Rc<UdpSocket>, session: &Session, gateway: Arc<Gateway>, peer: SocketAddr, local: SocketAddr) {
     let _live = super::Live::udp();
     let snap = gateway.resources.load_full();
     let Some(route) = snap.stream_table.find(local, peer.ip(), None).cloned() else {
@@ -167,41 +158,20 @@ async fn open(
         }
     }
     let idle = upstream.timeouts.read;
+    let mut buf = vec![0u8; MAX_DATAGRAM];
     let mut to_client = 0u64;
     let reason = loop {
         tokio::select! {
-            ready = up.readable() => {
-                if let Err(e) = ready {
-                    break format!("upstream: {e}");
-                }
-                // Into the listener's buffer (no await while it is borrowed): a session holds
-                // no receive buffer of its own.
-                let sent = {
-                    let mut buf = scratch.borrow_mut();
-                    match up.try_recv(&mut buf[..]) {
-                        Ok(n) => {
-                            session.last.set(Instant::now());
-                            to_client += n as u64;
-                            match socket.try_send_to(&buf[..n], peer) {
-                                Ok(_) => Ok(None),
-                                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(Some(buf[..n].to_vec())),
-                                Err(e) => Err(format!("to client: {e}")),
-                            }
-                        }
-                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(None),
-                        // Connection refused (ICMP) and the like: the upstream is not there.
-                        Err(e) => Err(format!("upstream: {e}")),
+            got = up.recv(&mut buf) => match got {
+                Ok(n) => {
+                    session.last.set(Instant::now());
+                    to_client += n as u64;
+                    if let Err(e) = socket.send_to(&buf[..n], peer).await {
+                        break format!("to client: {e}");
                     }
-                };
-                match sent {
-                    Ok(Some(datagram)) => {
-                        if let Err(e) = socket.send_to(&datagram, peer).await {
-                            break format!("to client: {e}");
-                        }
-                    }
-                    Ok(None) => {}
-                    Err(why) => break why,
                 }
+                // Connection refused (ICMP) and the like: the upstream is not there.
+                Err(e) => break format!("upstream: {e}"),
             },
             _ = tokio::time::sleep_until(session.last.get() + idle) => {
                 if session.last.get().elapsed() >= idle {
