@@ -11,6 +11,16 @@ pub fn run(prefix: Prefix) -> Result<(), String> {
     let gateway = Gateway::load(prefix)?;
     crate::state::release_garbage();
     let config = gateway.config.load_full();
+    // Watch resources before any listener is up: a change made as soon as a port answers is a
+    // change from what was loaded, never the watcher's starting point.
+    match config.deployment.config_provider {
+        ConfigProvider::Yaml => yaml::watch(gateway.prefix.resources_file(), &gateway),
+        ConfigProvider::Etcd => {
+            let start = gateway.etcd_start.lock().take();
+            let d = &config.deployment;
+            crate::resources::etcd::watch(&gateway, d.etcd.clone(), d.prefix.clone(), start);
+        }
+    }
     let system = actix_rt::System::new();
     system.block_on(async move {
         let mut servers = Vec::new();
@@ -43,14 +53,6 @@ pub fn run(prefix: Prefix) -> Result<(), String> {
             }
             if gateway.resources.load().certs.is_empty() {
                 log::warn!("gateway.ssl is enabled but no ssls resource is loaded: TLS handshakes will fail");
-            }
-        }
-        match config.deployment.config_provider {
-            ConfigProvider::Yaml => yaml::watch(gateway.prefix.resources_file(), &gateway),
-            ConfigProvider::Etcd => {
-                let start = gateway.etcd_start.lock().take();
-                let d = &config.deployment;
-                crate::resources::etcd::watch(&gateway, d.etcd.clone(), d.prefix.clone(), start);
             }
         }
         let names: Vec<&str> = gateway.enabled.load().listed.iter().map(|e| e.name).collect();
