@@ -456,16 +456,7 @@ async fn forward(
                 None => break,
             },
         };
-        let healthy_exists =
-            checker.as_ref().is_none_or(|c| upstream.nodes.iter().any(|n| n.weight > 0 && c.takes_traffic(n.addr)));
-        if let Some(c) = &checker {
-            c.note_fallback(!healthy_exists);
-        }
-        let eligible = |i: usize| {
-            !tried.contains(&i)
-                && (!healthy_exists || checker.as_ref().is_none_or(|c| c.takes_traffic(upstream.nodes[i].addr)))
-        };
-        let Some((idx, inflight)) = upstream.pick(hash, eligible) else { break };
+        let Some((idx, inflight)) = upstream.pick_node(checker.as_deref(), hash, &tried) else { break };
         if let (Some(c), Some((addr, report, why))) = (&checker, pending.take()) {
             c.report(addr, report, ReportSource::Passive, &why);
         }

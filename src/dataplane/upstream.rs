@@ -193,6 +193,24 @@ impl CompiledUpstream {
         }
     }
 
+    /// Picks a node for an attempt: not among `tried`, and healthy by `checker` unless no node is
+    /// (then every node is a candidate, and the checker notes the fallback). The one rule the
+    /// HTTP proxy and both stream proxies follow.
+    pub fn pick_node(
+        self: &Arc<Self>,
+        checker: Option<&crate::health::checker::Checker>,
+        hash: Option<u32>,
+        tried: &[usize],
+    ) -> Option<(usize, Option<InFlight>)> {
+        let healthy_exists = checker.is_none_or(|c| self.nodes.iter().any(|n| n.weight > 0 && c.takes_traffic(n.addr)));
+        if let Some(c) = checker {
+            c.note_fallback(!healthy_exists);
+        }
+        self.pick(hash, |i| {
+            !tried.contains(&i) && (!healthy_exists || checker.is_none_or(|c| c.takes_traffic(self.nodes[i].addr)))
+        })
+    }
+
     /// Picks a node among those `eligible` accepts (and weight > 0). `hash` is the request's hash
     /// key for `chash`.
     pub fn pick(

@@ -102,13 +102,7 @@ pub async fn connect(
     let mut tried: Vec<usize> = Vec::with_capacity(2);
     let mut last = String::from("no node available");
     for _ in 0..=upstream.retries {
-        let healthy_exists =
-            checker.as_ref().is_none_or(|c| upstream.nodes.iter().any(|n| n.weight > 0 && c.takes_traffic(n.addr)));
-        let eligible = |i: usize| {
-            !tried.contains(&i)
-                && (!healthy_exists || checker.as_ref().is_none_or(|c| c.takes_traffic(upstream.nodes[i].addr)))
-        };
-        let Some((idx, inflight)) = upstream.pick(hash, eligible) else { break };
+        let Some((idx, inflight)) = upstream.pick_node(checker.as_deref(), hash, &tried) else { break };
         tried.push(idx);
         let addr = upstream.nodes[idx].addr;
         let (report, why) = match tokio::time::timeout(upstream.timeouts.connect, TcpStream::connect(addr)).await {

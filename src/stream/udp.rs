@@ -122,10 +122,9 @@ async fn open(socket: Rc<UdpSocket>, session: &Session, gateway: Arc<Gateway>, p
     }
     let Some(upstream) = route.upstream.clone() else { return };
     let checker = gateway.health.ensure(&upstream);
-    let eligible = |i: usize| checker.as_ref().is_none_or(|c| c.takes_traffic(upstream.nodes[i].addr));
     // chash: the client's address is the key (as for TCP).
     let hash = upstream.hash_key_source().map(|_| fnv1a(peer.ip().to_string().as_bytes()));
-    let Some((idx, _inflight)) = upstream.pick(hash, eligible).or_else(|| upstream.pick(hash, |_| true)) else {
+    let Some((idx, _inflight)) = upstream.pick_node(checker.as_deref(), hash, &[]) else {
         ctx.close_reason = "no upstream node".into();
         finish(&ctx);
         return;
