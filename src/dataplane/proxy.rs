@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
-use http::{HeaderValue, Method, StatusCode};
+use http::{HeaderName, HeaderValue, Method, StatusCode};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use serde_json::json;
@@ -138,10 +138,14 @@ fn plugin_response(resp: PluginResponse, mut finish: Finish) -> Response {
     with_head(head, ResponseBody::Full(Some(body)))
 }
 
-async fn resolve(mut flow: Flow) -> Option<PluginResponse> {
+async fn resolve(mut flow: Flow, response_headers: &mut Vec<(HeaderName, HeaderValue)>) -> Option<PluginResponse> {
     loop {
         match flow {
             Flow::Continue => return None,
+            Flow::ContinueWith(headers) => {
+                response_headers.extend(headers);
+                return None;
+            }
             Flow::Respond(r) => return Some(r),
             Flow::Defer(f) => flow = f.await,
         }
@@ -205,7 +209,7 @@ async fn access_phases(ctx: &mut RequestCtx, chains: &[PluginChain; 2]) -> Optio
     for phase in 0..2 {
         for p in chains.iter().flat_map(|c| c.iter()) {
             let flow = if phase == 0 { p.instance.rewrite(ctx) } else { p.instance.access(ctx) };
-            if let Some(resp) = resolve(flow).await {
+            if let Some(resp) = resolve(flow, &mut ctx.response_headers).await {
                 return Some(resp);
             }
         }

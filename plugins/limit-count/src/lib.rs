@@ -1,16 +1,16 @@
 //! `limit-count`: at most `count` requests per `time_window` seconds per key (fixed window).
 //!
-//! Counters live behind [`CounterStore`]; the `local` policy keeps them in this process, shared
-//! by all workers. A shared policy (e.g. Redis) plugs in as another store. Counters are owned by
-//! the plugin, not by a snapshot, so a reload that keeps a route's configuration keeps its counts.
+//! Counters live in a store chosen by `policy`: `local` keeps them in this process, shared by its
+//! workers ([`local`]); `redis` and `redis-cluster` keep them in Redis, shared by every instance
+//! that names the same server ([`shared`]). Counters are owned by the plugin, not by a snapshot,
+//! so a reload that keeps a route's configuration keeps its counts.
 
-use std::collections::hash_map::DefaultHasher;
-use std::collections::HashMap;
-use std::hash::{Hash, Hasher};
+mod local;
+mod shared;
+
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use parking_lot::Mutex;
 use schemars::JsonSchema;
 use serde::Deserialize;
 use weir_plugin::http::{HeaderName, HeaderValue, StatusCode};
@@ -18,16 +18,23 @@ use weir_plugin::{
     register_plugin, schema_of, BuildContext, Flow, Plugin, PluginInstance, PluginResponse, RequestCtx, Value,
 };
 
+pub use local::LocalStore;
+pub use shared::{RedisStore, RedisTarget};
+
 /// Where counters live.
 #[derive(Debug, Clone, Copy, Default, Deserialize, JsonSchema, PartialEq, Eq)]
-#[serde(rename_all = "snake_case")]
+#[serde(rename_all = "kebab-case")]
 pub enum Policy {
-    // In this process, shared by its workers.
+    /// In this process, shared by its workers.
     #[default]
     Local,
+    /// In one Redis server (`redis_host`, `redis_port`...), shared by every instance using it.
+    Redis,
+    /// In a Redis Cluster (`redis_cluster_nodes`), shared by every instance using it.
+    RedisCluster,
 }
 
-/// Route configuration.
+/// Route configuration (field names as APISIX's limit-count).
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Conf {
@@ -54,6 +61,40 @@ pub struct Conf {
     /// Send `X-RateLimit-Limit`, `-Remaining`, `-Reset`.
     #[serde(default = "yes")]
     pub show_limit_quota_header: bool,
+    /// When the shared store cannot be reached: `false` (default) rejects with 503, `true` lets
+    /// the request through (and logs the outage once).
+    #[serde(default)]
+    pub allow_degradation: bool,
+    /// `policy: redis`: server host name or address.
+    #[serde(default)]
+    #[schemars(length(min = 1))]
+    pub redis_host: Option<String>,
+    /// `policy: redis`: server port.
+    #[serde(default = "default_redis_port")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub redis_port: u16,
+    /// `policy: redis` / `redis-cluster`: ACL user name (Redis 6+); empty = the default user.
+    #[serde(default)]
+    pub redis_username: Option<String>,
+    /// `policy: redis` / `redis-cluster`: password (`AUTH`); empty = none.
+    #[serde(default)]
+    pub redis_password: Option<String>,
+    /// `policy: redis`: database number.
+    #[serde(default)]
+    #[schemars(range(min = 0))]
+    pub redis_database: u32,
+    /// `policy: redis` / `redis-cluster`: connect and command timeout, milliseconds.
+    #[serde(default = "default_redis_timeout")]
+    #[schemars(range(min = 1))]
+    pub redis_timeout: u64,
+    /// `policy: redis-cluster`: seed nodes, `host:port` each.
+    #[serde(default)]
+    #[schemars(length(min = 1))]
+    pub redis_cluster_nodes: Option<Vec<String>>,
+    /// `policy: redis-cluster`: a name for the cluster (accepted for APISIX compatibility; used in
+    /// log lines).
+    #[serde(default)]
+    pub redis_cluster_name: Option<String>,
 }
 
 fn default_key() -> String {
@@ -64,6 +105,12 @@ fn default_code() -> u16 {
 }
 fn yes() -> bool {
     true
+}
+fn default_redis_port() -> u16 {
+    6379
+}
+fn default_redis_timeout() -> u64 {
+    1000
 }
 
 /// The result of counting one request.
@@ -77,59 +124,24 @@ pub struct Verdict {
     pub reset: u64,
 }
 
-/// A counter store.
-pub trait CounterStore: Send + Sync {
-    /// Counts one request of `key` in scope `scope` against `limit` per `window`.
-    fn incoming(&self, scope: u64, key: &str, limit: u64, window: Duration) -> Verdict;
-}
-
-/// Counters in this process.
-#[derive(Default)]
-pub struct LocalStore {
-    inner: Mutex<LocalInner>,
-}
-
-#[derive(Default)]
-struct LocalInner {
-    windows: HashMap<(u64, String), (Instant, u64)>,
-    swept: Option<Instant>,
-}
-
-impl CounterStore for LocalStore {
-    fn incoming(&self, scope: u64, key: &str, limit: u64, window: Duration) -> Verdict {
-        let now = Instant::now();
-        let mut inner = self.inner.lock();
-        // Drop expired windows now and then so that the map stays bounded by live keys.
-        if inner.windows.len() > 10_000 && inner.swept.is_none_or(|t| now.duration_since(t) > window) {
-            inner.windows.retain(|_, (start, _)| now.duration_since(*start) < window);
-            inner.swept = Some(now);
-        }
-        let slot = match inner.windows.get_mut(&(scope, key.to_owned())) {
-            Some(s) => s,
-            None => inner.windows.entry((scope, key.to_owned())).or_insert((now, 0)),
-        };
-        if now.duration_since(slot.0) >= window {
-            *slot = (now, 0);
-        }
-        let reset = window.saturating_sub(now.duration_since(slot.0)).as_secs_f64().ceil() as u64;
-        if slot.1 >= limit {
-            return Verdict { allowed: false, remaining: 0, reset };
-        }
-        slot.1 += 1;
-        Verdict { allowed: true, remaining: limit - slot.1, reset }
-    }
-}
-
-/// The plugin.
+/// The plugin: the process-wide local store and the shared stores in use, by target.
 #[derive(Default)]
 pub struct LimitCount {
     local: Arc<LocalStore>,
+    shared: shared::Registry,
+}
+
+enum Store {
+    Local(Arc<LocalStore>),
+    Shared(Arc<RedisStore>),
 }
 
 struct Instance {
     conf: Conf,
-    scope: u64,
-    store: Arc<dyn CounterStore>,
+    /// The counters' namespace (part of the Redis key), and its hash (the local store's key).
+    scope: Arc<str>,
+    scope_id: u64,
+    store: Store,
     limit_header: HeaderValue,
 }
 
@@ -137,25 +149,106 @@ const LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
 const REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
 const RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
 
+/// What the rejected or accepted request gets, once the store has counted it.
+struct Outcome {
+    show_headers: bool,
+    limit_header: HeaderValue,
+    rejected: StatusCode,
+    message: Arc<str>,
+}
+
+impl Outcome {
+    fn headers(&self, v: Verdict) -> [(HeaderName, HeaderValue); 3] {
+        [
+            (LIMIT, self.limit_header.clone()),
+            (REMAINING, HeaderValue::from(v.remaining)),
+            (RESET, HeaderValue::from(v.reset)),
+        ]
+    }
+
+    fn rejection(&self) -> PluginResponse {
+        PluginResponse::json(self.rejected, &serde_json::json!({ "error_msg": &*self.message }))
+    }
+}
+
+impl Instance {
+    fn outcome(&self) -> Outcome {
+        Outcome {
+            show_headers: self.conf.show_limit_quota_header,
+            limit_header: self.limit_header.clone(),
+            rejected: StatusCode::from_u16(self.conf.rejected_code).unwrap_or(StatusCode::SERVICE_UNAVAILABLE),
+            message: Arc::from(self.conf.rejected_msg.as_deref().unwrap_or("rate limit exceeded")),
+        }
+    }
+}
+
 impl PluginInstance for Instance {
     fn access(&self, ctx: &mut RequestCtx) -> Flow {
         let key = match ctx.var(&self.conf.key) {
-            Some(v) if !v.is_empty() => v.into_owned(),
-            _ => ctx.remote_ip.to_string(),
+            Some(v) if !v.is_empty() => v,
+            _ => std::borrow::Cow::Borrowed(&*ctx.remote_ip),
         };
-        let v = self.store.incoming(self.scope, &key, self.conf.count, Duration::from_secs(self.conf.time_window));
-        if self.conf.show_limit_quota_header {
-            ctx.response_headers.push((LIMIT, self.limit_header.clone()));
-            ctx.response_headers.push((REMAINING, HeaderValue::from(v.remaining)));
-            ctx.response_headers.push((RESET, HeaderValue::from(v.reset)));
+        let window = Duration::from_secs(self.conf.time_window);
+        match &self.store {
+            Store::Local(local) => {
+                let v = local.incoming(self.scope_id, &key, self.conf.count, window);
+                let outcome = self.outcome();
+                if outcome.show_headers {
+                    ctx.response_headers.extend(outcome.headers(v));
+                }
+                if v.allowed {
+                    Flow::Continue
+                } else {
+                    Flow::Respond(outcome.rejection())
+                }
+            }
+            Store::Shared(store) => {
+                let store = store.clone();
+                let key = store.key(&self.scope, &key);
+                let (limit, degrade, outcome) = (self.conf.count, self.conf.allow_degradation, self.outcome());
+                Flow::Defer(Box::pin(async move {
+                    match store.incoming(&key, limit, window).await {
+                        Ok(v) => {
+                            let headers = if outcome.show_headers { outcome.headers(v).to_vec() } else { Vec::new() };
+                            if v.allowed {
+                                Flow::ContinueWith(headers)
+                            } else {
+                                let mut resp = outcome.rejection();
+                                for (k, v) in headers {
+                                    resp.headers.append(k, v);
+                                }
+                                Flow::Respond(resp)
+                            }
+                        }
+                        Err(()) if degrade => Flow::Continue,
+                        Err(()) => Flow::Respond(PluginResponse::json(
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            &serde_json::json!({
+                                "error_msg": "limit-count: the rate-limit store is unavailable"
+                            }),
+                        )),
+                    }
+                }))
+            }
         }
-        if v.allowed {
-            return Flow::Continue;
-        }
-        let status = StatusCode::from_u16(self.conf.rejected_code).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
-        let msg = self.conf.rejected_msg.as_deref().unwrap_or("rate limit exceeded");
-        Flow::Respond(PluginResponse::json(status, &serde_json::json!({ "error_msg": msg })))
     }
+}
+
+/// A name for the resource that owns this configuration that is the same on every instance and
+/// survives reordering: `routes[2] (id 7)` → `routes/7`.
+fn scope_name(owner: &str) -> String {
+    match owner.split_once(" (id ") {
+        Some((list, id)) => {
+            let list = list.split('[').next().unwrap_or(list);
+            format!("{list}/{}", id.trim_end_matches(')'))
+        }
+        None => owner.to_owned(),
+    }
+}
+
+/// 64-bit FNV-1a: stable across builds and hosts (the scope is part of shared Redis keys).
+fn fnv1a64(data: &[u8]) -> u64 {
+    data.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3))
 }
 
 impl Plugin for LimitCount {
@@ -170,13 +263,24 @@ impl Plugin for LimitCount {
     }
     fn build(&self, conf: &Value, ctx: &BuildContext<'_>) -> Result<Arc<dyn PluginInstance>, String> {
         let parsed: Conf = weir_plugin::parse_conf(conf)?;
-        let mut h = DefaultHasher::new();
-        ctx.owner.split(' ').next().unwrap_or(ctx.owner).hash(&mut h);
-        conf.to_string().hash(&mut h);
-        let store: Arc<dyn CounterStore> = match parsed.policy {
-            Policy::Local => self.local.clone(),
+        // A changed configuration starts new windows (as APISIX keys counters by conf version);
+        // an unchanged one keeps its counts across reloads and instances. `conf` is a sorted map,
+        // so its text is the same wherever it was parsed.
+        let scope: Arc<str> =
+            Arc::from(format!("{}:{:016x}", scope_name(ctx.owner), fnv1a64(conf.to_string().as_bytes())));
+        let store = match parsed.policy {
+            Policy::Local => Store::Local(self.local.clone()),
+            Policy::Redis | Policy::RedisCluster => {
+                let target = RedisTarget::from_conf(&parsed)?;
+                if ctx.check_only {
+                    Store::Local(self.local.clone())
+                } else {
+                    Store::Shared(self.shared.get(target))
+                }
+            }
         };
-        Ok(Arc::new(Instance { limit_header: HeaderValue::from(parsed.count), conf: parsed, scope: h.finish(), store }))
+        let scope_id = fnv1a64(scope.as_bytes());
+        Ok(Arc::new(Instance { limit_header: HeaderValue::from(parsed.count), conf: parsed, scope, scope_id, store }))
     }
 }
 
@@ -187,15 +291,28 @@ mod tests {
     use super::*;
 
     #[test]
-    fn fixed_window_counts_and_resets() {
-        let s = LocalStore::default();
-        let w = Duration::from_millis(200);
-        assert_eq!(s.incoming(1, "a", 2, w).remaining, 1);
-        assert!(s.incoming(1, "a", 2, w).allowed);
-        assert!(!s.incoming(1, "a", 2, w).allowed);
-        assert!(s.incoming(1, "b", 2, w).allowed, "keys are independent");
-        assert!(s.incoming(2, "a", 2, w).allowed, "scopes are independent");
-        std::thread::sleep(Duration::from_millis(220));
-        assert!(s.incoming(1, "a", 2, w).allowed, "a new window starts");
+    fn scope_names_are_stable_across_reordering() {
+        assert_eq!(scope_name("routes[2] (id 7)"), "routes/7");
+        assert_eq!(scope_name("routes[0] (id 7)"), "routes/7");
+        assert_eq!(scope_name("global_rules[1]"), "global_rules[1]");
+    }
+
+    #[test]
+    fn shared_policies_need_their_servers() {
+        let conf = |v: serde_json::Value| -> Conf { serde_json::from_value(v).expect("conf") };
+        let e = RedisTarget::from_conf(&conf(serde_json::json!({"count": 1, "time_window": 1, "policy": "redis"})))
+            .err()
+            .unwrap_or_default();
+        assert!(e.contains("redis_host"), "{e}");
+        let e = RedisTarget::from_conf(&conf(serde_json::json!({
+            "count": 1, "time_window": 1, "policy": "redis-cluster"
+        })))
+        .err()
+        .unwrap_or_default();
+        assert!(e.contains("redis_cluster_nodes"), "{e}");
+        let ok = RedisTarget::from_conf(&conf(serde_json::json!({
+            "count": 1, "time_window": 1, "policy": "redis", "redis_host": "127.0.0.1"
+        })));
+        assert!(ok.is_ok());
     }
 }

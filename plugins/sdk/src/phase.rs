@@ -26,6 +26,9 @@ pub enum Flow {
     Respond(PluginResponse),
     /// Wait for the future, then act on its result.
     Defer(FlowFuture),
+    /// Go on, adding these headers to the response: what a deferred hook, which cannot reach the
+    /// request context, returns instead of pushing to [`RequestCtx::response_headers`].
+    ContinueWith(Vec<(HeaderName, HeaderValue)>),
 }
 
 /// A response produced by a plugin.
