@@ -347,3 +347,55 @@ fn a_write_that_breaks_the_set_is_refused_and_never_empties_it() {
     assert_eq!(call("DELETE", "/apisix/admin/routes/1/plugins", ADMIN_KEY, "").status, 404);
     assert_eq!(call("GET", "/apisix/admin/routes/1", ADMIN_KEY, "").status, 200);
 }
+
+#[test]
+fn a_watch_compacted_past_its_revision_resyncs() {
+    let Some(etcd) = Etcd::start() else {
+        return common::skip("a_watch_compacted_past_its_revision_resyncs", "etcd/etcdctl are not installed");
+    };
+    let up = Upstream::start("u");
+    etcd.put("/weir/routes/1", &route("/one", &up));
+    let (p, w) = gateway(&etcd);
+    assert_eq!(status(p.node(), "/one"), 200);
+
+    // A watcher that stops reading falls behind: etcd stops sending to it once the stream's
+    // buffers are full. Compacting the history past its revision meanwhile means etcd can only
+    // cancel its watch ("compacted"); the instance must then read everything again.
+    let pid = w.pid().to_string();
+    let signal = |sig: &str| {
+        let ok = std::process::Command::new("kill").args([sig, &pid]).status().is_ok_and(|s| s.success());
+        assert!(ok, "kill {sig} {pid}");
+    };
+    signal("-STOP");
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let written = runtime.block_on(async {
+        let mut c = etcd_client::Client::connect([etcd.endpoint()], None).await?;
+        // Route changes, then enough traffic on the watch (~60 MB) to fill every buffer between
+        // etcd and the stopped instance.
+        for i in 0..50 {
+            c.put(format!("/weir/routes/bulk-{i}"), route(&format!("/bulk-{i}"), &up), None).await?;
+        }
+        let filler = format!("{{\"pad\": \"{}\"}}", "x".repeat(100_000));
+        for _ in 0..600 {
+            c.put("/weir/filler/x", filler.clone(), None).await?;
+        }
+        c.put("/weir/routes/2", route("/two", &up), None).await?;
+        c.delete("/weir/routes/1", None).await?;
+        let rev = c.get("/weir/routes/2", None).await?.header().map_or(0, |h| h.revision());
+        c.compact(rev, Some(etcd_client::CompactionOptions::new().with_physical())).await?;
+        Ok::<i64, etcd_client::Error>(rev)
+    });
+    signal("-CONT");
+    let rev = written.expect("write and compact through the etcd client");
+    assert!(
+        eventually(Duration::from_secs(20), || status(p.node(), "/two") == 200 && status(p.node(), "/one") == 404),
+        "the changes behind the compaction were not applied: {}",
+        get(p.control(), "/v1/config_status").text()
+    );
+    assert_eq!(status(p.node(), "/bulk-49"), 200);
+    let log = w.log_text();
+    assert!(log.contains("compacted at"), "the watch was not cancelled by the compaction:\n{log}");
+    let st = get(p.control(), "/v1/config_status").json();
+    assert!(st["revision"].as_i64().is_some_and(|r| r >= rev), "{st}");
+    assert_eq!(st["connected"], true, "{st}");
+}

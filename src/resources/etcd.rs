@@ -343,42 +343,61 @@ async fn follow(
         Ok(pair) => pair,
         Err(e) => return format!("etcd watch: {e}"),
     };
+    let mut at = revision;
     loop {
-        let resp = match stream.message().await {
-            Ok(Some(r)) => r,
+        let mut next = match stream.message().await {
+            Ok(Some(r)) => Some(r),
             Ok(None) => return "etcd closed the watch".into(),
             Err(e) => return format!("etcd watch: {e}"),
         };
-        if resp.canceled() || resp.compact_revision() > 0 {
-            // Compacted past our revision (or cancelled): read everything again.
-            return format!("etcd watch cancelled (compacted at {}); resyncing", resp.compact_revision());
-        }
+        // Fold every response already received into one rebuild: a burst of writes costs one
+        // snapshot build, not one per write.
         let mut changed = false;
-        for event in resp.events() {
-            let Some(kv) = event.kv() else { continue };
-            let key = String::from_utf8_lossy(kv.key()).into_owned();
-            match event.event_type() {
-                EventType::Put => match parse(kv.value()) {
-                    Ok(v) => {
-                        values.insert(key, v);
-                        changed = true;
-                    }
-                    Err(e) => {
-                        log::error!("etcd {key}: {e}; skipped");
-                        changed |= values.remove(&key).is_some();
-                    }
-                },
-                EventType::Delete => changed |= values.remove(&key).is_some(),
+        while let Some(resp) = next.take() {
+            if resp.canceled() || resp.compact_revision() > 0 {
+                // Compacted past our revision (or cancelled): read everything again.
+                return format!("etcd watch cancelled (compacted at {}); resyncing", resp.compact_revision());
+            }
+            changed |= fold(&mut values, &resp);
+            at = resp.header().map_or(at, |h| h.revision());
+            // A zero timeout polls the stream once: what is buffered, never a wait.
+            match tokio::time::timeout(Duration::ZERO, stream.message()).await {
+                Ok(Ok(Some(r))) => next = Some(r),
+                Ok(Ok(None)) => return "etcd closed the watch".into(),
+                Ok(Err(e)) => return format!("etcd watch: {e}"),
+                Err(_) => {}
             }
         }
         let Some(gw) = gateway.upgrade() else { return "shutting down".into() };
-        let at = resp.header().map_or(revision, |h| h.revision());
         if changed {
             apply(&gw, &values, prefix, at);
         } else {
             gw.provider_status.lock().revision = Some(at);
         }
     }
+}
+
+/// Applies the events of one watch response to `values`; whether anything changed.
+fn fold(values: &mut Values, resp: &etcd_client::WatchResponse) -> bool {
+    let mut changed = false;
+    for event in resp.events() {
+        let Some(kv) = event.kv() else { continue };
+        let key = String::from_utf8_lossy(kv.key()).into_owned();
+        match event.event_type() {
+            EventType::Put => match parse(kv.value()) {
+                Ok(v) => {
+                    values.insert(key, v);
+                    changed = true;
+                }
+                Err(e) => {
+                    log::error!("etcd {key}: {e}; skipped");
+                    changed |= values.remove(&key).is_some();
+                }
+            },
+            EventType::Delete => changed |= values.remove(&key).is_some(),
+        }
+    }
+    changed
 }
 
 #[cfg(test)]
