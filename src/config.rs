@@ -435,12 +435,46 @@ pub struct EtcdSection {
     /// Password of `user`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub password: Option<String>,
+    /// TLS to etcd (for `https://` hosts).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<EtcdTls>,
 }
 
 impl Default for EtcdSection {
     fn default() -> Self {
-        EtcdSection { host: default_etcd_host(), timeout: default_etcd_timeout(), user: None, password: None }
+        EtcdSection {
+            host: default_etcd_host(),
+            timeout: default_etcd_timeout(),
+            user: None,
+            password: None,
+            tls: None,
+        }
     }
+}
+
+/// `deployment.etcd.tls:` (APISIX keys, plus `ca`). Relative paths are under the prefix directory.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct EtcdTls {
+    /// Client certificate (PEM) for etcd's `--client-cert-auth`; with `key`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1))]
+    pub cert: Option<String>,
+    /// Private key (PEM) of `cert`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1))]
+    pub key: Option<String>,
+    /// CA certificates (PEM) that sign etcd's server certificate; default: the system's roots.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1))]
+    pub ca: Option<String>,
+    /// Verify etcd's certificate. Only `true` is accepted: give `ca` for a private CA.
+    #[serde(default = "yes")]
+    pub verify: bool,
+    /// Host name to verify etcd's certificate against (default: the host of each endpoint).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1))]
+    pub sni: Option<String>,
 }
 
 fn default_etcd_host() -> Vec<String> {
@@ -523,7 +557,13 @@ impl Config {
     pub fn load(prefix: &Prefix, catalog: &Catalog) -> Result<Config, ConfigError> {
         let path = prefix.config_file();
         let raw = read_yaml(&path)?.unwrap_or_else(|| Value::Object(Default::default()));
-        Self::from_value(&path, &raw, catalog)
+        let mut config = Self::from_value(&path, &raw, catalog)?;
+        let issues = config.load_etcd_tls(&prefix.dir);
+        if issues.is_empty() {
+            Ok(config)
+        } else {
+            Err(ConfigError::new(&path, issues))
+        }
     }
 
     /// Validates and checks a parsed config document.
@@ -538,6 +578,65 @@ impl Config {
         } else {
             Err(ConfigError::new(path, issues))
         }
+    }
+
+    /// `deployment.etcd.tls` against the hosts it applies to.
+    fn check_etcd_tls(&self, issues: &mut Vec<Issue>) {
+        let etcd = &self.deployment.etcd;
+        let Some(tls) = &etcd.tls else { return };
+        if !tls.verify {
+            issues.push(Issue::new(
+                "deployment.etcd.tls.verify",
+                "not verifying etcd's certificate would let anyone on the path serve this gateway's resources; give the CA that signs it in deployment.etcd.tls.ca instead",
+            ));
+        }
+        if tls.cert.is_some() != tls.key.is_some() {
+            let missing = if tls.cert.is_some() { "key" } else { "cert" };
+            issues.push(Issue::new(
+                format!("deployment.etcd.tls.{missing}"),
+                "a client certificate needs both `cert` and `key`",
+            ));
+        }
+        for (i, h) in etcd.host.iter().enumerate() {
+            if !h.starts_with("https://") {
+                issues.push(Issue::new(
+                    format!("deployment.etcd.host[{i}]"),
+                    format!("`{h}` is plain http but deployment.etcd.tls is set: use https:// endpoints"),
+                ));
+            }
+        }
+    }
+
+    /// Makes `deployment.etcd.tls` paths absolute (relative ones are under `dir`) and checks that
+    /// each names a readable PEM file of the right kind.
+    fn load_etcd_tls(&mut self, dir: &Path) -> Vec<Issue> {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        let mut issues = Vec::new();
+        let Some(tls) = &mut self.deployment.etcd.tls else { return issues };
+        for (name, path) in [("cert", &mut tls.cert), ("key", &mut tls.key), ("ca", &mut tls.ca)] {
+            let Some(p) = path else { continue };
+            let abs = dir.join(&*p);
+            *p = abs.to_string_lossy().into_owned();
+            let key = format!("deployment.etcd.tls.{name}");
+            let pem = match std::fs::read(&abs) {
+                Ok(b) => b,
+                Err(e) => {
+                    issues.push(Issue::new(key, format!("cannot read {}: {e}", abs.display())));
+                    continue;
+                }
+            };
+            let ok = if name == "key" {
+                PrivateKeyDer::from_pem_slice(&pem).is_ok()
+            } else {
+                CertificateDer::pem_slice_iter(&pem).next().is_some_and(|c| c.is_ok())
+            };
+            if !ok {
+                let what = if name == "key" { "a PEM private key" } else { "PEM certificates" };
+                issues.push(Issue::new(key, format!("{} does not hold {what}", abs.display())));
+            }
+        }
+        issues
     }
 
     /// Rules the schema cannot express.
@@ -599,6 +698,7 @@ impl Config {
             }
             seen.push(addr);
         }
+        self.check_etcd_tls(&mut issues);
         let admin = &self.deployment.admin;
         if admin.enable_admin == Some(true) && self.deployment.config_provider == ConfigProvider::Yaml {
             issues.push(Issue::new(

@@ -19,6 +19,8 @@ struct Etcd {
     dir: PathBuf,
     client: u16,
     peer: u16,
+    /// Serve clients over TLS, requiring a client certificate (files in `dir/pki`).
+    tls: bool,
 }
 
 impl Etcd {
@@ -34,13 +36,49 @@ impl Etcd {
             return None;
         }
         let dir = std::env::temp_dir().join(format!("weir-etcd-{}-{}", std::process::id(), common::free_port()));
-        let mut e = Etcd { child: None, dir, client: common::free_port(), peer: common::free_port() };
+        let mut e = Etcd { child: None, dir, client: common::free_port(), peer: common::free_port(), tls: false };
         e.run();
         Some(e)
     }
 
+    /// etcd serving clients over TLS with `--client-cert-auth`: a CA, a server certificate for
+    /// 127.0.0.1, and a client certificate, all under `dir/pki`.
+    fn start_tls() -> Option<Etcd> {
+        let mut e = Etcd::start()?;
+        e.stop();
+        let pki = e.dir.join("pki");
+        std::fs::create_dir_all(&pki).expect("pki dir");
+        let ca_key = rcgen::KeyPair::generate().expect("key");
+        let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+        ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        ca.distinguished_name.push(rcgen::DnType::CommonName, "weir test CA");
+        let ca = ca.self_signed(&ca_key).expect("sign CA");
+        std::fs::write(pki.join("ca.crt"), ca.pem()).expect("write");
+        for (name, usage) in [
+            ("server", rcgen::ExtendedKeyUsagePurpose::ServerAuth),
+            ("client", rcgen::ExtendedKeyUsagePurpose::ClientAuth),
+        ] {
+            let key = rcgen::KeyPair::generate().expect("key");
+            let mut p =
+                rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()]).expect("params");
+            p.distinguished_name.push(rcgen::DnType::CommonName, name);
+            p.extended_key_usages = vec![usage];
+            let cert = p.signed_by(&key, &ca, &ca_key).expect("sign");
+            std::fs::write(pki.join(format!("{name}.crt")), cert.pem()).expect("write");
+            std::fs::write(pki.join(format!("{name}.key")), key.serialize_pem()).expect("write");
+        }
+        e.tls = true;
+        e.run();
+        Some(e)
+    }
+
+    fn pki(&self, file: &str) -> String {
+        self.dir.join("pki").join(file).to_string_lossy().into_owned()
+    }
+
     fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.client)
+        let scheme = if self.tls { "https" } else { "http" };
+        format!("{scheme}://127.0.0.1:{}", self.client)
     }
 
     fn run(&mut self) {
@@ -51,6 +89,8 @@ impl Etcd {
             .args(["--listen-client-urls", &self.endpoint(), "--advertise-client-urls", &self.endpoint()])
             .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
             .args(["--initial-cluster", &format!("weir-test={peer}")])
+            .args(self.tls_args("--", "cert-file", "key-file", "trusted-ca-file", "server"))
+            .args(if self.tls { &["--client-cert-auth"][..] } else { &[] })
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -58,6 +98,18 @@ impl Etcd {
         self.child = Some(child);
         let up = eventually(Duration::from_secs(20), || self.ctl(&["endpoint", "health"]).is_ok());
         assert!(up, "etcd did not come up");
+    }
+
+    /// `--<cert>=... --<key>=... --<ca>=...` of certificate `name`, when serving TLS.
+    fn tls_args(&self, dash: &str, cert: &str, key: &str, ca: &str, name: &str) -> Vec<String> {
+        if !self.tls {
+            return Vec::new();
+        }
+        vec![
+            format!("{dash}{cert}={}", self.pki(&format!("{name}.crt"))),
+            format!("{dash}{key}={}", self.pki(&format!("{name}.key"))),
+            format!("{dash}{ca}={}", self.pki("ca.crt")),
+        ]
     }
 
     fn stop(&mut self) {
@@ -71,6 +123,7 @@ impl Etcd {
         let out = Command::new("etcdctl")
             .env("ETCDCTL_API", "3")
             .args(["--endpoints", &self.endpoint()])
+            .args(self.tls_args("--", "cert", "key", "cacert", "client"))
             .args(args)
             .output()
             .map_err(|e| e.to_string())?;
@@ -398,4 +451,67 @@ fn a_watch_compacted_past_its_revision_resyncs() {
     let st = get(p.control(), "/v1/config_status").json();
     assert!(st["revision"].as_i64().is_some_and(|r| r >= rev), "{st}");
     assert_eq!(st["connected"], true, "{st}");
+}
+
+#[test]
+fn etcd_over_tls_with_a_client_certificate() {
+    let Some(etcd) = Etcd::start_tls() else {
+        return common::skip("etcd_over_tls_with_a_client_certificate", "etcd/etcdctl are not installed");
+    };
+    let up = Upstream::start("u");
+    etcd.put("/weir/routes/1", &route("/one", &up));
+    let deployment = |tls: &str| {
+        format!(
+            "deployment:\n  config_provider: etcd\n  etcd:\n    host: [\"{}\"]\n    timeout: 2\n    tls: {tls}\n  admin: {{enable_admin: false}}\n",
+            etcd.endpoint()
+        )
+    };
+    // Relative paths are under the prefix directory.
+    let p = Prefix::new("", &deployment("{cert: pki/client.crt, key: pki/client.key, ca: pki/ca.crt}"), "");
+    std::fs::create_dir_all(p.dir.join("pki")).expect("pki dir");
+    for f in ["client.crt", "client.key", "ca.crt"] {
+        p.write(&format!("pki/{f}"), &std::fs::read_to_string(etcd.pki(f)).expect("read pki"));
+    }
+    let w = Weir::start(&p);
+    w.wait_ready(p.node());
+    assert_eq!(status(p.node(), "/one"), 200);
+    etcd.put("/weir/routes/2", &route("/two", &up));
+    assert!(eventually(Duration::from_secs(2), || status(p.node(), "/two") == 200), "the watch over TLS");
+    assert_eq!(get(p.control(), "/v1/config_status").json()["connected"], true);
+    drop(w);
+
+    // Without the client certificate etcd refuses the handshake: nothing is served, and the
+    // status says why.
+    let p = Prefix::new("", &deployment(&format!("{{ca: {}}}", etcd.pki("ca.crt"))), "");
+    let w = Weir::start(&p);
+    w.wait_ready(p.node());
+    assert_eq!(status(p.node(), "/one"), 404);
+    let st = get(p.control(), "/v1/config_status").json();
+    assert_eq!(st["connected"], false, "{st}");
+    drop(w);
+
+    // A CA that did not sign etcd's certificate: refused the same way (verification is on).
+    let other = rcgen::generate_simple_self_signed(vec!["other".to_owned()]).expect("cert");
+    let p = Prefix::new("", &deployment("{ca: other-ca.crt}"), "");
+    p.write("other-ca.crt", &other.cert.pem());
+    let w = Weir::start(&p);
+    w.wait_ready(p.node());
+    assert_eq!(status(p.node(), "/one"), 404);
+    drop(w);
+
+    // Configuration errors name the key and the reason.
+    for (tls, key, why) in [
+        ("{verify: false}", "deployment.etcd.tls.verify", "deployment.etcd.tls.ca"),
+        ("{cert: pki/client.crt}", "deployment.etcd.tls.key", "both `cert` and `key`"),
+        ("{ca: missing.pem}", "deployment.etcd.tls.ca", "cannot read"),
+        ("{ca: conf/config.yaml}", "deployment.etcd.tls.ca", "does not hold PEM certificates"),
+    ] {
+        let p = Prefix::new("", &deployment(tls), "");
+        let (code, err) = common::start_refused(&p);
+        assert_ne!(code, 0, "{tls}");
+        assert!(err.contains(key) && err.contains(why), "{tls}: {err}");
+    }
+    let plain = "deployment:\n  config_provider: etcd\n  etcd:\n    host: [\"http://127.0.0.1:2379\"]\n    tls: {}\n";
+    let (_, err) = common::start_refused(&Prefix::new("", plain, ""));
+    assert!(err.contains("deployment.etcd.host[0]") && err.contains("plain http"), "{err}");
 }

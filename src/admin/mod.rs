@@ -19,7 +19,7 @@ use weir_plugin::cidr::Cidr;
 
 use crate::config::{AdminRole, AdminSection, EtcdSection};
 use crate::control::json_response;
-use crate::resources::etcd::{endpoints, options, valid_document, Values, KINDS};
+use crate::resources::etcd::{valid_document, Values, KINDS};
 use crate::state::Gateway;
 
 /// Largest request body.
@@ -158,9 +158,7 @@ async fn dispatch(req: HttpRequest, body: web::Bytes, admin: web::Data<Admin>) -
 }
 
 async fn connect(etcd: &EtcdSection) -> Result<Client, String> {
-    Client::connect(endpoints(etcd), Some(options(etcd)))
-        .await
-        .map_err(|e| format!("cannot reach etcd {:?}: {e}", etcd.host))
+    crate::resources::etcd::connect(etcd).await
 }
 
 fn key_of(admin: &Admin, kind: &str, id: &str) -> String {

@@ -14,12 +14,12 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use etcd_client::{Client, ConnectOptions, EventType, GetOptions, WatchOptions};
+use etcd_client::{Certificate, Client, ConnectOptions, EventType, GetOptions, Identity, TlsOptions, WatchOptions};
 use parking_lot::Mutex;
 use serde::Serialize;
 use serde_json::{Map, Value};
 
-use crate::config::EtcdSection;
+use crate::config::{EtcdSection, EtcdTls};
 use crate::state::Gateway;
 use crate::validate::Issue;
 
@@ -207,14 +207,37 @@ pub fn watch(gateway: &Arc<Gateway>, settings: EtcdSection, prefix: String, init
     }
 }
 
-/// Connection options of `deployment.etcd` (timeouts, authentication).
-pub fn options(settings: &EtcdSection) -> ConnectOptions {
+/// Connection options of `deployment.etcd`: timeouts, authentication, TLS. Certificate files
+/// are read on every connection, so a renewed client certificate is used from the next one.
+pub fn options(settings: &EtcdSection) -> Result<ConnectOptions, String> {
     let timeout = Duration::from_secs_f64(settings.timeout.max(0.1));
     let mut o = ConnectOptions::new().with_timeout(timeout).with_connect_timeout(timeout);
     if let (Some(user), Some(password)) = (&settings.user, &settings.password) {
         o = o.with_user(user.clone(), password.clone());
     }
-    o
+    if settings.host.iter().any(|h| h.starts_with("https://")) {
+        o = o.with_tls(tls_options(settings.tls.as_ref())?);
+    }
+    Ok(o)
+}
+
+fn tls_options(tls: Option<&EtcdTls>) -> Result<TlsOptions, String> {
+    let read =
+        |what: &str, path: &str| std::fs::read(path).map_err(|e| format!("deployment.etcd.tls.{what}: {path}: {e}"));
+    let mut t = TlsOptions::new();
+    t = match tls.and_then(|t| t.ca.as_deref()) {
+        Some(ca) => t.ca_certificate(Certificate::from_pem(read("ca", ca)?)),
+        None => t.with_native_roots(),
+    };
+    if let Some(tls) = tls {
+        if let (Some(cert), Some(key)) = (&tls.cert, &tls.key) {
+            t = t.identity(Identity::from_pem(read("cert", cert)?, read("key", key)?));
+        }
+        if let Some(sni) = &tls.sni {
+            t = t.domain_name(sni.clone());
+        }
+    }
+    Ok(t)
 }
 
 /// The endpoints of `deployment.etcd`.
@@ -222,11 +245,16 @@ pub fn endpoints(settings: &EtcdSection) -> Vec<String> {
     settings.host.iter().map(|h| h.trim_end_matches('/').to_owned()).collect()
 }
 
+/// A client of `deployment.etcd`.
+pub async fn connect(settings: &EtcdSection) -> Result<Client, String> {
+    Client::connect(endpoints(settings), Some(options(settings)?))
+        .await
+        .map_err(|e| format!("cannot connect to etcd {:?}: {e}", settings.host))
+}
+
 /// Connects and reads every resource under `prefix`: the values and the revision of the read.
 pub async fn read_all(settings: &EtcdSection, prefix: &str) -> Result<(Client, Values, i64), String> {
-    let mut client = Client::connect(endpoints(settings), Some(options(settings)))
-        .await
-        .map_err(|e| format!("cannot connect to etcd {:?}: {e}", settings.host))?;
+    let mut client = connect(settings).await?;
     let resp = client
         .get(format!("{prefix}/"), Some(GetOptions::new().with_prefix()))
         .await
@@ -298,10 +326,7 @@ async fn sync_forever(gateway: Weak<Gateway>, settings: EtcdSection, prefix: Str
         let Some(gw) = gateway.upgrade() else { return };
         let outcome = match known.take() {
             // Start-up already read and applied this revision: only connect for the watch.
-            Some((values, revision)) => Client::connect(endpoints(&settings), Some(options(&settings)))
-                .await
-                .map(|c| (c, values, revision))
-                .map_err(|e| format!("cannot connect to etcd {:?}: {e}", settings.host)),
+            Some((values, revision)) => connect(&settings).await.map(|c| (c, values, revision)),
             None => read_all(&settings, &prefix)
                 .await
                 .inspect(|(_, values, revision)| apply(&gw, values, &prefix, *revision)),
