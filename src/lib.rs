@@ -38,6 +38,7 @@ pub mod error;
 pub mod fuzzing;
 pub mod health;
 pub mod memory;
+pub mod openapi;
 pub mod plugins;
 pub mod resources;
 pub mod run;

@@ -2,10 +2,11 @@
 //! `jemalloc`, on by default), so freed memory can be returned to the operating system on demand
 //! instead of waiting for decay. Without it, allocator figures read 0 and purging does nothing.
 
+use schemars::JsonSchema;
 use serde::Serialize;
 
 /// Memory figures at one moment.
-#[derive(Debug, Clone, Copy, Serialize, Default)]
+#[derive(Debug, Clone, Copy, Serialize, JsonSchema, Default)]
 pub struct MemoryStats {
     /// Bytes allocated by the application (jemalloc `stats.allocated`).
     pub allocated: u64,

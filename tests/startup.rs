@@ -199,6 +199,15 @@ fn invalid_resources_are_fatal_at_start_with_a_precise_message() {
             "plugin_metadata[0] (id example-plugin): skey: required key is missing",
         ),
         ("rotues: []\n", "resources.yaml: rotues: unknown key (did you mean `routes`?)"),
+        // Found by schemathesis: a float too large for a Duration used to panic the builder.
+        (
+            "upstreams:\n  - {id: u, nodes: {\"a:80\": 1}, timeout: {connect: 1.0e300}}\n",
+            "upstreams[0] (id u): timeout.connect: 1e+300 is greater than the maximum of 31536000",
+        ),
+        (
+            "upstreams:\n  - {id: u, nodes: {\"a:80\": 1}, checks: {active: {timeout: 1.0e300}}}\n",
+            "upstreams[0] (id u): checks.active.timeout: 1e+300 is greater than the maximum of 3600",
+        ),
     ];
     for (yaml, expected) in cases {
         p.write_resources(yaml);

@@ -18,7 +18,8 @@ use serde_json::{json, Map, Value};
 use weir_plugin::cidr::Cidr;
 
 use crate::config::{AdminRole, AdminSection, EtcdSection};
-use crate::control::json_response;
+use crate::control::typed_response;
+use crate::openapi::bodies::{self as body, Deleted, ErrorBody, KeyNotFound, Node, NodeList};
 use crate::resources::etcd::{valid_document, Values, KINDS};
 use crate::state::Gateway;
 
@@ -55,11 +56,11 @@ pub fn server(
 }
 
 fn error(status: StatusCode, msg: impl Into<String>) -> HttpResponse {
-    json_response(status, &json!({ "error_msg": msg.into() }))
+    typed_response(status, &ErrorBody { error_msg: msg.into() })
 }
 
 fn not_found() -> HttpResponse {
-    json_response(StatusCode::NOT_FOUND, &json!({ "message": "Key not found" }))
+    typed_response(StatusCode::NOT_FOUND, &KeyNotFound { message: "Key not found".into() })
 }
 
 /// `(kind, id, sub-path)` of an Admin API path.
@@ -166,8 +167,8 @@ fn key_of(admin: &Admin, kind: &str, id: &str) -> String {
 }
 
 /// One stored node as APISIX reports it.
-fn node(key: &str, value: Value, created: i64, modified: i64) -> Value {
-    json!({ "key": key, "value": value, "createdIndex": created, "modifiedIndex": modified })
+fn node(key: &str, value: Value, created: i64, modified: i64) -> Node {
+    Node { key: key.to_owned(), value, created_index: created, modified_index: modified }
 }
 
 async fn list(
@@ -179,7 +180,7 @@ async fn list(
 ) -> Result<HttpResponse, String> {
     let prefix = format!("{}/{kind}/", admin.prefix);
     let resp = client.get(prefix, Some(GetOptions::new().with_prefix())).await.map_err(|e| e.to_string())?;
-    let mut items: Vec<Value> = resp
+    let mut items: Vec<Node> = resp
         .kvs()
         .iter()
         .filter_map(|kv| {
@@ -194,9 +195,9 @@ async fn list(
     let arg = |name: &str| weir_plugin::query_arg(query, name).and_then(|v| v.parse::<usize>().ok());
     if let Some(size) = arg("page_size").filter(|s| *s > 0) {
         let page = arg("page").unwrap_or(1).max(1);
-        items = items.into_iter().skip((page - 1) * size).take(size).collect();
+        items = items.into_iter().skip((page - 1).saturating_mul(size)).take(size).collect();
     }
-    Ok(json_response(StatusCode::OK, &json!({ "total": total, "list": items })))
+    Ok(typed_response(StatusCode::OK, &NodeList { total, list: items }))
 }
 
 async fn get(
@@ -213,7 +214,7 @@ async fn get(
     if role == AdminRole::Viewer {
         redact(kind, &mut value);
     }
-    Ok(json_response(StatusCode::OK, &node(&key, value, kv.create_revision(), kv.mod_revision())))
+    Ok(typed_response(StatusCode::OK, &node(&key, value, kv.create_revision(), kv.mod_revision())))
 }
 
 /// The key every Admin API write bumps (outside `<prefix>/`, so the watchers never see it): a
@@ -332,7 +333,7 @@ async fn put(
     let created = current.is_none();
     let status = if created { StatusCode::CREATED } else { StatusCode::OK };
     Ok(match store(client, admin, &key, Some(&value), expected, mark).await? {
-        Stored::Yes => json_response(status, &json!({ "key": key, "value": value })),
+        Stored::Yes => typed_response(status, &body::Stored { key, value }),
         Stored::Stale => conflict(),
         Stored::Raced => raced(),
     })
@@ -440,7 +441,7 @@ async fn patch(
     }
     // Always against the revision read: a concurrent change is never overwritten.
     Ok(match store(client, admin, &key, Some(&value), Some(revision), mark).await? {
-        Stored::Yes => json_response(StatusCode::OK, &json!({ "key": key, "value": value })),
+        Stored::Yes => typed_response(StatusCode::OK, &body::Stored { key, value }),
         Stored::Stale => conflict(),
         Stored::Raced => raced(),
     })
@@ -482,7 +483,7 @@ async fn delete(client: &mut Client, admin: &Admin, kind: &str, id: &str) -> Res
         ));
     }
     Ok(match store(client, admin, &key, None, None, mark).await? {
-        Stored::Yes => json_response(StatusCode::OK, &json!({ "key": key, "deleted": "1" })),
+        Stored::Yes => typed_response(StatusCode::OK, &Deleted { key, deleted: "1".into() }),
         Stored::Stale | Stored::Raced => raced(),
     })
 }

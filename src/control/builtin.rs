@@ -8,9 +8,10 @@ use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse};
 use serde_json::{json, Value};
 
-use super::{error, json_response};
+use super::{error, json_response, typed_response};
 use crate::health::html;
 use crate::memory;
+use crate::openapi::bodies::{GcReport, GcSubsystems, Reloaded, SchemaDoc, StreamGc};
 use crate::resources::snapshot::dump;
 use crate::resources::KindSchemas;
 use crate::state::Gateway;
@@ -27,7 +28,8 @@ pub enum Kind {
 }
 
 impl Kind {
-    fn singular(self) -> &'static str {
+    /// `route`, `service`, `upstream`.
+    pub fn singular(self) -> &'static str {
         match self {
             Kind::Route => "route",
             Kind::Service => "service",
@@ -36,9 +38,12 @@ impl Kind {
     }
 }
 
+/// What a built-in path serves (the table's values; also what `crate::openapi` documents).
 #[derive(Debug, Clone, Copy)]
-enum Tag {
+#[allow(missing_docs)]
+pub enum Tag {
     Schema,
+    OpenApi,
     Healthchecks,
     HealthMissingId,
     Healthcheck,
@@ -56,6 +61,8 @@ enum Tag {
 pub enum Endpoint {
     /// `GET /v1/schema`.
     Schema,
+    /// `GET /v1/openapi.json`.
+    OpenApi,
     /// `GET /v1/healthcheck`.
     Healthchecks,
     /// `GET /v1/healthcheck/{src_type}` (no id).
@@ -80,9 +87,15 @@ pub enum Endpoint {
 
 const GET: &[&str] = &["GET"];
 
+/// Every built-in endpoint: `(path, what it serves, methods)`.
+pub fn endpoints() -> impl Iterator<Item = (&'static str, Tag, &'static [&'static str])> {
+    table().iter().copied()
+}
+
 fn table() -> &'static [(&'static str, Tag, &'static [&'static str])] {
     &[
         ("/v1/schema", Tag::Schema, GET),
+        ("/v1/openapi.json", Tag::OpenApi, GET),
         ("/v1/healthcheck", Tag::Healthchecks, GET),
         ("/v1/healthcheck/{src_type}", Tag::HealthMissingId, GET),
         ("/v1/healthcheck/{src_type}/", Tag::HealthMissingId, GET),
@@ -121,6 +134,7 @@ pub fn lookup(path: &str) -> Option<(Endpoint, &'static [&'static str])> {
     let (tag, methods) = *m.value;
     let endpoint = match tag {
         Tag::Schema => Endpoint::Schema,
+        Tag::OpenApi => Endpoint::OpenApi,
         Tag::Healthchecks => Endpoint::Healthchecks,
         Tag::HealthMissingId => Endpoint::HealthMissingId(p("src_type")),
         Tag::Healthcheck => Endpoint::Healthcheck(p("src_type"), p("src_id")),
@@ -180,13 +194,22 @@ pub fn handle(endpoint: Endpoint, req: &HttpRequest, gw: &Gateway) -> HttpRespon
             // The document changes only with the enabled set: serialize it once per set.
             let enabled = gw.enabled.load();
             let body = enabled.schema_json.get_or_init(|| {
-                let doc = json!({
-                    "main": KindSchemas::get().describe(),
-                    "plugins": enabled.describe(),
-                    "stream-plugins": enabled.describe_stream(),
-                });
-                bytes::Bytes::from(doc.to_string())
+                let object = |v: Value| match v {
+                    Value::Object(m) => m,
+                    _ => serde_json::Map::new(),
+                };
+                let doc = SchemaDoc {
+                    main: object(KindSchemas::get().describe()),
+                    plugins: object(enabled.describe()),
+                    stream_plugins: object(enabled.describe_stream()),
+                };
+                bytes::Bytes::from(serde_json::to_string(&doc).unwrap_or_default())
             });
+            HttpResponse::Ok().insert_header((CONTENT_TYPE, "application/json")).body(body.clone())
+        }
+        Endpoint::OpenApi => {
+            static DOC: OnceLock<bytes::Bytes> = OnceLock::new();
+            let body = DOC.get_or_init(|| bytes::Bytes::from(crate::openapi::document().to_string()));
             HttpResponse::Ok().insert_header((CONTENT_TYPE, "application/json")).body(body.clone())
         }
         Endpoint::Healthchecks => {
@@ -239,7 +262,7 @@ pub fn handle(endpoint: Endpoint, req: &HttpRequest, gw: &Gateway) -> HttpRespon
         Endpoint::PluginsReload => match gw.reload_plugins() {
             Ok(names) => {
                 log::info!("plugins reloaded: {}", names.join(", "));
-                json_response(StatusCode::OK, &json!({ "message": "plugins reloaded", "plugins": names }))
+                typed_response(StatusCode::OK, &Reloaded { message: "plugins reloaded".into(), plugins: names })
             }
             Err(e) => {
                 log::error!("plugin reload refused: {e}");
@@ -283,7 +306,7 @@ fn gc(_gw: &Gateway) -> HttpResponse {
     let before = memory::stats();
     let mut actions = Vec::new();
     match memory::purge() {
-        Ok(()) => actions.push("allocator: dirty pages of all arenas returned to the OS"),
+        Ok(()) => actions.push("allocator: dirty pages of all arenas returned to the OS".to_owned()),
         Err(e) => {
             log::warn!("gc: {e}");
             return error(StatusCode::INTERNAL_SERVER_ERROR, e);
@@ -298,23 +321,23 @@ fn gc(_gw: &Gateway) -> HttpResponse {
         before.rss,
         after.rss
     );
-    json_response(
+    typed_response(
         StatusCode::OK,
-        &json!({
-            "before": before,
-            "after": after,
-            "freed_rss": before.rss.saturating_sub(after.rss),
-            "actions": actions,
+        &GcReport {
+            before,
+            after,
+            freed_rss: before.rss.saturating_sub(after.rss),
+            actions,
             // One process, one allocator: the purge covers both subsystems.
-            "subsystems": {
-                "http": "covered by the allocator purge",
-                "stream": {
-                    "covered": "by the allocator purge (relays hold no buffer while idle)",
-                    "tcp_connections": tcp,
-                    "udp_sessions": udp,
+            subsystems: GcSubsystems {
+                http: "covered by the allocator purge".into(),
+                stream: StreamGc {
+                    covered: "by the allocator purge (relays hold no buffer while idle)".into(),
+                    tcp_connections: tcp,
+                    udp_sessions: udp,
                 },
             },
-        }),
+        },
     )
 }
 

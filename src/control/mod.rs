@@ -17,6 +17,7 @@ use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer};
 use serde_json::{json, Value};
 use weir_plugin::{ControlRequest, ControlResponse};
 
+use crate::openapi::bodies::ErrorBody;
 use crate::state::Gateway;
 
 /// Largest request body the control server reads.
@@ -81,9 +82,17 @@ pub fn json_response(status: StatusCode, value: &Value) -> HttpResponse {
     HttpResponse::build(status).insert_header((CONTENT_TYPE, "application/json")).body(value.to_string())
 }
 
+/// A JSON response of a typed body (see `crate::openapi::bodies`).
+pub fn typed_response<T: serde::Serialize>(status: StatusCode, body: &T) -> HttpResponse {
+    match serde_json::to_string(body) {
+        Ok(text) => HttpResponse::build(status).insert_header((CONTENT_TYPE, "application/json")).body(text),
+        Err(e) => json_response(StatusCode::INTERNAL_SERVER_ERROR, &json!({ "error_msg": e.to_string() })),
+    }
+}
+
 /// A `{"error_msg": ...}` response.
 pub fn error(status: StatusCode, msg: impl Into<String>) -> HttpResponse {
-    json_response(status, &json!({ "error_msg": msg.into() }))
+    typed_response(status, &ErrorBody { error_msg: msg.into() })
 }
 
 fn to_http(resp: ControlResponse) -> HttpResponse {

@@ -87,8 +87,9 @@ impl Drop for InFlight {
     }
 }
 
-fn secs(s: f64) -> Duration {
-    Duration::from_secs_f64(s.max(0.001))
+/// Seconds of a (schema-checked) configuration value; never panics, whatever the float.
+pub fn secs(s: f64) -> Duration {
+    Duration::try_from_secs_f64(s.max(0.001)).unwrap_or(Duration::from_secs(31_536_000))
 }
 
 /// FNV-1a, 32 bits: tiny, fast, good enough spread for a hash ring.
@@ -159,11 +160,7 @@ impl CompiledUpstream {
         };
         let upstream_host = conf.upstream_host.as_deref().and_then(|h| HeaderValue::from_str(h).ok());
         let pool = match conf.keepalive_pool {
-            Some(p) => PoolSettings {
-                size: p.size as usize,
-                idle_timeout: Duration::from_secs_f64(p.idle_timeout.max(0.0)),
-                requests: p.requests,
-            },
+            Some(p) => PoolSettings { size: p.size as usize, idle_timeout: secs(p.idle_timeout), requests: p.requests },
             // APISIX's defaults.
             None => PoolSettings { size: 320, idle_timeout: Duration::from_secs(60), requests: 1000 },
         };

@@ -376,7 +376,7 @@ async fn probe_loop(checker: Weak<Checker>, target: Arc<Target>) {
 /// One probe: `None` when the answer is in neither status list.
 async fn probe(active: &Active, key: &TargetKey) -> Option<(Report, String)> {
     let addr = SocketAddr::new(key.ip, key.port);
-    let limit = Duration::from_secs_f64(active.timeout.max(0.001));
+    let limit = crate::dataplane::upstream::secs(active.timeout);
     let tcp = match tokio::time::timeout(limit, TcpStream::connect(addr)).await {
         Err(_) => return Some((Report::Timeout, "timeout: connect".into())),
         Ok(Err(e)) => return Some((Report::TcpFailure, format!("tcp failure: connect: {e}"))),

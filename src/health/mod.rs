@@ -14,6 +14,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 
 use parking_lot::RwLock;
+use schemars::JsonSchema;
 use serde::Serialize;
 use tokio::runtime::Handle;
 
@@ -22,7 +23,7 @@ use crate::resources::Snapshot;
 use checker::{Checker, ProbeCount};
 
 /// Counters of one target.
-#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, Serialize, JsonSchema, PartialEq, Eq)]
 pub struct Counter {
     /// Successes.
     pub success: u8,
@@ -35,7 +36,7 @@ pub struct Counter {
 }
 
 /// One checked node as reported.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, JsonSchema)]
 pub struct NodeReport {
     /// IP address.
     pub ip: String,
@@ -54,7 +55,7 @@ pub struct NodeReport {
 }
 
 /// One health-check entry (`/v1/healthcheck`).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, JsonSchema)]
 pub struct Entry {
     /// `/<prefix>/<kind>/<id>`.
     pub name: String,

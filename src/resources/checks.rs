@@ -34,7 +34,7 @@ pub struct Active {
     pub probe_type: ProbeType,
     /// Probe timeout in seconds.
     #[serde(default = "one_f")]
-    #[schemars(range(min = 0.001))]
+    #[schemars(range(min = 0.001, max = 3600.0))]
     pub timeout: f64,
     /// Probes in flight at once for this checker.
     #[serde(default = "ten")]

@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use etcd_client::{Certificate, Client, ConnectOptions, EventType, GetOptions, Identity, TlsOptions, WatchOptions};
 use parking_lot::Mutex;
+use schemars::JsonSchema;
 use serde::Serialize;
 use serde_json::{Map, Value};
 
@@ -28,7 +29,7 @@ pub const KINDS: [&str; 8] =
     ["routes", "services", "upstreams", "consumers", "global_rules", "plugin_metadata", "ssls", "stream_routes"];
 
 /// What `GET /v1/config_status` reports.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, JsonSchema)]
 pub struct ProviderStatus {
     /// `yaml` or `etcd`.
     pub provider: &'static str,

@@ -275,21 +275,21 @@ fn weight_one() -> u32 {
     1
 }
 
-/// Upstream timeouts in seconds (default 60 each, as nginx).
+/// Upstream timeouts in seconds (default 60 each, as nginx; at most a year).
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, JsonSchema, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct Timeout {
     /// Connect timeout.
     #[serde(default = "sixty")]
-    #[schemars(range(min = 0.001))]
+    #[schemars(range(min = 0.001, max = 31536000.0))]
     pub connect: f64,
     /// Send timeout.
     #[serde(default = "sixty")]
-    #[schemars(range(min = 0.001))]
+    #[schemars(range(min = 0.001, max = 31536000.0))]
     pub send: f64,
     /// Read timeout.
     #[serde(default = "sixty")]
-    #[schemars(range(min = 0.001))]
+    #[schemars(range(min = 0.001, max = 31536000.0))]
     pub read: f64,
 }
 
@@ -307,7 +307,7 @@ pub struct KeepalivePool {
     pub size: u32,
     /// Seconds an idle connection is kept.
     #[serde(default = "sixty")]
-    #[schemars(range(min = 0.0))]
+    #[schemars(range(min = 0.0, max = 31536000.0))]
     pub idle_timeout: f64,
     /// Requests served by one connection before it is closed.
     #[serde(default = "pool_requests")]
@@ -371,7 +371,7 @@ pub struct Upstream {
     pub retries: Option<u32>,
     /// Seconds within which retries may still start (0 or absent: no limit).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 0.0))]
+    #[schemars(range(min = 0.0, max = 31536000.0))]
     pub retry_timeout: Option<f64>,
     /// Timeouts.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -26,7 +26,7 @@ pub struct Conf {
     #[schemars(range(min = 0))]
     pub burst: u32,
     /// Seconds of delay per `conn` connections over the limit.
-    #[schemars(range(min = 0.0))]
+    #[schemars(range(min = 0.0, max = 3600.0))]
     pub default_conn_delay: f64,
     /// What connections are counted by.
     #[serde(default)]
@@ -141,7 +141,7 @@ impl StreamPlugin for LimitConn {
         Ok(Arc::new(Limit {
             conn: c.conn,
             burst: c.burst,
-            delay: Duration::from_secs_f64(c.default_conn_delay),
+            delay: Duration::try_from_secs_f64(c.default_conn_delay).unwrap_or(Duration::from_secs(3600)),
             key: c.key,
             counts,
         }))

@@ -24,7 +24,7 @@ pub use control::{ControlEndpoint, ControlFuture, ControlHandler, ControlRequest
 pub use headers::{HeaderOps, NamedHeaderOps};
 pub use http;
 pub use phase::{Consumer, Flow, FlowFuture, PluginInstance, PluginResponse, RequestCtx, ResponseHead};
-pub use schema::schema_of;
+pub use schema::{schema_of, serialized_schema_of};
 pub use schemars;
 pub use serde_json::{self, Value};
 pub use stream::{StreamCtx, StreamFlow, StreamInstance, StreamPlugin};

@@ -11,6 +11,14 @@ use serde_json::{Map, Value};
 
 /// The JSON Schema (draft 2020-12, subschemas inlined, no `$schema`/`title` noise) of `T`.
 pub fn schema_of<T: JsonSchema>() -> Value {
+    let mut value = serialized_schema_of::<T>();
+    strip_nullable(&mut value);
+    value
+}
+
+/// The schema of `T` as it serializes, for output (response bodies): unlike [`schema_of`],
+/// an `Option` field stays nullable, since `None` is written as `null`.
+pub fn serialized_schema_of<T: JsonSchema>() -> Value {
     let generator = SchemaSettings::draft2020_12()
         .with(|s| {
             s.inline_subschemas = true;
@@ -21,7 +29,6 @@ pub fn schema_of<T: JsonSchema>() -> Value {
     if let Value::Object(map) = &mut value {
         map.remove("title");
     }
-    strip_nullable(&mut value);
     value
 }
 
