@@ -11,8 +11,24 @@ use std::time::{Duration, Instant};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_weir");
 
-/// A port nothing listens on right now.
+/// A port nothing listens on right now (TCP and UDP), handed out once per test process.
+///
+/// Taken below Linux's ephemeral range (32768-60999): a port the kernel picked for `bind(0)`
+/// can be picked again as the source port of any outgoing connection (curl, etcd clients, the
+/// gateway's own upstream connections) before the test's server binds it, which made tests fail
+/// now and then with "Address already in use". Each test binary starts at a different offset.
 pub fn free_port() -> u16 {
+    const FIRST: u32 = 20_000;
+    const SPAN: u32 = 12_000;
+    static NEXT: AtomicUsize = AtomicUsize::new(usize::MAX);
+    let start = (std::process::id() % 97) * 120;
+    let _ = NEXT.compare_exchange(usize::MAX, start as usize, Ordering::SeqCst, Ordering::SeqCst);
+    for _ in 0..SPAN {
+        let port = (FIRST + NEXT.fetch_add(1, Ordering::SeqCst) as u32 % SPAN) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() && std::net::UdpSocket::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
     let l = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
     l.local_addr().expect("local addr").port()
 }
