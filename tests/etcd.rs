@@ -215,6 +215,11 @@ fn resources_in_etcd_are_served_and_follow_changes() {
     etcd.put("/weir/upstreams/u1", &format!("{{\"nodes\": {{\"{}\": 1}}}}", up.node()));
     etcd.put("/weir/routes/3", "{\"uri\": \"/three\", \"upstream_id\": \"u1\"}");
     assert!(eventually(Duration::from_secs(1), || status(p.node(), "/three") == 200));
+
+    // A plugin reload rebuilds from what etcd holds now (no copy is kept in memory).
+    let r = common::request(p.control(), "PUT", "/v1/plugins/reload", &[], b"");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!((status(p.node(), "/two"), status(p.node(), "/three"), status(p.node(), "/one")), (200, 200, 404));
 }
 
 #[test]

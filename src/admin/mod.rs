@@ -247,12 +247,12 @@ async fn all_values(client: &mut Client, admin: &Admin) -> Result<(Values, i64),
 /// Why the write of `key` (making `after` of `before`) must be refused: the key itself would be
 /// left out of the snapshot, the set could not be built at all, or another entry that builds
 /// today would be left out (a write may not break what others wrote).
-fn refusal(admin: &Admin, before: &Values, after: &Values, key: &str) -> Option<String> {
+fn refusal(admin: &Admin, before: &mut Values, after: &mut Values, key: &str) -> Option<String> {
     let check = |d: &Value| admin.gateway.check_resources(d);
     // (Two builds of the whole set per write: admin writes are rare; a cache keyed by revision
     // would halve it.)
-    let (_, skipped_before) = valid_document(check, before, &admin.prefix);
-    let (doc, skipped_after) = valid_document(check, after, &admin.prefix);
+    let (_, skipped_before) = valid_document(check, before, &admin.prefix, false);
+    let (doc, skipped_after) = valid_document(check, after, &admin.prefix, false);
     let own: Vec<&str> = skipped_after.iter().filter(|(k, _)| k == key).map(|(_, why)| why.as_str()).collect();
     if !own.is_empty() {
         return Some(own.join("; "));
@@ -318,9 +318,9 @@ async fn put(
     value.insert("create_time".into(), json!(created_at));
     value.insert("update_time".into(), json!(now()));
     let value = Value::Object(value);
-    let before = values.clone();
+    let mut before = values.clone();
     values.insert(key.clone(), value.clone());
-    if let Some(why) = refusal(admin, &before, &values, &key) {
+    if let Some(why) = refusal(admin, &mut before, &mut values, &key) {
         return Ok(error(StatusCode::BAD_REQUEST, why));
     }
     let expected = match if_match {
@@ -434,9 +434,9 @@ async fn patch(
         o.insert("update_time".into(), json!(now()));
     }
     let (mut values, mark) = all_values(client, admin).await?;
-    let before = values.clone();
+    let mut before = values.clone();
     values.insert(key.clone(), value.clone());
-    if let Some(why) = refusal(admin, &before, &values, &key) {
+    if let Some(why) = refusal(admin, &mut before, &mut values, &key) {
         return Ok(error(StatusCode::BAD_REQUEST, why));
     }
     // Always against the revision read: a concurrent change is never overwritten.

@@ -68,7 +68,7 @@ impl CertTable {
 
     /// Compiles `ssls` (`(owner, entry)` pairs); `base` resolves `cert_file` / `key_file`.
     /// Problems are returned per owner; disabled entries are validated but not served.
-    pub fn build(ssls: &[(String, Ssl)], base: &Path) -> (CertTable, Vec<(String, SslIssue)>) {
+    pub fn build(ssls: &[(String, Arc<Ssl>)], base: &Path) -> (CertTable, Vec<(String, SslIssue)>) {
         let mut table = CertTable::default();
         let mut issues = Vec::new();
         let mut claimed: HashMap<String, String> = HashMap::new();

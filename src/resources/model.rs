@@ -240,7 +240,7 @@ pub enum PassHost {
 }
 
 /// Upstream nodes: a map `"host:port": weight`, or a list of `{host, port, weight}`.
-#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, PartialEq)]
 #[serde(untagged)]
 pub enum Nodes {
     /// `"host:port": weight`.
@@ -336,7 +336,7 @@ fn yes() -> bool {
 }
 
 /// An upstream: nodes and how to reach them.
-#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct Upstream {
     /// Identity (required for upstream objects, absent for inline upstreams).
