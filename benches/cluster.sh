@@ -3,7 +3,10 @@
 #   - propagation: a route PUT through instance A's Admin API, until instances B and C serve it
 #     (p50 / p99 over CHANGES changes; target p99 <= 100 ms on loopback);
 #   - cold start with ROUTES routes in etcd: process start to the last route served (target
-#     <= 2 s for 10,000).
+#     <= 2 s for 10,000);
+#   - route changes under proxy load with ROUTES routes: wrk on instance A while LOAD_CHANGES
+#     routes are written to etcd; each change's apply time (A's "applied in" log line) and its
+#     write-to-served latency (target <= 20 ms), and wrk's errors and non-2xx (target 0).
 #
 #   benches/cluster.sh          # needs: etcd, etcdctl (apt-get install etcd-server etcd-client)
 #   CHANGES=1000 ROUTES=10000 benches/cluster.sh
@@ -11,11 +14,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 CHANGES=${CHANGES:-1000}
 ROUTES=${ROUTES:-10000}
+LOAD_CHANGES=${LOAD_CHANGES:-100}
 BIN=${BIN:-target/release/weir}
 WORK=$(mktemp -d /tmp/weir-cluster-bench.XXXXXX)
 ETCD_PORT=18479; ETCD_PEER=18480; UP_PORT=18481
 [ -x "$BIN" ] || cargo build --release
-for tool in etcd etcdctl python3; do command -v "$tool" >/dev/null || { echo "$tool is required"; exit 1; }; done
+for tool in etcd etcdctl python3 wrk nginx; do command -v "$tool" >/dev/null || { echo "$tool is required"; exit 1; }; done
 
 PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$WORK"; }
@@ -29,16 +33,21 @@ PIDS+=($!)
 export ETCDCTL_API=3
 for _ in $(seq 1 100); do etcdctl --endpoints "127.0.0.1:$ETCD_PORT" endpoint health >/dev/null 2>&1 && break; sleep 0.1; done
 
-# The upstream: a tiny HTTP server answering 200 to everything.
-python3 - "$UP_PORT" > /dev/null 2>&1 <<'PY' &
-import http.server, sys
-class H(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        self.send_response(200); self.send_header("Content-Length", "2"); self.end_headers(); self.wfile.write(b"ok")
-    def log_message(self, *a): pass
-http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
-PY
-PIDS+=($!)
+# The upstream: nginx answering 200 "ok" to everything (it keeps up with wrk).
+mkdir -p "$WORK/up"
+cat > "$WORK/up/nginx.conf" <<CONF
+worker_processes 1;
+pid $WORK/up/nginx.pid;
+error_log $WORK/up/error.log;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  keepalive_requests 1000000;
+  server { listen 127.0.0.1:$UP_PORT; location / { return 200 "ok"; } }
+}
+CONF
+nginx -c "$WORK/up/nginx.conf" -p "$WORK/up"
+trap 'kill "$(cat "$WORK/up/nginx.pid")" 2>/dev/null || true; cleanup' EXIT
 
 instance() { # NAME HTTP CONTROL ADMIN
   mkdir -p "$WORK/$1/conf"
@@ -81,6 +90,39 @@ for _ in $(seq 1 2000); do
 done
 cold=$(python3 -c "import time; print(f'{time.time() - $start:.3f}')")
 echo "cold start with $ROUTES routes in etcd: ${cold} s to the last route served (target <= 2 s)"
+
+# Changes under load: wrk on A (16 connections, one route of the 10,000) while routes are written
+# to etcd one by one, each waited for on A before the next.
+wrk_out="$WORK/wrk.txt"
+wrk -t1 -c16 -d600s "http://127.0.0.1:18491/cold/1" > "$wrk_out" 2>&1 &
+WRK=$!
+sleep 1
+python3 - "$ETCD_PORT" "$LOAD_CHANGES" "$UP_PORT" <<'PY'
+import base64, http.client, json, statistics, sys, time
+port, n, up = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+etcd = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+gw = http.client.HTTPConnection("127.0.0.1", 18491, timeout=10)
+b64 = lambda s: base64.b64encode(s.encode()).decode()
+lat = []
+for i in range(n):
+    v = json.dumps({"uri": f"/load/{i}", "upstream": {"nodes": {f"127.0.0.1:{up}": 1}}})
+    t0 = time.perf_counter()
+    etcd.request("POST", "/v3/kv/put", json.dumps({"key": b64(f"/weir/routes/load{i}"), "value": b64(v)}))
+    r = etcd.getresponse(); r.read()
+    while True:
+        gw.request("GET", f"/load/{i}"); r = gw.getresponse(); r.read()
+        if r.status == 200:
+            break
+    lat.append((time.perf_counter() - t0) * 1000)
+lat.sort()
+print(f"route change under load ({n} changes, {len(lat)} served): write-to-served p50 {lat[len(lat)//2]:.1f} ms, p99 {lat[max(0, int(len(lat)*0.99)-1)]:.1f} ms")
+PY
+kill -INT "$WRK"; wait "$WRK" 2>/dev/null || true
+grep -o 'applied in [0-9.]* ms' "$WORK/a.log" | tail -n "$LOAD_CHANGES" | awk '{print $3}' | sort -n \
+  | awk '{a[NR]=$1} END {i=int(NR*0.99); if (i < 1) i=1; printf "route change under load: apply p50 %.1f ms, p99 %.1f ms (A log; target <= 20 ms)\n", a[int(NR/2)+1], a[i]}'
+reqs=$(grep -Eo '[0-9]+ requests in' "$wrk_out" | awk '{print $1}')
+bad=$(grep -E 'Non-2xx|Socket errors' "$wrk_out" || true)
+echo "proxy load meanwhile: ${reqs:-?} requests, errors/non-2xx: ${bad:-none} (target none)"
 
 instance b 18501 18502 18503
 instance c 18511 18512 18513

@@ -8,7 +8,9 @@
 #   - short-url creation and redirects (SQLite; PostgreSQL when PG_URL is set)   benches/short_url.sh
 #   - HTTPS keep-alive, full TLS handshakes/s and HTTP/2 (h2load) vs nginx   benches/tls.sh
 #   - the TCP stream proxy vs nginx stream: MB/s, connections/s, RSS per idle connection   benches/stream.sh
-#   - cluster mode (when etcd is installed): cold start and Admin API propagation   benches/cluster.sh
+#   - cluster mode (when etcd is installed): cold start, route changes under load, Admin API
+#     propagation   benches/cluster.sh
+#   - limit-count policy redis vs local (when redis-server is installed)   benches/limit_redis.sh
 #
 #   benches/run.sh        # needs wrk, nginx, valgrind; DURATION, ROUNDS, STORED as the scripts take
 set -euo pipefail
@@ -29,6 +31,7 @@ benches/short_url.sh > "$out/su-sqlite" 2>&1 || true
 benches/tls.sh > "$out/tls" 2>&1 || true
 benches/stream.sh > "$out/stream" 2>&1 || true
 if command -v etcd >/dev/null; then benches/cluster.sh > "$out/cluster" 2>&1 || true; fi
+if command -v redis-server >/dev/null; then benches/limit_redis.sh > "$out/redis" 2>&1 || true; fi
 if [ -n "${PG_URL:-}" ]; then BACKEND=postgres benches/short_url.sh > "$out/su-pg" 2>&1 || true; fi
 
 echo
@@ -46,7 +49,11 @@ echo "=== TCP stream proxy (medians of $ROUNDS rounds) ==="
 sed -n '/^scenario/,$p' "$out/stream" | sed 's/^/  /'
 if [ -f "$out/cluster" ]; then
   echo "=== cluster (three instances, one etcd) ==="
-  grep -E "^(cold start|propagation)" "$out/cluster" | sed 's/^/  /'
+  grep -E "^(cold start|propagation|route change|proxy load)" "$out/cluster" | sed 's/^/  /'
+fi
+if [ -f "$out/redis" ]; then
+  echo "=== shared rate limits (limit-count, medians of $ROUNDS rounds) ==="
+  grep -E "^limit-count" "$out/redis" | sed 's/^/  /'
 fi
 if [ -f "$out/su-pg" ]; then
   echo "=== short-url, PostgreSQL ==="

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Shared rate limits: proxy req/s through limit-count with policy redis vs policy local (target:
+# redis >= 0.8x local). Weir on one core (worker_processes 1); wrk, the nginx upstream (1 KiB)
+# and redis-server on the other. The limit is never reached: this measures the cost of counting.
+# Runs alternate (local, redis, local, ...) so that drift affects both alike.
+#
+#   benches/limit_redis.sh        # needs: wrk, nginx, redis-server (apt-get install wrk nginx-light redis-server)
+#   DURATION=10 ROUNDS=3 CONNS=16 benches/limit_redis.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DURATION=${DURATION:-10}
+ROUNDS=${ROUNDS:-3}
+CONNS=${CONNS:-16}
+PROXY_CPU=${PROXY_CPU:-0}
+LOAD_CPU=${LOAD_CPU:-1}
+BIN=${BIN:-target/release/weir}
+WORK=$(mktemp -d /tmp/weir-limit-redis.XXXXXX)
+chmod 755 "$WORK"
+UP_PORT=18280; REDIS_PORT=18281; WEIR_PORT=18282; CTL_PORT=18283
+[ -x "$BIN" ] || cargo build --release
+for tool in wrk nginx redis-server redis-cli; do command -v "$tool" >/dev/null || { echo "$tool is required"; exit 1; }; done
+
+PIDS=()
+cleanup() {
+  [ -f "$WORK/up/nginx.pid" ] && kill "$(cat "$WORK/up/nginx.pid")" 2>/dev/null || true
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+mkdir -p "$WORK/up" "$WORK/weir/conf"
+head -c 1024 /dev/zero | tr '\0' 'x' > "$WORK/up/1k"
+cat > "$WORK/up/nginx.conf" <<CONF
+worker_processes 1;
+pid $WORK/up/nginx.pid;
+error_log $WORK/up/error.log;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  keepalive_requests 1000000;
+  server { listen 127.0.0.1:$UP_PORT; location / { root $WORK/up; try_files /1k =404; } }
+}
+CONF
+taskset -c "$LOAD_CPU" nginx -c "$WORK/up/nginx.conf" -p "$WORK/up"
+taskset -c "$LOAD_CPU" redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no \
+  --dir "$WORK" > "$WORK/redis.log" 2>&1 &
+PIDS+=($!)
+
+cat > "$WORK/weir/conf/config.yaml" <<CONF
+gateway:
+  node_listen: [{ip: 127.0.0.1, port: $WEIR_PORT}]
+  ssl: {enable: false}
+  worker_processes: 1
+  control: {port: $CTL_PORT}
+CONF
+limit='count: 1000000000, time_window: 3600, show_limit_quota_header: true'
+cat > "$WORK/weir/conf/resources.yaml" <<RES
+routes:
+  - {id: local, uri: /local, upstream: {nodes: {"127.0.0.1:$UP_PORT": 1}}, plugins: {limit-count: {$limit}}}
+  - {id: redis, uri: /redis, upstream: {nodes: {"127.0.0.1:$UP_PORT": 1}}, plugins: {limit-count: {$limit, policy: redis, redis_host: 127.0.0.1, redis_port: $REDIS_PORT}}}
+RES
+taskset -c "$PROXY_CPU" "$BIN" -p "$WORK/weir" > "$WORK/weir.log" 2>&1 &
+PIDS+=($!)
+for _ in $(seq 1 100); do
+  [ "$(curl -s -o /dev/null -w '%{http_code}' "127.0.0.1:$WEIR_PORT/redis")" = 200 ] && break
+  sleep 0.1
+done
+[ "$(curl -s -o /dev/null -w '%{http_code}' "127.0.0.1:$WEIR_PORT/redis")" = 200 ] || { tail "$WORK/weir.log"; exit 1; }
+
+run() { # PATH -> req/s
+  local out; out=$(taskset -c "$LOAD_CPU" wrk -t1 -c"$CONNS" -d"${DURATION}s" "http://127.0.0.1:$WEIR_PORT/$1")
+  if echo "$out" | grep -qE 'Non-2xx|Socket errors'; then echo "$out" >&2; fi
+  echo "$out" | awk '/Requests\/sec/ {print $2}'
+}
+declare -a L R
+for i in $(seq 1 "$ROUNDS"); do
+  L+=("$(run local)"); R+=("$(run redis)")
+  echo "round $i: local ${L[-1]} req/s, redis ${R[-1]} req/s"
+done
+median() { printf '%s\n' "$@" | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+ml=$(median "${L[@]}"); mr=$(median "${R[@]}")
+keys=$(redis-cli -p "$REDIS_PORT" --scan --pattern 'weir:limit-count:*' | wc -l)
+echo "limit-count policy redis vs local: ${mr} vs ${ml} req/s = $(awk -v a="$mr" -v b="$ml" 'BEGIN {printf "%.2f", a/b}')x (target >= 0.8x); counters in Redis: $keys"
