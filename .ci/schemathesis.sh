@@ -6,7 +6,8 @@
 #   .ci/schemathesis.sh [path/to/weir]     # needs etcd and schemathesis (`st`) on PATH
 set -euo pipefail
 cd "$(dirname "$0")/.."
-BIN=${1:-target/debug/weir}
+BIN=${1:-${CARGO_TARGET_DIR:-target}/debug/weir}
+[ -x "$BIN" ] || { echo "no weir binary at $BIN (cargo build first)"; exit 1; }
 ST=${ST:-st}
 EXAMPLES=${ST_EXAMPLES:-10}
 WORK=$(mktemp -d /tmp/weir-schemathesis.XXXXXX)
@@ -38,7 +39,10 @@ CONF
 for _ in $(seq 1 100); do curl -s "127.0.0.1:$ETCD/health" | grep -q true && break; sleep 0.1; done
 "$BIN" -p "$WORK/weir" >"$WORK/weir.log" 2>&1 &
 PIDS+=($!)
-for _ in $(seq 1 100); do curl -s -o /dev/null "127.0.0.1:$ADMIN/" && curl -s -o /dev/null "127.0.0.1:$CONTROL/" && break; sleep 0.1; done
+for _ in $(seq 1 200); do curl -s -o /dev/null "127.0.0.1:$ADMIN/" && curl -s -o /dev/null "127.0.0.1:$CONTROL/" && break; sleep 0.1; done
+if ! curl -s -o /dev/null "127.0.0.1:$ADMIN/"; then
+  echo "weir did not start; its log:"; cat "$WORK/weir.log"; exit 1
+fi
 
 # Something to report: the control API's dumps are then checked with content, not only as [].
 admin() { curl -sf -X PUT "127.0.0.1:$ADMIN/weir/admin/$1" -H 'X-API-KEY: schemathesis-admin-key' -d "$2" >/dev/null; }
