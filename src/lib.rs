@@ -34,6 +34,7 @@ pub mod config;
 pub mod control;
 pub mod dataplane;
 pub mod error;
+pub mod fastmap;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod health;

@@ -191,6 +191,7 @@ fn resources_in_etcd_are_served_and_follow_changes() {
     etcd.put("/weir/routes/bad-json", "{nope");
     etcd.put("/weir/routes/bad-uri", &route("no-slash", &up));
     etcd.put("/weir/routes/dangling", "{\"uri\": \"/dangling\", \"upstream_id\": \"missing\"}");
+    etcd.put("/weir/routes/bad-node", "{\"uri\": \"/bad-node\", \"upstream\": {\"nodes\": {\"127.0.0.1:0\": 1}}}");
     let (p, w) = gateway(&etcd);
     assert_eq!(status(p.node(), "/one"), 200);
     let st = get(p.control(), "/v1/config_status").json();
@@ -215,6 +216,12 @@ fn resources_in_etcd_are_served_and_follow_changes() {
     etcd.put("/weir/upstreams/u1", &format!("{{\"nodes\": {{\"{}\": 1}}}}", up.node()));
     etcd.put("/weir/routes/3", "{\"uri\": \"/three\", \"upstream_id\": \"u1\"}");
     assert!(eventually(Duration::from_secs(1), || status(p.node(), "/three") == 200));
+
+    // Rebuilds reuse what earlier builds parsed; an entry that failed its own checks is checked
+    // again every time, never reused as valid.
+    assert_eq!(status(p.node(), "/bad-node"), 404);
+    let st = get(p.control(), "/v1/config_status").json();
+    assert!(st["skipped"].to_string().contains("/weir/routes/bad-node"), "{st}");
 
     // A plugin reload rebuilds from what etcd holds now (no copy is kept in memory).
     let r = common::request(p.control(), "PUT", "/v1/plugins/reload", &[], b"");

@@ -9,11 +9,11 @@
 //! status) accept the request, the winner is: higher `priority`, then exact over parameter over
 //! prefix, then the longer prefix, then the route defined first.
 
-use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::Arc;
 
 use crate::dataplane::upstream::CompiledUpstream;
+use crate::fastmap::FastMap;
 use crate::resources::cidr::Cidr;
 use crate::resources::model::{HttpMethod, Route};
 use crate::resources::snapshot::PluginChain;
@@ -140,11 +140,11 @@ struct Entry {
 /// The routing table of one snapshot.
 #[derive(Default)]
 pub struct RouteTable {
-    exact: HashMap<String, Vec<Entry>>,
+    exact: FastMap<String, Vec<Entry>>,
     params: matchit::Router<Vec<Entry>>,
-    param_patterns: HashMap<String, usize>,
+    param_patterns: FastMap<String, usize>,
     param_lists: Vec<Vec<Entry>>,
-    prefix: HashMap<String, Vec<Entry>>,
+    prefix: FastMap<String, Vec<Entry>>,
     prefix_lens: Vec<usize>,
     len: usize,
 }
@@ -200,6 +200,7 @@ impl RouteTable {
     /// Builds the table; routes whose parameter pattern matchit refuses are reported.
     pub fn build(routes: Vec<Arc<CompiledRoute>>) -> (RouteTable, Vec<String>) {
         let mut t = RouteTable::default();
+        t.exact.reserve(routes.len());
         let mut problems = Vec::new();
         // Shared by every exact and prefix entry (an empty `Arc<[_]>` still allocates).
         let no_names: Arc<[Arc<str>]> = Arc::from([]);

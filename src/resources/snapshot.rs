@@ -19,6 +19,7 @@ use crate::config::unknown_plugin;
 use crate::dataplane::certs::CertTable;
 use crate::dataplane::router::{CompiledRoute, RouteTable};
 use crate::dataplane::upstream::CompiledUpstream;
+use crate::fastmap::FastMap;
 use crate::plugins::{EnabledSet, PluginEntry};
 use crate::stream::router::{BoundStreamPlugin, CompiledStreamRoute, StreamChain, StreamTable};
 use crate::validate::{CompiledSchema, Issue};
@@ -138,10 +139,6 @@ pub struct Snapshot {
     index: FastMap<(&'static str, String), usize>,
 }
 
-/// A map keyed by resource ids: foldhash (seeded per process) instead of SipHash, whose
-/// hashing was a fifth of rebuilding 10,000 routes.
-pub type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
-
 impl Snapshot {
     /// A route by id.
     pub fn route(&self, id: &str) -> Option<&Arc<Route>> {
@@ -199,7 +196,12 @@ impl Snapshot {
 }
 
 /// Parsed entries by `(list, id)`, with the JSON they were parsed from.
-type Parsed = FastMap<(&'static str, String), (Value, Arc<dyn std::any::Any + Send + Sync>)>;
+type Parsed = FastMap<(&'static str, String), ParsedEntry>;
+
+/// One cached entry: the JSON it was parsed from, the parsed value, and whether it passed the
+/// checks that depend on nothing but itself (so that a reused entry skips them too; one that
+/// failed them is checked again).
+type ParsedEntry = (Value, Arc<dyn std::any::Any + Send + Sync>, bool);
 
 /// The entries the last build parsed. Validating an entry against its kind schema and
 /// deserializing it is most of a build's cost, and depends on nothing but the entry's JSON (kind
@@ -265,7 +267,7 @@ impl Builder<'_> {
     fn run(mut self, raw: &Value) -> Result<Snapshot, Vec<Issue>> {
         let schemas = KindSchemas::get();
         schemas.file.check(raw)?;
-        let routes: Vec<(String, Arc<Route>)> = self.parse(raw, "routes", "route");
+        let (routes, routes_checked): (Vec<(String, Arc<Route>)>, _) = self.parse_checked(raw, "routes", "route");
         let services: Vec<(String, Arc<Service>)> = self.parse(raw, "services", "service");
         let upstreams: Vec<(String, Arc<Upstream>)> = self.parse(raw, "upstreams", "upstream");
         let consumers: Vec<(String, Arc<Consumer>)> = self.parse(raw, "consumers", "consumer");
@@ -304,21 +306,22 @@ impl Builder<'_> {
         for (o, s) in &services {
             self.check_upstream_ref(o, s.upstream.as_deref(), s.upstream_id.as_ref());
         }
-        for (o, r) in &routes {
-            match (&r.uri, &r.uris) {
-                (None, None) => self.issue(o, "uri", "a route needs `uri` or `uris`"),
-                (Some(_), Some(_)) => self.issue(o, "uris", "`uri` and `uris` are mutually exclusive"),
-                _ => {}
-            }
-            if r.host.is_some() && r.hosts.is_some() {
-                self.issue(o, "hosts", "`host` and `hosts` are mutually exclusive");
-            }
-            for (i, addr) in r.remote_addrs.iter().flatten().enumerate() {
-                if let Err(e) = crate::resources::cidr::Cidr::parse(addr) {
-                    self.issue(o, &format!("remote_addrs[{i}]"), &e);
+        for ((o, r), checked) in routes.iter().zip(routes_checked) {
+            if !checked {
+                let before = self.issues.len();
+                self.check_route_itself(o, r);
+                if self.issues.len() == before {
+                    if let Some(entry) = self.cache.current.get_mut(&("routes", r.id.0.clone())) {
+                        entry.2 = true;
+                    }
                 }
             }
-            self.check_upstream_ref(o, r.upstream.as_deref(), r.upstream_id.as_ref());
+            if r.upstream.is_some() && r.upstream_id.is_some() {
+                self.issue(o, "upstream_id", "`upstream` and `upstream_id` are mutually exclusive");
+            }
+            if let Some(id) = &r.upstream_id {
+                self.check_upstream_id(o, id);
+            }
             if let Some(sid) = &r.service_id {
                 if !self.snap.index.contains_key(&("services", sid.0.clone())) {
                     self.issue(o, "service_id", &format!("service `{sid}` does not exist"));
@@ -374,6 +377,26 @@ impl Builder<'_> {
             return Err(self.issues);
         }
         Ok(self.snap)
+    }
+
+    /// The checks of a route that depend on nothing but the route.
+    fn check_route_itself(&mut self, o: &str, r: &Route) {
+        match (&r.uri, &r.uris) {
+            (None, None) => self.issue(o, "uri", "a route needs `uri` or `uris`"),
+            (Some(_), Some(_)) => self.issue(o, "uris", "`uri` and `uris` are mutually exclusive"),
+            _ => {}
+        }
+        if r.host.is_some() && r.hosts.is_some() {
+            self.issue(o, "hosts", "`host` and `hosts` are mutually exclusive");
+        }
+        for (i, addr) in r.remote_addrs.iter().flatten().enumerate() {
+            if let Err(e) = crate::resources::cidr::Cidr::parse(addr) {
+                self.issue(o, &format!("remote_addrs[{i}]"), &e);
+            }
+        }
+        if let Some(u) = r.upstream.as_deref() {
+            self.check_upstream(o, "upstream", u);
+        }
     }
 
     /// Compiles upstreams, merges plugin chains and builds the routing table.
@@ -543,6 +566,16 @@ impl Builder<'_> {
     where
         T: DeserializeOwned + Send + Sync + 'static,
     {
+        self.parse_checked(raw, list, kind).0
+    }
+
+    /// [`Builder::parse`], with whether each entry is known to pass its own checks (see
+    /// [`ParsedEntry`]).
+    fn parse_checked<T>(&mut self, raw: &Value, list: &'static str, kind: &str) -> (Vec<(String, Arc<T>)>, Vec<bool>)
+    where
+        T: DeserializeOwned + Send + Sync + 'static,
+    {
+        let mut checked = Vec::new();
         let schema = KindSchemas::get().kind(kind);
         let items = raw.get(list).and_then(Value::as_array).map(Vec::as_slice).unwrap_or(&[]);
         let mut out = Vec::with_capacity(items.len());
@@ -550,11 +583,12 @@ impl Builder<'_> {
             let o = owner(list, i, item);
             let key = (list, cache_key(item, i));
             // Moved, not copied, from the previous build's cache to this one's.
-            if let Some((value, parsed)) = self.cache.previous.remove(&key) {
+            if let Some((value, parsed, ok)) = self.cache.previous.remove(&key) {
                 if value == *item {
                     if let Ok(t) = parsed.clone().downcast::<T>() {
                         out.push((o, t));
-                        self.cache.current.insert(key, (value, parsed));
+                        checked.push(ok);
+                        self.cache.current.insert(key, (value, parsed, ok));
                         continue;
                     }
                 }
@@ -566,13 +600,14 @@ impl Builder<'_> {
             match serde_json::from_value::<T>(item.clone()) {
                 Ok(v) => {
                     let v = Arc::new(v);
-                    self.cache.current.insert(key, (item.clone(), v.clone()));
+                    self.cache.current.insert(key, (item.clone(), v.clone(), false));
                     out.push((o, v));
+                    checked.push(false);
                 }
                 Err(e) => self.issue(&o, "", &e.to_string()),
             }
         }
-        out
+        (out, checked)
     }
 
     fn index<'o>(&mut self, list: &'static str, ids: impl Iterator<Item = (&'o String, String)>) {
@@ -594,9 +629,13 @@ impl Builder<'_> {
             self.check_upstream(o, "upstream", u);
         }
         if let Some(id) = id {
-            if !self.snap.index.contains_key(&("upstreams", id.0.clone())) {
-                self.issue(o, "upstream_id", &format!("upstream `{id}` does not exist"));
-            }
+            self.check_upstream_id(o, id);
+        }
+    }
+
+    fn check_upstream_id(&mut self, o: &str, id: &Id) {
+        if !self.snap.index.contains_key(&("upstreams", id.0.clone())) {
+            self.issue(o, "upstream_id", &format!("upstream `{id}` does not exist"));
         }
     }
 
