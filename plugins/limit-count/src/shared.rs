@@ -109,9 +109,11 @@ impl RedisTarget {
                     .into_connection_info()?
                     .set_redis_settings(Self::settings(auth, *db));
                 let client = redis::Client::open(info)?;
+                // No response timeout of the client's own: `incoming` bounds the whole call (one
+                // timer per request, not two).
                 let config = ConnectionManagerConfig::new()
                     .set_connection_timeout(Some(*timeout))
-                    .set_response_timeout(Some(*timeout))
+                    .set_response_timeout(None)
                     .set_number_of_retries(0);
                 Ok(Conn::Single(ConnectionManager::new_with_config(client, config).await?))
             }
