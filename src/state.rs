@@ -37,7 +37,9 @@ pub struct Gateway {
     pub started: Instant,
     /// The resource document in force, as compact JSON text (to rebuild when the plugin set
     /// changes; text is a fraction of the size of a `Value` tree).
-    raw_resources: Mutex<Option<Arc<Value>>>,
+    /// The file's resources as JSON text, for a plugin reload to rebuild from (text: a parsed
+    /// tree of 10,000 routes is ~20 MB); `None` with etcd, which a reload reads again.
+    raw_resources: Mutex<Option<Arc<str>>>,
     /// Serializes reloads (file watcher and plugin reload).
     reload: Mutex<()>,
     /// The resource provider's state (`GET /v1/config_status`).
@@ -105,7 +107,8 @@ impl Gateway {
         };
         let snapshot = Snapshot::build_at(&raw, &enabled, &prefix.dir).map_err(|issues| render(&source, &issues))?;
         // With etcd, a plugin reload reads the resources again rather than keeping a copy.
-        let raw_for_reload = (config.deployment.config_provider == ConfigProvider::Yaml).then(|| Arc::new(raw));
+        let raw_for_reload =
+            (config.deployment.config_provider == ConfigProvider::Yaml).then(|| Arc::from(raw.to_string()));
         Ok(Arc::new(Gateway {
             prefix,
             catalog,
@@ -167,7 +170,7 @@ impl Gateway {
         let summary = snapshot.summary();
         self.health.reconcile(&snapshot);
         let old = self.resources.swap(Arc::new(snapshot));
-        let old_raw = std::mem::replace(&mut *self.raw_resources.lock(), raw.map(Arc::new));
+        let old_raw = std::mem::replace(&mut *self.raw_resources.lock(), raw.map(|r| Arc::from(r.to_string())));
         // Freeing the previous set (10k routes: tens of milliseconds) and returning its pages
         // happen off the path of the next change.
         let reclaim = move || {
@@ -211,8 +214,11 @@ impl Gateway {
         let snapshot = {
             let raw = self.raw_resources.lock().clone();
             match raw {
-                Some(raw) => Snapshot::build_at(&raw, &enabled, &self.prefix.dir)
-                    .map_err(|issues| render(&self.prefix.resources_file().display().to_string(), &issues))?,
+                Some(text) => {
+                    let raw: Value = serde_json::from_str(&text).map_err(|e| e.to_string())?;
+                    Snapshot::build_at(&raw, &enabled, &self.prefix.dir)
+                        .map_err(|issues| render(&self.prefix.resources_file().display().to_string(), &issues))?
+                }
                 None => self.etcd_snapshot(&enabled)?,
             }
         };

@@ -198,10 +198,74 @@ impl Snapshot {
 /// Parsed entries by `(list, id)`, with the JSON they were parsed from.
 type Parsed = FastMap<(&'static str, String), ParsedEntry>;
 
-/// One cached entry: the JSON it was parsed from, the parsed value, and whether it passed the
-/// checks that depend on nothing but itself (so that a reused entry skips them too; one that
-/// failed them is checked again).
-type ParsedEntry = (Value, Arc<dyn std::any::Any + Send + Sync>, bool);
+/// One cached entry: the [`fingerprint`] of the JSON it was parsed from, the parsed value, and
+/// whether it passed the checks that depend on nothing but itself (so that a reused entry skips
+/// them too; one that failed them is checked again).
+type ParsedEntry = (u128, Arc<dyn std::any::Any + Send + Sync>, bool);
+
+/// A 128-bit fingerprint of a JSON value: SipHash under two random keys, over a walk that tells
+/// types, lengths and keys apart. The cache keeps this rather than a copy of every entry (as a
+/// tree, ~2 KB per route: 20 MB for 10,000 routes).
+fn fingerprint(v: &Value) -> u128 {
+    use std::hash::{BuildHasher, Hasher};
+    static KEYS: std::sync::LazyLock<(std::hash::RandomState, std::hash::RandomState)> =
+        std::sync::LazyLock::new(|| (std::hash::RandomState::new(), std::hash::RandomState::new()));
+    struct Both<A, B>(A, B);
+    impl<A: Hasher, B: Hasher> Hasher for Both<A, B> {
+        fn write(&mut self, bytes: &[u8]) {
+            self.0.write(bytes);
+            self.1.write(bytes);
+        }
+        fn finish(&self) -> u64 {
+            self.0.finish()
+        }
+    }
+    fn feed(v: &Value, h: &mut impl Hasher) {
+        match v {
+            Value::Null => h.write_u8(0),
+            Value::Bool(b) => h.write(&[1, u8::from(*b)]),
+            Value::Number(n) => {
+                h.write_u8(2);
+                match (n.as_u64(), n.as_i64()) {
+                    (Some(u), _) => {
+                        h.write_u8(0);
+                        h.write_u64(u);
+                    }
+                    (None, Some(i)) => {
+                        h.write_u8(1);
+                        h.write_i64(i);
+                    }
+                    _ => {
+                        h.write_u8(2);
+                        h.write_u64(n.as_f64().map_or(0, f64::to_bits));
+                    }
+                }
+            }
+            Value::String(s) => {
+                h.write_u8(3);
+                h.write_usize(s.len());
+                h.write(s.as_bytes());
+            }
+            Value::Array(a) => {
+                h.write_u8(4);
+                h.write_usize(a.len());
+                a.iter().for_each(|x| feed(x, h));
+            }
+            Value::Object(m) => {
+                h.write_u8(5);
+                h.write_usize(m.len());
+                for (k, x) in m {
+                    h.write_usize(k.len());
+                    h.write(k.as_bytes());
+                    feed(x, h);
+                }
+            }
+        }
+    }
+    let mut both = Both(KEYS.0.build_hasher(), KEYS.1.build_hasher());
+    feed(v, &mut both);
+    (u128::from(both.0.finish()) << 64) | u128::from(both.1.finish())
+}
 
 /// The entries the last build parsed. Validating an entry against its kind schema and
 /// deserializing it is most of a build's cost, and depends on nothing but the entry's JSON (kind
@@ -583,8 +647,9 @@ impl Builder<'_> {
             let o = owner(list, i, item);
             let key = (list, cache_key(item, i));
             // Moved, not copied, from the previous build's cache to this one's.
+            let print = fingerprint(item);
             if let Some((value, parsed, ok)) = self.cache.previous.remove(&key) {
-                if value == *item {
+                if value == print {
                     if let Ok(t) = parsed.clone().downcast::<T>() {
                         out.push((o, t));
                         checked.push(ok);
@@ -600,7 +665,7 @@ impl Builder<'_> {
             match serde_json::from_value::<T>(item.clone()) {
                 Ok(v) => {
                     let v = Arc::new(v);
-                    self.cache.current.insert(key, (item.clone(), v.clone(), false));
+                    self.cache.current.insert(key, (print, v.clone(), false));
                     out.push((o, v));
                     checked.push(false);
                 }
@@ -775,4 +840,29 @@ fn merge_chains(service: &PluginChain, route: &PluginChain) -> PluginChain {
 /// A JSON dump of a resource, as the control server reports it (defaults filled, ids as strings).
 pub fn dump<T: serde::Serialize>(v: &T) -> Value {
     serde_json::to_value(v).unwrap_or_else(|e| json!({ "error_msg": e.to_string() }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fingerprint;
+    use serde_json::json;
+
+    #[test]
+    fn fingerprints_tell_values_apart() {
+        let a = json!({"uri": "/a", "upstream": {"nodes": {"127.0.0.1:80": 1}}});
+        assert_eq!(fingerprint(&a), fingerprint(&a.clone()));
+        for other in [
+            json!({"uri": "/b", "upstream": {"nodes": {"127.0.0.1:80": 1}}}),
+            json!({"uri": "/a", "upstream": {"nodes": {"127.0.0.1:80": 2}}}),
+            json!({"uri": "/a", "upstream": {"nodes": {"127.0.0.1:80": 1.0}}}),
+            json!({"uri": "/a", "upstream": {"nodes": {"127.0.0.1:80": "1"}}}),
+            json!({"uri": "/a", "upstream": {"nodes": [["127.0.0.1:80", 1]]}}),
+            json!({"uri": "/a"}),
+            json!({"ur": "i/a", "upstream": {"nodes": {"127.0.0.1:80": 1}}}),
+        ] {
+            assert_ne!(fingerprint(&a), fingerprint(&other), "{other}");
+        }
+        assert_ne!(fingerprint(&json!(["ab", "c"])), fingerprint(&json!(["a", "bc"])));
+        assert_ne!(fingerprint(&json!(null)), fingerprint(&json!(false)));
+    }
 }
