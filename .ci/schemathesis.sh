@@ -17,11 +17,9 @@ PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$WORK"; }
 trap cleanup EXIT
 
-etcd --name st --data-dir "$WORK/etcd" \
-  --listen-client-urls "http://127.0.0.1:$ETCD" --advertise-client-urls "http://127.0.0.1:$ETCD" \
-  --listen-peer-urls "http://127.0.0.1:$PEER" --initial-advertise-peer-urls "http://127.0.0.1:$PEER" \
-  --initial-cluster "st=http://127.0.0.1:$PEER" >"$WORK/etcd.log" 2>&1 &
-PIDS+=($!)
+. benches/lib.sh
+etcd_single "$WORK" st "$ETCD" "$PEER"
+PIDS+=("$ETCD_PID")
 mkdir -p "$WORK/weir/conf"
 cat >"$WORK/weir/conf/config.yaml" <<CONF
 gateway:
@@ -36,7 +34,6 @@ deployment:
     admin_listen: {ip: 127.0.0.1, port: $ADMIN}
     admin_key: [{name: st, key: schemathesis-admin-key, role: admin}]
 CONF
-for _ in $(seq 1 100); do curl -s "127.0.0.1:$ETCD/health" | grep -q true && break; sleep 0.1; done
 "$BIN" -p "$WORK/weir" >"$WORK/weir.log" 2>&1 &
 PIDS+=($!)
 for _ in $(seq 1 200); do curl -s -o /dev/null "127.0.0.1:$ADMIN/" && curl -s -o /dev/null "127.0.0.1:$CONTROL/" && break; sleep 0.1; done

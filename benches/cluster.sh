@@ -25,28 +25,13 @@ PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$WORK"; }
 trap cleanup EXIT
 
-etcd --name bench --data-dir "$WORK/etcd" \
-  --listen-client-urls "http://127.0.0.1:$ETCD_PORT" --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
-  --listen-peer-urls "http://127.0.0.1:$ETCD_PEER" --initial-advertise-peer-urls "http://127.0.0.1:$ETCD_PEER" \
-  --initial-cluster "bench=http://127.0.0.1:$ETCD_PEER" > "$WORK/etcd.log" 2>&1 &
-PIDS+=($!)
+. benches/lib.sh
+etcd_single "$WORK" bench "$ETCD_PORT" "$ETCD_PEER"
+PIDS+=("$ETCD_PID")
 export ETCDCTL_API=3
-for _ in $(seq 1 100); do etcdctl --endpoints "127.0.0.1:$ETCD_PORT" endpoint health >/dev/null 2>&1 && break; sleep 0.1; done
 
 # The upstream: nginx answering 200 "ok" to everything (it keeps up with wrk).
-mkdir -p "$WORK/up"
-cat > "$WORK/up/nginx.conf" <<CONF
-worker_processes 1;
-pid $WORK/up/nginx.pid;
-error_log $WORK/up/error.log;
-events { worker_connections 4096; }
-http {
-  access_log off;
-  keepalive_requests 1000000;
-  server { listen 127.0.0.1:$UP_PORT; location / { return 200 "ok"; } }
-}
-CONF
-nginx -c "$WORK/up/nginx.conf" -p "$WORK/up"
+nginx_upstream "$WORK/up" "$UP_PORT" "" 'return 200 "ok";'
 trap 'kill "$(cat "$WORK/up/nginx.pid")" 2>/dev/null || true; cleanup' EXIT
 
 instance() { # NAME HTTP CONTROL ADMIN

@@ -29,20 +29,9 @@ cleanup() {
 }
 trap cleanup EXIT
 
-mkdir -p "$WORK/up" "$WORK/weir/conf"
-head -c 1024 /dev/zero | tr '\0' 'x' > "$WORK/up/1k"
-cat > "$WORK/up/nginx.conf" <<CONF
-worker_processes 1;
-pid $WORK/up/nginx.pid;
-error_log $WORK/up/error.log;
-events { worker_connections 4096; }
-http {
-  access_log off;
-  keepalive_requests 1000000;
-  server { listen 127.0.0.1:$UP_PORT; location / { root $WORK/up; try_files /1k =404; } }
-}
-CONF
-taskset -c "$LOAD_CPU" nginx -c "$WORK/up/nginx.conf" -p "$WORK/up"
+. benches/lib.sh
+mkdir -p "$WORK/weir/conf"
+nginx_upstream "$WORK/up" "$UP_PORT" "$LOAD_CPU"
 taskset -c "$LOAD_CPU" redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no \
   --dir "$WORK" > "$WORK/redis.log" 2>&1 &
 PIDS+=($!)

@@ -33,20 +33,9 @@ cleanup() {
 trap cleanup EXIT
 
 # --- the upstream: nginx answering 1 KiB, on the load core -------------------------------------
-mkdir -p "$WORK/up" "$WORK/peer"
-head -c 1024 /dev/zero | tr '\0' 'x' > "$WORK/up/1k"
-cat > "$WORK/up/nginx.conf" <<CONF
-worker_processes 1;
-pid $WORK/up/nginx.pid;
-error_log $WORK/up/error.log;
-events { worker_connections 4096; }
-http {
-  access_log off;
-  keepalive_requests 1000000;
-  server { listen 127.0.0.1:$UP_PORT; location / { root $WORK/up; try_files /1k =404; } }
-}
-CONF
-taskset -c "$LOAD_CPU" nginx -c "$WORK/up/nginx.conf" -p "$WORK/up"
+. benches/lib.sh
+mkdir -p "$WORK/peer"
+nginx_upstream "$WORK/up" "$UP_PORT" "$LOAD_CPU"
 
 # --- the peer: nginx proxy_pass with upstream keepalive, on the proxy core ----------------------
 cat > "$WORK/peer/nginx.conf" <<CONF

@@ -1,0 +1,39 @@
+# Helpers shared by the benchmark scripts and .ci/schemathesis.sh (source it; it defines
+# functions only). Each takes its scratch directory explicitly.
+
+# nginx_upstream DIR PORT [CPU] [LOCATION]: an nginx on 127.0.0.1:PORT, pid in DIR/nginx.pid,
+# pinned to CPU when given. Without LOCATION it serves DIR/1k (1 KiB) for every path.
+nginx_upstream() {
+  local dir=$1 port=$2 cpu=${3:-} location=${4:-}
+  mkdir -p "$dir"
+  if [ -z "$location" ]; then
+    head -c 1024 /dev/zero | tr '\0' 'x' > "$dir/1k"
+    location="root $dir; try_files /1k =404;"
+  fi
+  cat > "$dir/nginx.conf" <<CONF
+worker_processes 1;
+pid $dir/nginx.pid;
+error_log $dir/error.log;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  keepalive_requests 1000000;
+  server { listen 127.0.0.1:$port; location / { $location } }
+}
+CONF
+  if [ -n "$cpu" ]; then taskset -c "$cpu" nginx -c "$dir/nginx.conf" -p "$dir"; else nginx -c "$dir/nginx.conf" -p "$dir"; fi
+}
+
+# etcd_single DIR NAME CLIENT_PORT PEER_PORT: a one-member etcd in the background (its pid in
+# $ETCD_PID), waited for until it answers /health.
+etcd_single() {
+  local dir=$1 name=$2 client=$3 peer=$4
+  etcd --name "$name" --data-dir "$dir/etcd" \
+    --listen-client-urls "http://127.0.0.1:$client" --advertise-client-urls "http://127.0.0.1:$client" \
+    --listen-peer-urls "http://127.0.0.1:$peer" --initial-advertise-peer-urls "http://127.0.0.1:$peer" \
+    --initial-cluster "$name=http://127.0.0.1:$peer" > "$dir/etcd.log" 2>&1 &
+  ETCD_PID=$!
+  for _ in $(seq 1 100); do curl -s "127.0.0.1:$client/health" | grep -q true && return 0; sleep 0.1; done
+  echo "etcd did not start: $(tail -n 5 "$dir/etcd.log")" >&2
+  return 1
+}
