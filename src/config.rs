@@ -67,6 +67,58 @@ pub struct GatewaySection {
     /// TCP and UDP listeners of the stream proxy (`stream_routes`); off when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stream_proxy: Option<StreamProxy>,
+    /// The access log; off when absent (the shipped conf/config.yaml turns it on).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub access_log: Option<AccessLogSection>,
+    /// Weir's own log; standard error when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error_log: Option<ErrorLogSection>,
+}
+
+/// `gateway.access_log:` section.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AccessLogSection {
+    /// Whether the access log is written (default true once the section is present).
+    #[serde(default = "yes")]
+    pub enable: bool,
+    /// The file, relative to the prefix directory unless absolute; reopened on SIGUSR1.
+    #[serde(default = "default_access_log_path")]
+    #[schemars(length(min = 1))]
+    pub path: String,
+    /// `combined` (nginx's), `json`, or a template of `$variables` and text.
+    #[serde(default = "default_access_log_format")]
+    #[schemars(length(min = 1))]
+    pub format: String,
+    /// Lines that may wait for the writer; when that many wait, further lines are dropped and
+    /// counted (`access_log_dropped_total`) instead of slowing requests.
+    #[serde(default = "default_access_log_buffer")]
+    #[schemars(range(min = 1, max = 1048576))]
+    pub buffer: usize,
+}
+
+fn default_access_log_path() -> String {
+    "logs/access.log".into()
+}
+fn default_access_log_format() -> String {
+    "combined".into()
+}
+fn default_access_log_buffer() -> usize {
+    16384
+}
+
+/// `gateway.error_log:` section.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ErrorLogSection {
+    /// The file, relative to the prefix directory unless absolute; reopened on SIGUSR1.
+    #[serde(default = "default_error_log_path")]
+    #[schemars(length(min = 1))]
+    pub path: String,
+}
+
+fn default_error_log_path() -> String {
+    "logs/error.log".into()
 }
 
 /// `gateway.stream_proxy:` section.
@@ -172,6 +224,8 @@ impl Default for GatewaySection {
             escaped_slashes: EscapedSlashes::Keep,
             ssl: SslSection::default(),
             stream_proxy: None,
+            access_log: None,
+            error_log: None,
         }
     }
 }
@@ -642,6 +696,11 @@ impl Config {
     /// Rules the schema cannot express.
     fn check(&self, catalog: &Catalog) -> Vec<Issue> {
         let mut issues = Vec::new();
+        if let Some(log) = &self.gateway.access_log {
+            if let Err(e) = crate::access_log::Format::parse(&log.format) {
+                issues.push(Issue::new("gateway.access_log.format", e));
+            }
+        }
         let control = &self.gateway.control;
         if !control.ip.is_loopback() {
             issues.push(Issue::new(

@@ -133,3 +133,49 @@ pub fn client_hello_sni(data: &[u8]) {
         }
     }
 }
+
+/// The access log's formats over a request whose path, query and headers a client chose: each
+/// line stays one line, its quoted fields cannot be closed early, and a JSON line parses. The
+/// input's first line is a template (the operator's), the rest the client's parts.
+pub fn access_log_line(data: &[u8]) {
+    use crate::access_log::{format_line, Format};
+    let Ok(text) = std::str::from_utf8(data) else { return };
+    let (template, client) = text.split_once('\n').unwrap_or((text, ""));
+    let mut parts = client.splitn(4, '\n');
+    let (path, query) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+    let mut headers = http::HeaderMap::new();
+    for (name, v) in [("user-agent", parts.next()), ("referer", parts.next())] {
+        if let Some(Ok(v)) = v.map(|v| http::HeaderValue::from_bytes(v.as_bytes())) {
+            headers.insert(name, v);
+        }
+    }
+    let addr = std::net::SocketAddr::from(([192, 0, 2, 1], 4000));
+    let mut ctx = weir_plugin::RequestCtx::new(
+        http::Method::GET,
+        path.to_owned(),
+        query.to_owned(),
+        headers,
+        addr,
+        Arc::from("192.0.2.1"),
+        addr,
+    );
+    ctx.status = 200;
+    let one_line = |line: &str| {
+        assert!(line.ends_with('\n') && !line[..line.len() - 1].contains(['\n', '\r']), "{line:?}");
+    };
+    let combined = format_line(&Format::Combined, &ctx);
+    one_line(&combined);
+    // Six quotes delimit the request, the referer and the user agent; a client's quote is escaped.
+    assert_eq!(combined.matches('"').count(), 6, "{combined:?}");
+    let json = format_line(&Format::Json, &ctx);
+    one_line(&json);
+    let parsed: Result<serde_json::Value, _> = serde_json::from_str(json.trim_end());
+    assert!(parsed.is_ok(), "{json:?}");
+    if let Ok(f) = Format::parse(template) {
+        if !template.contains(|c: char| c.is_control()) {
+            let line = format_line(&f, &ctx);
+            one_line(&line);
+            assert!(!line[..line.len() - 1].contains(|c: char| c.is_control()), "{line:?}");
+        }
+    }
+}

@@ -17,6 +17,8 @@ extern crate weir_plugin_key_auth;
 extern crate weir_plugin_limit_conn;
 #[cfg(feature = "limit-count")]
 extern crate weir_plugin_limit_count;
+#[cfg(feature = "prometheus")]
+extern crate weir_plugin_prometheus;
 #[cfg(feature = "proxy-rewrite")]
 extern crate weir_plugin_proxy_rewrite;
 #[cfg(feature = "request-id")]
@@ -28,17 +30,20 @@ extern crate weir_plugin_short_url;
 #[cfg(feature = "stream-file-logger")]
 extern crate weir_plugin_stream_file_logger;
 
+pub mod access_log;
 pub mod admin;
 pub mod cli;
 pub mod config;
 pub mod control;
 pub mod dataplane;
 pub mod error;
+pub mod error_log;
 pub mod fastmap;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod health;
 pub mod memory;
+pub mod metrics;
 pub mod openapi;
 pub mod plugins;
 pub mod resources;

@@ -11,7 +11,9 @@ use weir::state::Gateway;
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 fn main() -> ExitCode {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))
+        .target(env_logger::Target::Pipe(Box::new(weir::error_log::Writer)))
+        .init();
     weir::silence_tracing();
     let command = match cli::parse(std::env::args_os().skip(1)) {
         Ok(c) => c,

@@ -11,6 +11,13 @@ pub fn run(prefix: Prefix) -> Result<(), String> {
     let gateway = Gateway::load(prefix)?;
     crate::state::release_garbage();
     let config = gateway.config.load_full();
+    if let Some(log) = &config.gateway.error_log {
+        crate::error_log::start(gateway.prefix.dir.join(&log.path))?;
+    }
+    if let Some(log) = config.gateway.access_log.as_ref().filter(|l| l.enable) {
+        crate::access_log::start(&gateway.prefix.dir, log)?;
+    }
+    crate::metrics::register_sources(&gateway);
     // Watch resources before any listener is up: a change made as soon as a port answers is a
     // change from what was loaded, never the watcher's starting point.
     match config.deployment.config_provider {
@@ -41,6 +48,14 @@ pub fn run(prefix: Prefix) -> Result<(), String> {
             log::info!("Admin API listening on http://{addr} (/weir/admin/, /apisix/admin/)");
             servers.push(server);
         }
+        for entry in &gateway.enabled.load().listed {
+            let Some(listener) = entry.plugin.listener(config.plugin_attr.get(entry.name)) else { continue };
+            let (addr, key) = (listener.addr, listener.key.clone());
+            let server = crate::control::plugin_listener(entry.name, listener)
+                .map_err(|e| format!("cannot listen on {addr} ({key}): {e}"))?;
+            log::info!("plugin {} listening on http://{addr}", entry.name);
+            servers.push(server);
+        }
         let data_plane = crate::dataplane::server::DataPlane::start(gateway.clone(), &config)?;
         let workers = config.gateway.worker_processes.count();
         for l in &config.gateway.node_listen {
@@ -69,7 +84,12 @@ pub fn run(prefix: Prefix) -> Result<(), String> {
         }
         #[cfg(unix)]
         reopen_on_sigusr1(gateway.clone());
+        #[cfg(unix)]
+        reload_on_sighup(gateway.clone());
+        // Every listener is bound: tell systemd (Type=notify), when it started us.
+        notify_systemd(&[sd_notify::NotifyState::Ready]);
         wait_for_signal().await;
+        notify_systemd(&[sd_notify::NotifyState::Stopping]);
         log::info!("shutting down: finishing in-flight requests");
         for h in handles {
             h.stop(true).await;
@@ -80,6 +100,7 @@ pub fn run(prefix: Prefix) -> Result<(), String> {
         for entry in gateway.catalog_entries() {
             entry.plugin.shutdown();
         }
+        crate::access_log::flush(std::time::Duration::from_secs(2));
         log::info!("stopped");
         drop(gateway);
         Ok(())
@@ -95,6 +116,8 @@ fn reopen_on_sigusr1(gateway: std::sync::Arc<Gateway>) {
             actix_rt::spawn(async move {
                 while usr1.recv().await.is_some() {
                     log::info!("SIGUSR1: reopening log files");
+                    crate::error_log::reopen();
+                    crate::access_log::reopen();
                     for entry in gateway.catalog_entries() {
                         entry.plugin.reopen_logs();
                     }
@@ -102,6 +125,38 @@ fn reopen_on_sigusr1(gateway: std::sync::Arc<Gateway>) {
             });
         }
         Err(e) => log::warn!("cannot listen for SIGUSR1: {e}"),
+    }
+}
+
+/// SIGHUP: reload plugins, as `PUT /v1/plugins/reload` does (systemd's `ExecReload`).
+#[cfg(unix)]
+fn reload_on_sighup(gateway: std::sync::Arc<Gateway>) {
+    use actix_rt::signal::unix::{signal, SignalKind};
+    match signal(SignalKind::hangup()) {
+        Ok(mut hup) => {
+            actix_rt::spawn(async move {
+                while hup.recv().await.is_some() {
+                    notify_systemd(&[sd_notify::NotifyState::Reloading]);
+                    let gw = gateway.clone();
+                    match actix_rt::task::spawn_blocking(move || gw.reload_plugins()).await {
+                        Ok(Ok(names)) => log::info!("SIGHUP: plugins reloaded: {}", names.join(", ")),
+                        Ok(Err(e)) => log::error!("SIGHUP: plugin reload refused, the previous plugins stay: {e}"),
+                        Err(e) => log::error!("SIGHUP: plugin reload failed: {e}"),
+                    }
+                    notify_systemd(&[sd_notify::NotifyState::Ready]);
+                }
+            });
+        }
+        Err(e) => log::warn!("cannot listen for SIGHUP: {e}"),
+    }
+}
+
+/// Tells systemd about a state change; nothing when not started by systemd (`NOTIFY_SOCKET`).
+fn notify_systemd(state: &[sd_notify::NotifyState<'_>]) {
+    if std::env::var_os("NOTIFY_SOCKET").is_some() {
+        if let Err(e) = sd_notify::notify(false, state) {
+            log::warn!("cannot notify systemd: {e}");
+        }
     }
 }
 

@@ -17,6 +17,7 @@ fn schema_lists_exactly_the_compiled_plugins() {
         ("response-rewrite", cfg!(feature = "response-rewrite")),
         ("request-id", cfg!(feature = "request-id")),
         ("file-logger", cfg!(feature = "file-logger")),
+        ("prometheus", cfg!(feature = "prometheus")),
     ];
     let mut expected: Vec<&str> = compiled.iter().filter(|(_, on)| *on).map(|(name, _)| *name).collect();
     expected.sort_unstable();

@@ -49,3 +49,8 @@ fn request_stream() {
 fn client_hello_sni() {
     each_input("client_hello_sni", weir::fuzzing::client_hello_sni);
 }
+
+#[test]
+fn access_log_line() {
+    each_input("access_log_line", weir::fuzzing::access_log_line);
+}

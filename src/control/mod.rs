@@ -35,6 +35,68 @@ pub fn server(gateway: Arc<Gateway>, addr: SocketAddr) -> std::io::Result<actix_
     .run())
 }
 
+/// Binds the listener a plugin asked for (`Plugin::listener`, e.g. the Prometheus exporter): its
+/// endpoints by exact URI (a trailing `*` is a prefix), a JSON 404 or 405 otherwise. One worker.
+pub fn plugin_listener(
+    plugin: &'static str,
+    listener: weir_plugin::PluginListener,
+) -> std::io::Result<actix_web::dev::Server> {
+    let endpoints = web::Data::new((plugin, listener.endpoints));
+    Ok(HttpServer::new(move || {
+        App::new()
+            .app_data(endpoints.clone())
+            .app_data(web::PayloadConfig::new(MAX_BODY))
+            .default_service(web::to(dispatch_plugin_listener))
+    })
+    .workers(1)
+    .disable_signals()
+    .bind(listener.addr)?
+    .run())
+}
+
+async fn dispatch_plugin_listener(
+    req: HttpRequest,
+    body: web::Bytes,
+    endpoints: web::Data<(&'static str, Vec<weir_plugin::ControlEndpoint>)>,
+) -> HttpResponse {
+    let path = req.path();
+    let at_path: Vec<&weir_plugin::ControlEndpoint> = endpoints
+        .1
+        .iter()
+        .filter(|ep| {
+            ep.uris.iter().any(|u| match u.strip_suffix('*') {
+                Some(prefix) => path.starts_with(prefix),
+                None => u == path,
+            })
+        })
+        .collect();
+    if at_path.is_empty() {
+        return json_response(StatusCode::NOT_FOUND, &json!({ "error_msg": "not found" }));
+    }
+    let method = req.method().as_str();
+    let Some(ep) = at_path.iter().find(|ep| ep.methods.contains(&method)) else {
+        let allowed: Vec<&str> = at_path.iter().flat_map(|ep| ep.methods.iter().copied()).collect();
+        return method_not_allowed(&allowed);
+    };
+    to_http((ep.handler)(control_request(&req, path, Vec::new(), body)).await)
+}
+
+/// A plugin's view of a control request.
+fn control_request(req: &HttpRequest, path: &str, params: Vec<(String, String)>, body: web::Bytes) -> ControlRequest {
+    ControlRequest {
+        method: req.method().as_str().to_owned(),
+        path: path.to_owned(),
+        query: req.query_string().to_owned(),
+        params,
+        headers: req
+            .headers()
+            .iter()
+            .map(|(k, v)| (k.as_str().to_owned(), String::from_utf8_lossy(v.as_bytes()).into_owned()))
+            .collect(),
+        body,
+    }
+}
+
 async fn dispatch(req: HttpRequest, body: web::Bytes, gw: web::Data<Gateway>) -> HttpResponse {
     let path = req.path();
     if let Some((endpoint, methods)) = builtin::lookup(path) {
@@ -50,18 +112,7 @@ async fn dispatch(req: HttpRequest, body: web::Bytes, gw: web::Data<Gateway>) ->
             let allowed: Vec<&str> = found.mounted.iter().flat_map(|m| m.methods.iter().copied()).collect();
             return method_not_allowed(&allowed);
         };
-        let request = ControlRequest {
-            method: method.to_owned(),
-            path: path.to_owned(),
-            query: req.query_string().to_owned(),
-            params: found.params,
-            headers: req
-                .headers()
-                .iter()
-                .map(|(k, v)| (k.as_str().to_owned(), String::from_utf8_lossy(v.as_bytes()).into_owned()))
-                .collect(),
-            body: body.clone(),
-        };
+        let request = control_request(&req, path, found.params, body.clone());
         let handler = mounted.handler.clone();
         drop(routes);
         return to_http(handler(request).await);

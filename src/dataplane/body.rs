@@ -89,6 +89,8 @@ pub trait OnFinish: 'static {
     fn filters_body(&self) -> bool {
         false
     }
+    /// `n` body bytes are on their way to the client.
+    fn sent(&mut self, _n: usize) {}
 }
 
 /// A response body towards the client.
@@ -178,6 +180,7 @@ impl<F: OnFinish + Unpin> Body for UpstreamBody<F> {
                         let mut last = Bytes::new();
                         this.hooks.chunk(&mut last, true);
                         if !last.is_empty() {
+                            this.hooks.sent(last.len());
                             return Poll::Ready(Some(Ok(Frame::data(last))));
                         }
                     }
@@ -204,6 +207,7 @@ impl<F: OnFinish + Unpin> Body for UpstreamBody<F> {
                     if data.is_empty() {
                         continue;
                     }
+                    this.hooks.sent(data.len());
                     return Poll::Ready(Some(Ok(Frame::data(data))));
                 }
             }

@@ -21,6 +21,7 @@ use super::upstream::{fnv1a, CompiledUpstream, InFlight};
 use crate::health::checker::Source as ReportSource;
 use crate::health::state::Report;
 use crate::health::HealthRegistry;
+use crate::metrics::{bump, WorkerStats};
 use crate::resources::model::{HashOn, PassHost};
 use crate::resources::snapshot::PluginChain;
 use crate::state::Gateway;
@@ -52,12 +53,14 @@ pub struct ConnInfo {
 pub struct Worker {
     pool: Rc<Pool>,
     rules: PathRules,
+    /// This worker's connection and request counters (`metrics`).
+    pub stats: Arc<WorkerStats>,
 }
 
 impl Worker {
     /// A worker normalizing paths with `rules`.
     pub fn new(rules: PathRules) -> Self {
-        Worker { pool: Rc::new(Pool::default()), rules }
+        Worker { pool: Rc::new(Pool::default()), rules, stats: WorkerStats::register() }
     }
 }
 
@@ -89,6 +92,9 @@ impl OnFinish for Finish {
     fn filters_body(&self) -> bool {
         self.filters_body
     }
+    fn sent(&mut self, n: usize) {
+        self.ctx.body_bytes_sent += n as u64;
+    }
 }
 
 impl Drop for Finish {
@@ -100,7 +106,26 @@ impl Drop for Finish {
         for p in self.chains.iter().flat_map(|c| c.iter()) {
             p.instance.log(&self.ctx);
         }
+        crate::access_log::record(&self.ctx);
     }
+}
+
+/// Bytes of a response head as HTTP/1.1 text: status line, headers, blank line (`$bytes_sent`).
+fn head_bytes(head: &ResponseHead) -> u64 {
+    let fields: usize = head.headers.iter().map(|(k, v)| k.as_str().len() + v.len() + 4).sum();
+    (fields + 17 + head.status.canonical_reason().map_or(0, str::len)) as u64
+}
+
+/// Bytes of a request head as HTTP/1.1 text (`$request_length`, without the body).
+fn request_head_bytes(method: &Method, path: &str, query: &str, headers: &http::HeaderMap) -> u64 {
+    let fields: usize = headers.iter().map(|(k, v)| k.as_str().len() + v.len() + 4).sum();
+    (method.as_str().len() + path.len() + query.len() + usize::from(!query.is_empty()) + fields + 13) as u64
+}
+
+/// `content-length: N\r\n`, which the server adds to a whole body.
+fn content_length_bytes(len: usize) -> u64 {
+    let digits = len.checked_ilog10().map_or(1, |d| d + 1);
+    u64::from(digits) + 18
 }
 
 fn error_response(status: StatusCode, msg: &str) -> Response {
@@ -135,6 +160,10 @@ fn plugin_response(resp: PluginResponse, mut finish: Finish) -> Response {
         finish.chunk(&mut body, true);
     }
     finish.ctx.status = head.status.as_u16();
+    if finish.ctx.method != Method::HEAD {
+        finish.ctx.body_bytes_sent = body.len() as u64;
+    }
+    finish.ctx.head_bytes_sent = head_bytes(&head) + content_length_bytes(body.len());
     with_head(head, ResponseBody::Full(Some(body)))
 }
 
@@ -220,6 +249,8 @@ async fn access_phases(ctx: &mut RequestCtx, chains: &[PluginChain; 2]) -> Optio
 /// The data-plane handler.
 pub async fn handle(req: http::Request<Incoming>, conn: ConnInfo, gw: &Gateway, worker: &Worker) -> Response {
     let upgrade_asked = req.version() < http::Version::HTTP_2 && req.headers().contains_key(http::header::UPGRADE);
+    bump(&worker.stats.requests, 1);
+    let _writing = Writing::start(&worker.stats);
     let mut resp = serve(req, conn, gw, worker, upgrade_asked).await;
     if upgrade_asked && resp.status() != StatusCode::SWITCHING_PROTOCOLS {
         // The framer stopped judging this connection's bytes at the upgrade request (`framing`):
@@ -227,6 +258,23 @@ pub async fn handle(req: http::Request<Incoming>, conn: ConnInfo, gw: &Gateway, 
         resp.headers_mut().insert(http::header::CONNECTION, HeaderValue::from_static("close"));
     }
     resp
+}
+
+/// Counts a request as `writing` (metrics) until its response head is made, also when the
+/// client goes away first.
+struct Writing<'a>(&'a WorkerStats);
+
+impl<'a> Writing<'a> {
+    fn start(stats: &'a WorkerStats) -> Self {
+        bump(&stats.writing, 1);
+        Writing(stats)
+    }
+}
+
+impl Drop for Writing<'_> {
+    fn drop(&mut self) {
+        bump(&self.0.writing, -1);
+    }
 }
 
 /// HTTP/2 names the target host in `:authority`: it becomes the Host header that routing,
@@ -310,9 +358,12 @@ async fn serve(
     // HTTP/1.1: a length or chunked; HTTP/2: no END_STREAM on the request's HEADERS frame.
     let has_body = !http_body::Body::is_end_stream(&payload);
     let upgrade_token = if websocket { parts.headers.get(http::header::UPGRADE).cloned() } else { None };
+    let request_length = request_head_bytes(&parts.method, &path, &query, &parts.headers) + declared_len.unwrap_or(0);
     strip_hop_by_hop(&mut parts.headers);
     let mut ctx = RequestCtx::new(parts.method, path, query, parts.headers, remote, conn.peer_ip, conn.local);
     ctx.scheme = conn.scheme;
+    ctx.version = parts.version;
+    ctx.request_length = request_length;
     let Some(matched) = matched else {
         // As APISIX: global rules run for unmatched requests too, then the 404 is sent.
         let mut fin = Finish::new(ctx, [snap.global_chain.clone(), PluginChain::from([])]);
@@ -324,6 +375,10 @@ async fn serve(
     };
     let route = matched.route;
     ctx.route_id = Some(route.id.clone());
+    ctx.matched_uri = matched.uri;
+    if !route.hosts.is_empty() {
+        ctx.matched_host = route.matched_host(host);
+    }
     ctx.service_id = route.service_id.clone();
     ctx.params = matched.params;
     // From here on the log phase runs whatever happens, also when the client goes away while
@@ -467,8 +522,10 @@ async fn forward(
         tried.push(idx);
         let node = &upstream.nodes[idx];
         fin.ctx.upstream_addrs.push(node.addr);
-        // The last attempt may move the headers out, unless a plugin reads them after the request.
-        let keep = attempt + 1 < max_attempts || fin.chains.iter().any(|c| !c.is_empty());
+        // The last attempt may move the headers out, unless a plugin or the access log reads
+        // them after the request.
+        let keep =
+            attempt + 1 < max_attempts || fin.chains.iter().any(|c| !c.is_empty()) || crate::access_log::enabled();
         let mut headers = if keep { fin.ctx.headers.clone() } else { std::mem::take(&mut fin.ctx.headers) };
         match upstream.pass_host {
             PassHost::Pass if headers.contains_key(http::header::HOST) => {}
@@ -513,6 +570,7 @@ async fn forward(
         };
         match exchange {
             Ok((resp, conn)) => {
+                fin.ctx.upstream_time = Some(started.elapsed());
                 if let Some(c) = &checker {
                     c.report_status(node.addr, resp.status().as_u16());
                 }
@@ -623,6 +681,7 @@ fn upgraded(
     }
     head.headers.insert(http::header::CONNECTION, HeaderValue::from_static("upgrade"));
     head.headers.insert(http::header::UPGRADE, token.unwrap_or(HeaderValue::from_static("websocket")));
+    finish.ctx.head_bytes_sent = head_bytes(&head);
     finish._inflight = inflight;
     tokio::task::spawn_local(async move {
         let remote = finish.ctx.remote_addr;
@@ -660,6 +719,7 @@ fn respond(
         p.instance.header_filter(&mut finish.ctx, &mut head);
     }
     finish.ctx.status = head.status.as_u16();
+    finish.ctx.head_bytes_sent = head_bytes(&head);
     let no_body = head.status == StatusCode::NO_CONTENT
         || head.status == StatusCode::NOT_MODIFIED
         || finish.ctx.method == Method::HEAD;

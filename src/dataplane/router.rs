@@ -59,6 +59,10 @@ pub struct CompiledRoute {
     pub methods: u16,
     /// Host filters (empty: any).
     pub hosts: Vec<HostMatch>,
+    /// The host patterns as configured, index-aligned with `hosts` (`$matched_host`).
+    pub host_names: Box<[Arc<str>]>,
+    /// The URI patterns as configured (`$matched_uri`), indexed by the table's entries.
+    pub uri_names: Box<[Arc<str>]>,
     /// Client address filters (empty: any).
     pub remote_addrs: Vec<Cidr>,
     /// Service plugins merged with route plugins (route wins), in priority order.
@@ -100,12 +104,22 @@ impl CompiledRoute {
         upstream: Option<Arc<CompiledUpstream>>,
         order: usize,
     ) -> CompiledRoute {
-        let mut hosts: Vec<HostMatch> =
-            route.hosts.iter().flatten().chain(route.host.iter()).map(|h| HostMatch::parse(h)).collect();
-        if hosts.is_empty() {
-            hosts = service_hosts.unwrap_or(&[]).iter().map(|h| HostMatch::parse(h)).collect();
+        let mut names: Vec<&String> = route.hosts.iter().flatten().chain(route.host.iter()).collect();
+        if names.is_empty() {
+            names = service_hosts.unwrap_or(&[]).iter().collect();
         }
+        let hosts = names.iter().map(|h| HostMatch::parse(h)).collect();
+        let host_names = names.iter().map(|h| Arc::from(h.as_str())).collect();
+        // As the table reads them: `uris` when present, else `uri`.
+        let uri_list: &[String] = match (&route.uris, &route.uri) {
+            (Some(list), _) => list,
+            (None, Some(one)) => std::slice::from_ref(one),
+            (None, None) => &[],
+        };
+        let uri_names = uri_list.iter().map(|u| Arc::from(u.as_str())).collect();
         CompiledRoute {
+            host_names,
+            uri_names,
             id: Arc::from(route.id.0.as_str()),
             service_id: route.service_id.as_ref().map(|s| Arc::from(s.0.as_str())),
             methods: route.methods.as_deref().map(methods_mask).unwrap_or(0),
@@ -116,6 +130,12 @@ impl CompiledRoute {
             order,
             route,
         }
+    }
+
+    /// The configured host pattern `host` matched (`None` when the route names no hosts).
+    pub fn matched_host(&self, host: &str) -> Option<Arc<str>> {
+        let i = self.hosts.iter().position(|h| h.matches(host))?;
+        self.host_names.get(i).cloned()
     }
 
     fn accepts(&self, method_bit: u16, host: &str, ip: IpAddr) -> bool {
@@ -131,6 +151,8 @@ struct Entry {
     route: Arc<CompiledRoute>,
     /// 3 exact, 2 parameter, 1 prefix.
     rank: u8,
+    /// Which of the route's `uri_names` this entry is.
+    uri: u16,
     /// Prefix length (prefix routes).
     len: usize,
     /// Parameter names by position.
@@ -155,6 +177,8 @@ pub struct Matched {
     pub route: Arc<CompiledRoute>,
     /// Path parameters.
     pub params: Vec<(Arc<str>, String)>,
+    /// The URI pattern that matched.
+    pub uri: Option<Arc<str>>,
 }
 
 enum Pattern {
@@ -207,12 +231,14 @@ impl RouteTable {
         for route in routes {
             let uris: Vec<String> =
                 route.route.uris.clone().or_else(|| route.route.uri.clone().map(|u| vec![u])).unwrap_or_default();
-            for uri in uris {
+            for (i, uri) in uris.into_iter().enumerate() {
+                let ui = u16::try_from(i).unwrap_or(u16::MAX);
                 match classify(&uri) {
                     // Most URIs belong to one route: lists start with room for one entry.
                     Pattern::Exact(p) => t.exact.entry(p).or_insert_with(|| Vec::with_capacity(1)).push(Entry {
                         route: route.clone(),
                         rank: 3,
+                        uri: ui,
                         len: 0,
                         names: no_names.clone(),
                     }),
@@ -221,6 +247,7 @@ impl RouteTable {
                         t.prefix.entry(p).or_insert_with(|| Vec::with_capacity(1)).push(Entry {
                             route: route.clone(),
                             rank: 1,
+                            uri: ui,
                             len,
                             names: no_names.clone(),
                         });
@@ -229,7 +256,7 @@ impl RouteTable {
                         }
                     }
                     Pattern::Params { pattern, names } => {
-                        let entry = Entry { route: route.clone(), rank: 2, len: 0, names: names.into() };
+                        let entry = Entry { route: route.clone(), rank: 2, uri: ui, len: 0, names: names.into() };
                         match t.param_patterns.get(&pattern) {
                             Some(&i) => t.param_lists[i].push(entry),
                             None => {
@@ -309,7 +336,8 @@ impl RouteTable {
                 .collect(),
             None => Vec::new(),
         };
-        Some(Matched { route: entry.route.clone(), params })
+        let uri = entry.route.uri_names.get(usize::from(entry.uri)).cloned();
+        Some(Matched { route: entry.route.clone(), params, uri })
     }
 }
 

@@ -35,6 +35,7 @@ use super::normalize::PathRules;
 use super::proxy::{self, ConnInfo, Worker};
 use super::resolver::SniResolver;
 use crate::config::{Config, EscapedSlashes, SslSection};
+use crate::metrics::{bump, WorkerStats};
 use crate::state::Gateway;
 use crate::stream::tcp::StreamWorker;
 
@@ -275,11 +276,15 @@ async fn accept_loop(
         let scheme = if matches!(kind, Kind::Tls(_)) { "https" } else { "http" };
         let info = ConnInfo { peer, peer_ip: Arc::from(peer.ip().to_string()), local, scheme };
         open.set(open.get() + 1);
+        bump(&worker.stats.accepted, 1);
+        bump(&worker.stats.active, 1);
         let (gateway, worker, open, stopped) = (gateway.clone(), worker.clone(), open.clone(), stopped.clone());
         let kind = kind.clone();
         tokio::task::spawn_local(async move {
+            let stats = worker.stats.clone();
             serve(stream, kind, info, gateway, worker, stopped).await;
             open.set(open.get() - 1);
+            bump(&stats.active, -1);
         });
     }
 }
@@ -307,6 +312,14 @@ async fn opens_with_h2_preface(stream: &TcpStream) -> std::io::Result<bool> {
     }
 }
 
+/// Runs `step` (a TLS handshake, protocol detection) counted as `reading` in the metrics.
+async fn reading<T>(stats: &WorkerStats, step: impl std::future::Future<Output = T>) -> T {
+    bump(&stats.reading, 1);
+    let out = step.await;
+    bump(&stats.reading, -1);
+    out
+}
+
 async fn serve(
     stream: TcpStream,
     kind: Kind,
@@ -318,16 +331,19 @@ async fn serve(
     let peer = info.peer;
     match kind {
         Kind::Plain { h2c: false } => serve_h1(stream, info, gateway, worker, stopped).await,
-        Kind::Plain { h2c: true } => match tokio::time::timeout(HEADER_TIMEOUT, opens_with_h2_preface(&stream)).await {
-            Ok(Ok(true)) => serve_h2(stream, info, gateway, worker, stopped).await,
-            Ok(Ok(false)) => serve_h1(stream, info, gateway, worker, stopped).await,
-            Ok(Err(e)) => log::debug!("client {peer}: {e}"),
-            Err(_) => log::debug!("client {peer}: no request within {HEADER_TIMEOUT:?}"),
-        },
+        Kind::Plain { h2c: true } => {
+            match reading(&worker.stats, tokio::time::timeout(HEADER_TIMEOUT, opens_with_h2_preface(&stream))).await {
+                Ok(Ok(true)) => serve_h2(stream, info, gateway, worker, stopped).await,
+                Ok(Ok(false)) => serve_h1(stream, info, gateway, worker, stopped).await,
+                Ok(Err(e)) => log::debug!("client {peer}: {e}"),
+                Err(_) => log::debug!("client {peer}: no request within {HEADER_TIMEOUT:?}"),
+            }
+        }
         // Served by `accept_loop` directly.
         Kind::Stream(_) => {}
         Kind::Tls(config) => {
-            let accepted = tokio::time::timeout(HANDSHAKE_TIMEOUT, TlsAcceptor::from(config).accept(stream)).await;
+            let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, TlsAcceptor::from(config).accept(stream));
+            let accepted = reading(&worker.stats, handshake).await;
             let tls = match accepted {
                 Ok(Ok(tls)) => tls,
                 Ok(Err(e)) => {

@@ -40,6 +40,9 @@ pub struct Prefix {
     pub control_port: u16,
     /// The TLS listener (`gateway.ssl.listen`), unless the test configures `ssl:` itself.
     pub tls_port: u16,
+    /// The Prometheus exporter (`plugin_attr.prometheus.export_addr`), unless the test
+    /// configures `prometheus:` itself.
+    pub metrics_port: u16,
 }
 
 static COUNTER: AtomicUsize = AtomicUsize::new(0);
@@ -52,8 +55,8 @@ impl Prefix {
         let dir = std::env::temp_dir().join(format!("weir-test-{}-{n}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(dir.join("conf")).expect("create conf dir");
-        let (node_port, control_port, tls_port) = (free_port(), free_port(), free_port());
-        let p = Prefix { dir, node_port, control_port, tls_port };
+        let (node_port, control_port, tls_port, metrics_port) = (free_port(), free_port(), free_port(), free_port());
+        let p = Prefix { dir, node_port, control_port, tls_port, metrics_port };
         p.write_config(gateway_extra, extra);
         p.write_resources(resources);
         p
@@ -64,6 +67,15 @@ impl Prefix {
             String::new()
         } else {
             format!("  ssl:\n    listen: [{{ip: 127.0.0.1, port: {}}}]\n", self.tls_port)
+        };
+        // Every instance its own exporter port (the default, 9091, is one per machine).
+        let exporter = format!("  prometheus:\n    export_addr: {{ip: 127.0.0.1, port: {}}}\n", self.metrics_port);
+        let extra = if !cfg!(feature = "prometheus") || extra.contains("  prometheus:") {
+            extra.to_owned()
+        } else if extra.contains("plugin_attr:\n") {
+            extra.replacen("plugin_attr:\n", &format!("plugin_attr:\n{exporter}"), 1)
+        } else {
+            format!("{extra}\nplugin_attr:\n{exporter}")
         };
         let text = format!(
             "gateway:\n  node_listen:\n    - {{ip: 127.0.0.1, port: {}}}\n  worker_processes: 1\n  control:\n    port: {}\n{ssl}{gateway_extra}\n{extra}\n",
@@ -90,6 +102,10 @@ impl Prefix {
 
     pub fn node(&self) -> SocketAddr {
         SocketAddr::from(([127, 0, 0, 1], self.node_port))
+    }
+
+    pub fn metrics(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.metrics_port))
     }
 
     pub fn tls(&self) -> SocketAddr {

@@ -12,6 +12,7 @@ pub mod cidr;
 pub mod control;
 pub mod headers;
 pub mod logfile;
+pub mod metrics;
 pub mod phase;
 pub mod schema;
 pub mod stream;
@@ -23,7 +24,7 @@ pub use bytes::Bytes;
 pub use control::{ControlEndpoint, ControlFuture, ControlHandler, ControlRequest, ControlResponse};
 pub use headers::{HeaderOps, NamedHeaderOps};
 pub use http;
-pub use phase::{Consumer, Flow, FlowFuture, PluginInstance, PluginResponse, RequestCtx, ResponseHead};
+pub use phase::{version_str, Consumer, Flow, FlowFuture, PluginInstance, PluginResponse, RequestCtx, ResponseHead};
 pub use schema::{schema_of, serialized_schema_of};
 pub use schemars;
 pub use serde_json::{self, Value};
@@ -81,6 +82,18 @@ pub struct BuildContext<'a> {
     pub check_only: bool,
 }
 
+/// A listener a plugin asks the host to serve: its endpoints answer exact URIs (a trailing `*`
+/// matches a prefix); anything else is a JSON 404.
+pub struct PluginListener {
+    /// Address to bind.
+    pub addr: std::net::SocketAddr,
+    /// The configuration key the address comes from, for messages
+    /// (`plugin_attr.prometheus.export_addr`).
+    pub key: String,
+    /// What it serves.
+    pub endpoints: Vec<ControlEndpoint>,
+}
+
 /// A gateway plugin. Implementations are registered with [`register_plugin!`].
 ///
 /// Identity and schemas are reported verbatim by the control server's `GET /v1/schema`, and the very
@@ -125,6 +138,12 @@ pub trait Plugin: Send + Sync + 'static {
     /// Endpoints mounted on the control server while the plugin is enabled.
     fn control_endpoints(&self) -> Vec<ControlEndpoint> {
         Vec::new()
+    }
+    /// A listener of its own that the host serves for the plugin (a metrics exporter), given
+    /// the plugin's validated `plugin_attr`. Bound at start-up when the plugin is enabled; a
+    /// failure to bind refuses the start, naming [`PluginListener::key`].
+    fn listener(&self, _attr: Option<&Value>) -> Option<PluginListener> {
+        None
     }
     /// Derives per-snapshot state from every consumer carrying this plugin. An error rejects the
     /// whole snapshot (for example two consumers with the same key).

@@ -9,10 +9,10 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Version};
 
 /// A deferred phase result, for plugins that must wait (storage, remote calls). Runs on the
 /// worker's single-threaded runtime, so it need not be `Send`.
@@ -75,6 +75,8 @@ pub struct Consumer {
 pub struct RequestCtx {
     /// Request method (mutable: `proxy-rewrite`).
     pub method: Method,
+    /// HTTP version of the client's request.
+    pub version: Version,
     /// Request path, normalized by the gateway (see docs/data-plane.md): what routing matched
     /// and what the upstream receives (mutable: `proxy-rewrite`).
     pub path: String,
@@ -92,6 +94,10 @@ pub struct RequestCtx {
     pub scheme: &'static str,
     /// Matched route id.
     pub route_id: Option<Arc<str>>,
+    /// The route URI pattern that matched (`/api/*`): a bounded label, unlike the path.
+    pub matched_uri: Option<Arc<str>>,
+    /// The route host pattern that matched (`*.example.com`), when the route names hosts.
+    pub matched_host: Option<Arc<str>>,
     /// Service of the matched route.
     pub service_id: Option<Arc<str>>,
     /// Authenticated consumer.
@@ -102,6 +108,16 @@ pub struct RequestCtx {
     pub upstream_addrs: Vec<SocketAddr>,
     /// Status sent to the client (0 until known).
     pub status: u16,
+    /// From the first upstream attempt to the answering node's response head; `None` when no
+    /// upstream answered (`$upstream_header_time`; the upstream latency of metrics).
+    pub upstream_time: Option<Duration>,
+    /// Bytes of the client's request: request line, headers and body (`$request_length`; the
+    /// head is counted as HTTP/1.1 text for every protocol).
+    pub request_length: u64,
+    /// Response body bytes sent to the client (`$body_bytes_sent`), set when the response ends.
+    pub body_bytes_sent: u64,
+    /// Bytes of the response head as HTTP/1.1 text (`$bytes_sent` = this + body bytes).
+    pub head_bytes_sent: u64,
     /// When the request arrived.
     pub started: Instant,
     /// The request body, present only when a plugin asked for it (`wants_request_body`).
@@ -128,6 +144,7 @@ impl RequestCtx {
     ) -> Self {
         RequestCtx {
             method,
+            version: Version::HTTP_11,
             path,
             query,
             headers,
@@ -136,11 +153,17 @@ impl RequestCtx {
             local_addr,
             scheme: "http",
             route_id: None,
+            matched_uri: None,
+            matched_host: None,
             service_id: None,
             consumer: None,
             params: Vec::new(),
             upstream_addrs: Vec::new(),
             status: 0,
+            upstream_time: None,
+            request_length: 0,
+            body_bytes_sent: 0,
+            head_bytes_sent: 0,
             started: Instant::now(),
             body: None,
             response_headers: Vec::new(),
@@ -176,7 +199,9 @@ impl RequestCtx {
 
     /// Resolves a variable by name (with or without the leading `$`): `host`, `uri`, `request_uri`,
     /// `args`, `request_method`, `scheme`, `remote_addr`, `remote_port`, `server_port`, `status`,
-    /// `request_time`, `upstream_addr`, `route_id`, `service_id`, `consumer_name`, `http_<name>`,
+    /// `request_time`, `upstream_addr`, `upstream_header_time`, `request_length`, `bytes_sent`,
+    /// `body_bytes_sent`, `server_protocol`, `request` (the request line), `remote_user` (none:
+    /// `-`), `route_id`, `service_id`, `consumer_name`, `http_<name>`,
     /// `arg_<name>`, `param_<name>`, and any plugin-set variable.
     pub fn var(&self, name: &str) -> Option<Cow<'_, str>> {
         let name = name.strip_prefix('$').unwrap_or(name);
@@ -199,6 +224,24 @@ impl RequestCtx {
                 let addrs: Vec<String> = self.upstream_addrs.iter().map(|a| a.to_string()).collect();
                 (!addrs.is_empty()).then(|| Cow::Owned(addrs.join(", ")))
             }
+            "upstream_header_time" | "upstream_response_time" => {
+                self.upstream_time.map(|t| Cow::Owned(format!("{:.3}", t.as_secs_f64())))
+            }
+            "request_length" => owned(self.request_length.to_string()),
+            "bytes_sent" => owned((self.head_bytes_sent + self.body_bytes_sent).to_string()),
+            "body_bytes_sent" => owned(self.body_bytes_sent.to_string()),
+            "server_protocol" => Some(Cow::Borrowed(version_str(self.version))),
+            "request" => owned(format!(
+                "{} {}{}{} {}",
+                self.method,
+                self.path,
+                if self.query.is_empty() { "" } else { "?" },
+                self.query,
+                version_str(self.version)
+            )),
+            "remote_user" => Some(Cow::Borrowed("-")),
+            "matched_uri" => self.matched_uri.as_deref().map(Cow::Borrowed),
+            "matched_host" => self.matched_host.as_deref().map(Cow::Borrowed),
             "route_id" => self.route_id.as_deref().map(Cow::Borrowed),
             "service_id" => self.service_id.as_deref().map(Cow::Borrowed),
             "consumer_name" => self.consumer.as_ref().map(|c| Cow::Borrowed(&*c.username)),
@@ -216,6 +259,17 @@ impl RequestCtx {
                 self.vars.iter().find(|(k, _)| k == name).map(|(_, v)| Cow::Borrowed(v.as_str()))
             }
         }
+    }
+}
+
+/// `HTTP/1.1`, as `$server_protocol` spells a version.
+pub fn version_str(v: Version) -> &'static str {
+    match v {
+        Version::HTTP_09 => "HTTP/0.9",
+        Version::HTTP_10 => "HTTP/1.0",
+        Version::HTTP_2 => "HTTP/2.0",
+        Version::HTTP_3 => "HTTP/3.0",
+        _ => "HTTP/1.1",
     }
 }
 

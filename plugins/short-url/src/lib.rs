@@ -263,6 +263,7 @@ impl Instance {
                     request_error(status, &format!("{e}; nothing of this request was stored"), now)
                 }
                 Ok(codes) => {
+                    counters::add(&counters::CREATED, codes.len() as u64);
                     let mut codes = codes.into_iter().zip(valid);
                     let items = checked
                         .iter()
@@ -316,6 +317,36 @@ impl Instance {
     }
 }
 
+/// Counters exported with the metrics (`short_url_*_total`).
+mod counters {
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    /// Codes stored.
+    pub static CREATED: AtomicU64 = AtomicU64::new(0);
+    /// Redirects answered.
+    pub static RESOLVED: AtomicU64 = AtomicU64::new(0);
+    /// Requests for an expired code (410).
+    pub static EXPIRED: AtomicU64 = AtomicU64::new(0);
+
+    pub fn add(c: &AtomicU64, n: u64) {
+        c.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Registers the source that writes them.
+    pub fn register() {
+        weir_plugin::metrics::set_source("short_url", |e| {
+            for (name, help, c) in [
+                ("short_url_created_total", "Short codes created.", &CREATED),
+                ("short_url_resolved_total", "Short codes resolved to a redirect.", &RESOLVED),
+                ("short_url_expired_total", "Requests for an expired short code (410).", &EXPIRED),
+            ] {
+                e.family(name, "counter", help);
+                e.sample(name, &[], c.load(Ordering::Relaxed));
+            }
+        });
+    }
+}
+
 fn not_found(code: &str) -> PluginResponse {
     PluginResponse::json(StatusCode::NOT_FOUND, &json!({"error_msg": format!("short code `{code}` not found")}))
 }
@@ -323,6 +354,7 @@ fn not_found(code: &str) -> PluginResponse {
 /// A redirect, or 410 once `expires_at` is reached (checked to the second, also on cache hits).
 fn redirect_or_gone(code: &str, origin: &str, expires_at: Option<i64>, now: i64, status: StatusCode) -> PluginResponse {
     if expires_at.is_some_and(|t| now >= t) {
+        counters::add(&counters::EXPIRED, 1);
         return PluginResponse::json(
             StatusCode::GONE,
             &json!({"error_msg": format!("short code `{code}` has expired")}),
@@ -336,6 +368,7 @@ fn redirect_or_gone(code: &str, origin: &str, expires_at: Option<i64>, now: i64,
         Err(_) => return not_found(code),
     }
     r.headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("private, max-age=90"));
+    counters::add(&counters::RESOLVED, 1);
     r
 }
 
@@ -398,6 +431,7 @@ impl Plugin for ShortUrl {
         if env.check_only {
             return Ok(());
         }
+        counters::register();
         {
             let current = self.shared.store.read();
             if current.as_ref().is_some_and(|(s, dir, _)| *s == storage && *dir == env.data_dir) {

@@ -1,0 +1,388 @@
+//! The access log (`gateway.access_log`): one line per request, in nginx's `combined` format,
+//! as JSON, or from a `$variable` template, written off the request path.
+//!
+//! The request path formats its line and hands it to a bounded queue without waiting; a writer
+//! thread appends queued lines to the file. When the queue is full (the disk is slower than the
+//! traffic) the line is dropped and counted (`access_log_dropped_total`), never blocking a
+//! request. SIGUSR1 makes the writer reopen the file, for logrotate.
+
+use std::cell::RefCell;
+use std::fs::{File, OpenOptions};
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TrySendError};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use weir_plugin::RequestCtx;
+
+use crate::config::AccessLogSection;
+
+/// How lines are written.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Format {
+    /// nginx's `combined`.
+    Combined,
+    /// One JSON object per line.
+    Json,
+    /// A template with `$name` or `${name}` variables.
+    Template(Vec<Piece>),
+}
+
+/// A part of a template.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Piece {
+    /// Text written as it is.
+    Text(String),
+    /// A variable (`time_local`, `time_iso8601`, `msec`, or anything `RequestCtx::var` knows).
+    Var(String),
+}
+
+impl Format {
+    /// Parses `combined`, `json` or a template; a template must name at least one variable.
+    pub fn parse(text: &str) -> Result<Format, String> {
+        match text {
+            "combined" => return Ok(Format::Combined),
+            "json" => return Ok(Format::Json),
+            _ => {}
+        }
+        let mut pieces = Vec::new();
+        let mut lit = String::new();
+        let mut rest = text;
+        while let Some(at) = rest.find('$') {
+            lit.push_str(&rest[..at]);
+            let after = &rest[at + 1..];
+            let (name, tail) = if let Some(braced) = after.strip_prefix('{') {
+                let end = braced
+                    .find('}')
+                    .ok_or_else(|| format!("unclosed `${{` at byte {}", text.len() - rest.len() + at))?;
+                (&braced[..end], &braced[end + 1..])
+            } else {
+                let end = after.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).unwrap_or(after.len());
+                (&after[..end], &after[end..])
+            };
+            if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+                return Err(format!(
+                    "`$` must be followed by a variable name (letters, digits, `_`), near `{}`",
+                    &rest[at..]
+                ));
+            }
+            if !lit.is_empty() {
+                pieces.push(Piece::Text(std::mem::take(&mut lit)));
+            }
+            pieces.push(Piece::Var(name.to_owned()));
+            rest = tail;
+        }
+        lit.push_str(rest);
+        if !lit.is_empty() {
+            pieces.push(Piece::Text(lit));
+        }
+        if !pieces.iter().any(|p| matches!(p, Piece::Var(_))) {
+            return Err(format!("`{text}` is neither `combined`, `json` nor a template with `$variables`"));
+        }
+        Ok(Format::Template(pieces))
+    }
+}
+
+/// Lines written and dropped so far.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Stats {
+    /// Lines the writer wrote.
+    pub written: u64,
+    /// Lines dropped because the queue was full.
+    pub dropped: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    written: AtomicU64,
+    dropped: AtomicU64,
+}
+
+enum Msg {
+    Line(String),
+    /// Write out everything queued before, then answer.
+    Flush(SyncSender<()>),
+}
+
+/// The running access log.
+pub struct AccessLog {
+    format: Format,
+    tx: SyncSender<Msg>,
+    counters: Arc<Counters>,
+}
+
+static LOG: OnceLock<AccessLog> = OnceLock::new();
+static REOPEN: AtomicBool = AtomicBool::new(false);
+
+/// The file of `section`, relative paths under the prefix directory.
+pub fn path_of(prefix_dir: &Path, section: &AccessLogSection) -> PathBuf {
+    prefix_dir.join(&section.path)
+}
+
+/// Opens the file and starts the writer. Errors name the key and the file.
+pub fn start(prefix_dir: &Path, section: &AccessLogSection) -> Result<(), String> {
+    let format = Format::parse(&section.format).map_err(|e| format!("gateway.access_log.format: {e}"))?;
+    let path = path_of(prefix_dir, section);
+    let file = open(&path).map_err(|e| format!("gateway.access_log.path: cannot open {}: {e}", path.display()))?;
+    let (tx, rx) = mpsc::sync_channel(section.buffer);
+    let counters = Arc::new(Counters::default());
+    let theirs = counters.clone();
+    std::thread::Builder::new()
+        .name("access-log".into())
+        .spawn(move || write_lines(rx, file, path, theirs))
+        .map_err(|e| format!("gateway.access_log: cannot start the writer thread: {e}"))?;
+    LOG.set(AccessLog { format, tx, counters }).map_err(|_| "gateway.access_log: started twice".to_owned())
+}
+
+fn open(path: &Path) -> std::io::Result<File> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    OpenOptions::new().create(true).append(true).open(path)
+}
+
+/// Whether lines are written (the request's headers must then outlive its forwarding).
+#[inline]
+pub fn enabled() -> bool {
+    LOG.get().is_some()
+}
+
+/// Asks the writer to reopen the file (SIGUSR1, after logrotate moved it).
+pub fn reopen() {
+    REOPEN.store(true, Ordering::Release);
+}
+
+/// Written and dropped lines, when the access log is on.
+pub fn stats() -> Option<Stats> {
+    LOG.get().map(|l| Stats {
+        written: l.counters.written.load(Ordering::Relaxed),
+        dropped: l.counters.dropped.load(Ordering::Relaxed),
+    })
+}
+
+/// Waits (up to `wait`) until every line queued so far is written: the last step of a graceful stop.
+pub fn flush(wait: Duration) {
+    let Some(log) = LOG.get() else { return };
+    let (tx, rx) = mpsc::sync_channel(1);
+    let deadline = std::time::Instant::now() + wait;
+    let mut msg = Msg::Flush(tx);
+    loop {
+        match log.tx.try_send(msg) {
+            Ok(()) => break,
+            Err(TrySendError::Full(m)) if std::time::Instant::now() < deadline => {
+                msg = m;
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(_) => return,
+        }
+    }
+    let _ = rx.recv_timeout(deadline.saturating_duration_since(std::time::Instant::now()));
+}
+
+/// Logs one finished request (nothing when the access log is off). Never blocks.
+pub fn record(ctx: &RequestCtx) {
+    let Some(log) = LOG.get() else { return };
+    let line = log.line(ctx);
+    if let Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) = log.tx.try_send(Msg::Line(line)) {
+        log.counters.dropped.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+impl AccessLog {
+    fn line(&self, ctx: &RequestCtx) -> String {
+        format_line(&self.format, ctx)
+    }
+}
+
+/// One line (with its newline) for `ctx`.
+pub fn format_line(format: &Format, ctx: &RequestCtx) -> String {
+    let mut out = String::with_capacity(256);
+    match format {
+        Format::Combined => {
+            out.push_str(&ctx.remote_ip);
+            out.push_str(" - - [");
+            with_time(|t| out.push_str(&t.local));
+            out.push_str("] \"");
+            escape_into(&mut out, &ctx.var("request").unwrap_or_default());
+            out.push_str("\" ");
+            push_num(&mut out, u64::from(ctx.status));
+            out.push(' ');
+            push_num(&mut out, ctx.body_bytes_sent);
+            out.push_str(" \"");
+            escape_into(&mut out, ctx.header("referer").unwrap_or("-"));
+            out.push_str("\" \"");
+            escape_into(&mut out, ctx.header("user-agent").unwrap_or("-"));
+            out.push('"');
+        }
+        Format::Json => {
+            let time = with_time(|t| t.iso.clone());
+            let v = serde_json::json!({
+                "time": time,
+                "remote_addr": &*ctx.remote_ip,
+                "request_method": ctx.method.as_str(),
+                "uri": ctx.path,
+                "args": ctx.query,
+                "server_protocol": weir_plugin::version_str(ctx.version),
+                "host": ctx.var("host"),
+                "status": ctx.status,
+                "request_length": ctx.request_length,
+                "bytes_sent": ctx.head_bytes_sent + ctx.body_bytes_sent,
+                "body_bytes_sent": ctx.body_bytes_sent,
+                "request_time": ctx.started.elapsed().as_secs_f64(),
+                "upstream_addr": ctx.var("upstream_addr"),
+                "upstream_response_time": ctx.upstream_time.map(|t| t.as_secs_f64()),
+                "route_id": ctx.route_id.as_deref(),
+                "service_id": ctx.service_id.as_deref(),
+                "consumer": ctx.consumer.as_ref().map(|c| &*c.username),
+                "http_referer": ctx.header("referer"),
+                "http_user_agent": ctx.header("user-agent"),
+            });
+            out.push_str(&v.to_string());
+        }
+        Format::Template(pieces) => {
+            for p in pieces {
+                match p {
+                    Piece::Text(t) => out.push_str(t),
+                    Piece::Var(name) => match name.as_str() {
+                        "time_local" => with_time(|t| out.push_str(&t.local)),
+                        "time_iso8601" => with_time(|t| out.push_str(&t.iso)),
+                        "msec" => {
+                            out.push_str(&format!("{:.3}", chrono::Utc::now().timestamp_millis() as f64 / 1000.0))
+                        }
+                        _ => match ctx.var(name) {
+                            Some(v) if !v.is_empty() => escape_into(&mut out, &v),
+                            _ => out.push('-'),
+                        },
+                    },
+                }
+            }
+        }
+    }
+    out.push('\n');
+    out
+}
+
+fn push_num(out: &mut String, n: u64) {
+    use std::fmt::Write as _;
+    let _ = write!(out, "{n}");
+}
+
+/// As nginx escapes variables in its log: `"`, `\`, control and non-ASCII bytes become `\xHH`,
+/// so that a client cannot forge lines or fields.
+fn escape_into(out: &mut String, v: &str) {
+    use std::fmt::Write as _;
+    for b in v.bytes() {
+        if b == b'"' || b == b'\\' || !(0x20..0x7f).contains(&b) {
+            let _ = write!(out, "\\x{b:02X}");
+        } else {
+            out.push(char::from(b));
+        }
+    }
+}
+
+/// The current second, formatted both ways, cached per thread.
+struct Clock {
+    second: i64,
+    local: String,
+    iso: String,
+}
+
+thread_local! {
+    static CLOCK: RefCell<Clock> = const { RefCell::new(Clock { second: i64::MIN, local: String::new(), iso: String::new() }) };
+}
+
+fn with_time<R>(f: impl FnOnce(&Clock) -> R) -> R {
+    CLOCK.with(|c| {
+        let mut c = c.borrow_mut();
+        let now = chrono::Local::now();
+        if now.timestamp() != c.second {
+            c.second = now.timestamp();
+            c.local = now.format("%d/%b/%Y:%H:%M:%S %z").to_string();
+            c.iso = now.format("%Y-%m-%dT%H:%M:%S%:z").to_string();
+        }
+        f(&c)
+    })
+}
+
+fn write_lines(rx: Receiver<Msg>, file: File, path: PathBuf, counters: Arc<Counters>) {
+    let mut out = BufWriter::with_capacity(64 << 10, file);
+    loop {
+        let first = match rx.recv_timeout(Duration::from_millis(250)) {
+            Ok(m) => Some(m),
+            Err(RecvTimeoutError::Timeout) => None,
+            Err(RecvTimeoutError::Disconnected) => {
+                let _ = out.flush();
+                return;
+            }
+        };
+        if REOPEN.swap(false, Ordering::AcqRel) {
+            let _ = out.flush();
+            match open(&path) {
+                Ok(f) => out = BufWriter::with_capacity(64 << 10, f),
+                Err(e) => log::error!("access log: cannot reopen {}: {e}", path.display()),
+            }
+        }
+        let mut next = first;
+        while let Some(msg) = next {
+            match msg {
+                Msg::Line(line) => {
+                    if let Err(e) = out.write_all(line.as_bytes()) {
+                        log::error!("access log: cannot write {}: {e}", path.display());
+                    }
+                    counters.written.fetch_add(1, Ordering::Relaxed);
+                }
+                Msg::Flush(done) => {
+                    let _ = out.flush();
+                    let _ = done.send(());
+                }
+            }
+            next = rx.try_recv().ok();
+        }
+        let _ = out.flush();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ctx() -> RequestCtx {
+        let mut headers = http::HeaderMap::new();
+        headers.insert("user-agent", http::HeaderValue::from_static("curl/8 \"x\""));
+        headers.insert("host", http::HeaderValue::from_static("example.com"));
+        let addr: std::net::SocketAddr = "10.0.0.1:5000".parse().unwrap_or_else(|e| panic!("{e}"));
+        let mut c =
+            RequestCtx::new(http::Method::GET, "/a b".into(), "q=1".into(), headers, addr, Arc::from("10.0.0.1"), addr);
+        c.status = 200;
+        c.body_bytes_sent = 1024;
+        c
+    }
+
+    #[test]
+    fn combined_escapes_quotes_and_control_bytes() {
+        let line = format_line(&Format::Combined, &ctx());
+        assert!(line.starts_with("10.0.0.1 - - ["), "{line}");
+        assert!(line.ends_with("] \"GET /a b?q=1 HTTP/1.1\" 200 1024 \"-\" \"curl/8 \\x22x\\x22\"\n"), "{line}");
+    }
+
+    #[test]
+    fn json_is_one_object_per_line() {
+        let line = format_line(&Format::Json, &ctx());
+        let v: serde_json::Value = serde_json::from_str(line.trim_end()).unwrap_or_else(|e| panic!("{e}: {line}"));
+        assert_eq!(v["status"], 200);
+        assert_eq!(v["host"], "example.com");
+        assert_eq!(v["http_user_agent"], "curl/8 \"x\"");
+    }
+
+    #[test]
+    fn templates_substitute_and_mark_absent_values() {
+        let f =
+            Format::parse("$remote_addr ${status}x $upstream_addr $http_user_agent").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(format_line(&f, &ctx()), "10.0.0.1 200x - curl/8 \\x22x\\x22\n");
+        assert!(Format::parse("no variables").is_err());
+        assert!(Format::parse("$ alone").is_err());
+        assert!(Format::parse("${unclosed").is_err());
+    }
+}
