@@ -303,3 +303,47 @@ fn sighup_reloads_plugins() {
     assert!(reloaded, "{}", w.log_text());
     assert!(w.log_text().contains("SIGHUP: plugins reloaded"), "{}", w.log_text());
 }
+
+#[test]
+fn the_access_log_shows_the_request_as_sent_and_the_uri_as_forwarded() {
+    let up = Upstream::start("a");
+    let p = Prefix::new(
+        "  access_log: {format: \"$request|$request_uri|$uri|$upstream_addr\"}\n",
+        "",
+        &format!(
+            "routes:\n  - {{id: r1, uri: /old/*, plugins: {{proxy-rewrite: {{regex_uri: [\"^/old/(.*)\", \"/new/$1\"]}}}}, upstream: {{nodes: {{\"{}\": 1}}}}}}\n",
+            up.node()
+        ),
+    );
+    let w = Weir::start(&p);
+    w.wait_ready(p.node());
+    assert_eq!(get(p.node(), "/old//x/../y?q=1").status, 200);
+    let log = p.dir.join("logs/access.log");
+    assert!(eventually(Duration::from_secs(3), || lines(&log).len() == 1));
+    // nginx's meanings: $request and $request_uri as the client sent them, $uri as forwarded.
+    assert_eq!(lines(&log)[0], format!("GET /old//x/../y?q=1 HTTP/1.1|/old//x/../y?q=1|/new/y|{}", up.node()));
+}
+
+#[test]
+fn systemd_hears_ready_once_the_listeners_are_bound() {
+    use std::os::unix::net::UnixDatagram;
+    let p = Prefix::new("", "plugins: [example-plugin]\n", "");
+    let socket_path = p.dir.join("notify.sock");
+    let socket = UnixDatagram::bind(&socket_path).expect("bind notify socket");
+    socket.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    let w = Weir::spawn_env(&p, &[("NOTIFY_SOCKET", &path_str(&socket_path))]);
+    let mut buf = [0u8; 256];
+    let recv = |buf: &mut [u8]| -> String {
+        let n = socket.recv(buf).unwrap_or_else(|e| panic!("no notification: {e}"));
+        String::from_utf8_lossy(&buf[..n]).into_owned()
+    };
+    assert_eq!(recv(&mut buf), "READY=1\n");
+    // Ready means served: both listeners answer at once.
+    assert_eq!(get(p.control(), "/v1/schema").status, 200);
+    assert_eq!(get(p.node(), "/nothing").status, 404);
+    kill("-HUP", &w);
+    assert_eq!(recv(&mut buf), "RELOADING=1\n");
+    assert_eq!(recv(&mut buf), "READY=1\n");
+    kill("-TERM", &w);
+    assert_eq!(recv(&mut buf), "STOPPING=1\n");
+}

@@ -89,8 +89,9 @@ pub trait OnFinish: 'static {
     fn filters_body(&self) -> bool {
         false
     }
-    /// `n` body bytes are on their way to the client.
-    fn sent(&mut self, _n: usize) {}
+    /// The body is done (or abandoned) after `n` bytes went to the client; called before the
+    /// hooks are dropped.
+    fn sent(&mut self, _n: u64) {}
 }
 
 /// A response body towards the client.
@@ -142,6 +143,14 @@ pub struct UpstreamBody<F: OnFinish> {
     hooks: F,
     conn: Option<(Conn, Rc<Pool>)>,
     done: bool,
+    /// Body bytes handed to the client so far (told to `hooks` when the body is dropped).
+    sent: u64,
+}
+
+impl<F: OnFinish> Drop for UpstreamBody<F> {
+    fn drop(&mut self) {
+        self.hooks.sent(self.sent);
+    }
 }
 
 impl<F: OnFinish> UpstreamBody<F> {
@@ -149,7 +158,7 @@ impl<F: OnFinish> UpstreamBody<F> {
     /// the end (none for multiplexed HTTP/2 connections, which stay shared).
     pub fn new(inner: Incoming, len: Option<u64>, hooks: F, conn: Option<(Conn, Rc<Pool>)>) -> Self {
         let len = len.filter(|_| !hooks.filters_body());
-        UpstreamBody { inner, len, hooks, conn, done: false }
+        UpstreamBody { inner, len, hooks, conn, done: false, sent: 0 }
     }
 
     /// The upstream body was read to the end: its connection can serve another request.
@@ -180,7 +189,7 @@ impl<F: OnFinish + Unpin> Body for UpstreamBody<F> {
                         let mut last = Bytes::new();
                         this.hooks.chunk(&mut last, true);
                         if !last.is_empty() {
-                            this.hooks.sent(last.len());
+                            this.sent += last.len() as u64;
                             return Poll::Ready(Some(Ok(Frame::data(last))));
                         }
                     }
@@ -207,7 +216,7 @@ impl<F: OnFinish + Unpin> Body for UpstreamBody<F> {
                     if data.is_empty() {
                         continue;
                     }
-                    this.hooks.sent(data.len());
+                    this.sent += data.len() as u64;
                     return Poll::Ready(Some(Ok(Frame::data(data))));
                 }
             }

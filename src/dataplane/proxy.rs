@@ -69,6 +69,8 @@ pub struct Finish {
     ctx: RequestCtx,
     chains: [PluginChain; 2],
     filters_body: bool,
+    /// Some plugin reads the request headers after forwarding (`reads_request_headers_late`).
+    late_headers: bool,
     /// The route proxies gRPC: gateway errors answer in gRPC's terms.
     grpc: bool,
     _inflight: Option<InFlight>,
@@ -76,8 +78,12 @@ pub struct Finish {
 
 impl Finish {
     fn new(ctx: RequestCtx, chains: [PluginChain; 2]) -> Self {
-        let filters_body = chains.iter().flat_map(|c| c.iter()).any(|p| p.instance.wants_response_body());
-        Finish { ctx, chains, filters_body, grpc: false, _inflight: None }
+        let (mut filters_body, mut late_headers) = (false, false);
+        for p in chains.iter().flat_map(|c| c.iter()) {
+            filters_body |= p.instance.wants_response_body();
+            late_headers |= p.instance.reads_request_headers_late();
+        }
+        Finish { ctx, chains, filters_body, late_headers, grpc: false, _inflight: None }
     }
 }
 
@@ -92,8 +98,8 @@ impl OnFinish for Finish {
     fn filters_body(&self) -> bool {
         self.filters_body
     }
-    fn sent(&mut self, n: usize) {
-        self.ctx.body_bytes_sent += n as u64;
+    fn sent(&mut self, n: u64) {
+        self.ctx.body_bytes_sent = n;
     }
 }
 
@@ -352,6 +358,7 @@ async fn serve(
     let host = strip_port(host_header.as_ref().and_then(|v| v.to_str().ok()).unwrap_or(""));
     let matched = snap.table.find(parts.method.as_str(), host, &path, remote.ip());
     let query = parts.uri.query().unwrap_or("").to_owned();
+    let request_target = parts.uri.path_and_query().cloned();
     let declared_len: Option<u64> =
         parts.headers.get(http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok());
     let chunked = parts.headers.contains_key(http::header::TRANSFER_ENCODING);
@@ -363,6 +370,7 @@ async fn serve(
     let mut ctx = RequestCtx::new(parts.method, path, query, parts.headers, remote, conn.peer_ip, conn.local);
     ctx.scheme = conn.scheme;
     ctx.version = parts.version;
+    ctx.request_target = request_target;
     ctx.request_length = request_length;
     let Some(matched) = matched else {
         // As APISIX: global rules run for unmatched requests too, then the 404 is sent.
@@ -524,8 +532,7 @@ async fn forward(
         fin.ctx.upstream_addrs.push(node.addr);
         // The last attempt may move the headers out, unless a plugin or the access log reads
         // them after the request.
-        let keep =
-            attempt + 1 < max_attempts || fin.chains.iter().any(|c| !c.is_empty()) || crate::access_log::enabled();
+        let keep = attempt + 1 < max_attempts || fin.late_headers || crate::access_log::enabled();
         let mut headers = if keep { fin.ctx.headers.clone() } else { std::mem::take(&mut fin.ctx.headers) };
         match upstream.pass_host {
             PassHost::Pass if headers.contains_key(http::header::HOST) => {}

@@ -49,7 +49,11 @@ pub struct Metadata {
 pub struct ExamplePlugin;
 
 struct Instance;
-impl PluginInstance for Instance {}
+impl PluginInstance for Instance {
+    fn reads_request_headers_late(&self) -> bool {
+        false
+    }
+}
 
 impl Plugin for ExamplePlugin {
     fn name(&self) -> &'static str {

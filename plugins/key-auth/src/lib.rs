@@ -110,6 +110,9 @@ fn reject(msg: &str) -> Flow {
 }
 
 impl PluginInstance for Instance {
+    fn reads_request_headers_late(&self) -> bool {
+        false
+    }
     /// Authentication runs in the rewrite phase, as in APISIX, so that the consumer is known to
     /// every plugin after it (its priority, 2500, puts it before proxy-rewrite and limit-count).
     fn rewrite(&self, ctx: &mut RequestCtx) -> Flow {

@@ -183,6 +183,9 @@ impl Instance {
 }
 
 impl PluginInstance for Instance {
+    fn reads_request_headers_late(&self) -> bool {
+        false
+    }
     fn access(&self, ctx: &mut RequestCtx) -> Flow {
         let key = match ctx.var(&self.conf.key) {
             Some(v) if !v.is_empty() => v,

@@ -109,6 +109,9 @@ pub struct Prometheus;
 struct Instance;
 
 impl PluginInstance for Instance {
+    fn reads_request_headers_late(&self) -> bool {
+        false
+    }
     fn log(&self, ctx: &RequestCtx) {
         series::record(ctx);
     }

@@ -13,7 +13,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use weir_plugin::metrics::Exposition;
+use weir_plugin::metrics::{render_labels, Exposition};
 use weir_plugin::RequestCtx;
 
 /// The labels of one series.
@@ -234,25 +234,22 @@ pub fn write(e: &mut Exposition) {
     let bounds = bounds.unwrap_or_else(|| Arc::from(&[][..]));
     let le: Vec<String> = bounds.iter().map(|b| format!("{b}")).collect();
     for ((t, k), (buckets, sum, count)) in &latency {
-        let mut labels: Vec<(&str, &str)> = vec![
+        let labels = render_labels(&[
             ("type", LATENCY_TYPES[*t]),
             ("route", &k[0]),
             ("service", &k[1]),
             ("consumer", &k[2]),
             ("node", &k[3]),
-        ];
+        ]);
         let mut cumulative = 0;
         for (i, n) in buckets.iter().enumerate() {
             cumulative += n;
-            labels.push(("le", le.get(i).map_or("+Inf", String::as_str)));
-            e.sample("http_latency_bucket", &labels, cumulative);
-            labels.pop();
+            let le = le.get(i).map_or("+Inf", String::as_str);
+            e.sample_rendered("http_latency_bucket", &labels, Some(("le", le)), cumulative);
         }
-        labels.push(("le", "+Inf"));
-        e.sample("http_latency_bucket", &labels, count);
-        labels.pop();
-        e.sample("http_latency_sum", &labels, *sum as f64 / 1000.0);
-        e.sample("http_latency_count", &labels, count);
+        e.sample_rendered("http_latency_bucket", &labels, Some(("le", "+Inf")), count);
+        e.sample_rendered("http_latency_sum", &labels, None, *sum as f64 / 1000.0);
+        e.sample_rendered("http_latency_count", &labels, None, count);
     }
     e.family("bandwidth", "counter", "Total bandwidth in bytes consumed per service in Weir.");
     for ((t, k), v) in &bandwidth {

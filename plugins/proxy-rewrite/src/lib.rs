@@ -84,6 +84,9 @@ fn interpolate(template: &str, ctx: &RequestCtx) -> String {
 }
 
 impl PluginInstance for Instance {
+    fn reads_request_headers_late(&self) -> bool {
+        false
+    }
     fn rewrite(&self, ctx: &mut RequestCtx) -> Flow {
         if let Some(uri) = &self.uri {
             let new = interpolate(uri, ctx);

@@ -64,6 +64,9 @@ struct Instance {
 }
 
 impl PluginInstance for Instance {
+    fn reads_request_headers_late(&self) -> bool {
+        false
+    }
     fn rewrite(&self, ctx: &mut RequestCtx) -> Flow {
         let id = match ctx.headers.get(&self.header).and_then(|v| v.to_str().ok()) {
             Some(existing) if !existing.is_empty() => existing.to_owned(),

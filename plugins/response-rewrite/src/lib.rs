@@ -46,6 +46,9 @@ fn values(pairs: Vec<(HeaderName, String)>) -> Result<Vec<(HeaderName, HeaderVal
 }
 
 impl PluginInstance for Instance {
+    fn reads_request_headers_late(&self) -> bool {
+        false
+    }
     fn header_filter(&self, _ctx: &mut RequestCtx, resp: &mut ResponseHead) {
         if let Some(s) = self.status {
             resp.status = s;

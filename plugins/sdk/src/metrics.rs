@@ -35,18 +35,23 @@ impl Exposition {
     /// One sample of the current family: `name` is the family name, plus `_bucket`, `_sum` or
     /// `_count` for histograms. Label values are escaped.
     pub fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: impl Display) {
+        let rendered = render_labels(labels);
+        self.sample_rendered(name, &rendered, None, value);
+    }
+
+    /// A sample whose labels were rendered once with [`render_labels`] (a histogram's buckets
+    /// share them), plus one more label (`le`) when given.
+    pub fn sample_rendered(&mut self, name: &str, labels: &str, extra: Option<(&str, &str)>, value: impl Display) {
         self.out.push_str(&self.prefix);
         self.out.push_str(name);
-        if !labels.is_empty() {
+        if !labels.is_empty() || extra.is_some() {
             self.out.push('{');
-            for (i, (k, v)) in labels.iter().enumerate() {
-                if i > 0 {
+            self.out.push_str(labels);
+            if let Some((k, v)) = extra {
+                if !labels.is_empty() {
                     self.out.push(',');
                 }
-                self.out.push_str(k);
-                self.out.push_str("=\"");
-                escape_into(&mut self.out, v);
-                self.out.push('"');
+                push_label(&mut self.out, k, v);
             }
             self.out.push('}');
         }
@@ -64,8 +69,31 @@ impl Exposition {
     }
 }
 
+/// `k="v",k2="v2"`: labels rendered once, for [`Exposition::sample_rendered`].
+pub fn render_labels(labels: &[(&str, &str)]) -> String {
+    let mut out = String::with_capacity(labels.iter().map(|(k, v)| k.len() + v.len() + 4).sum());
+    for (i, (k, v)) in labels.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        push_label(&mut out, k, v);
+    }
+    out
+}
+
+fn push_label(out: &mut String, k: &str, v: &str) {
+    out.push_str(k);
+    out.push_str("=\"");
+    escape_into(out, v);
+    out.push('"');
+}
+
 /// Escapes a label value: backslash, double quote and line feed.
 fn escape_into(out: &mut String, v: &str) {
+    if !v.bytes().any(|b| matches!(b, b'\\' | b'"' | b'\n')) {
+        out.push_str(v);
+        return;
+    }
     for c in v.chars() {
         match c {
             '\\' => out.push_str("\\\\"),

@@ -82,6 +82,9 @@ pub struct RequestCtx {
     pub path: String,
     /// Raw query string without `?` (empty when none).
     pub query: String,
+    /// The request target exactly as the client sent it (before normalization and rewrites):
+    /// `$request_uri` and the access log's `$request`. `None` in contexts not made from a request.
+    pub request_target: Option<http::uri::PathAndQuery>,
     /// Request headers (mutable: plugins add or remove).
     pub headers: HeaderMap,
     /// Client address.
@@ -145,6 +148,7 @@ impl RequestCtx {
         RequestCtx {
             method,
             version: Version::HTTP_11,
+            request_target: None,
             path,
             query,
             headers,
@@ -169,6 +173,16 @@ impl RequestCtx {
             response_headers: Vec::new(),
             vars: Vec::new(),
             non_idempotent: false,
+        }
+    }
+
+    /// The request target as the client sent it (`$request_uri`); without one, the current path
+    /// and query.
+    pub fn request_uri(&self) -> Cow<'_, str> {
+        match &self.request_target {
+            Some(t) => Cow::Borrowed(t.as_str()),
+            None if self.query.is_empty() => Cow::Borrowed(self.path.as_str()),
+            None => Cow::Owned(format!("{}?{}", self.path, self.query)),
         }
     }
 
@@ -199,6 +213,7 @@ impl RequestCtx {
 
     /// Resolves a variable by name (with or without the leading `$`): `host`, `uri`, `request_uri`,
     /// `args`, `request_method`, `scheme`, `remote_addr`, `remote_port`, `server_port`, `status`,
+    /// (`request_uri` and `request` as the client sent them, before normalization and rewrites),
     /// `request_time`, `upstream_addr`, `upstream_header_time`, `request_length`, `bytes_sent`,
     /// `body_bytes_sent`, `server_protocol`, `request` (the request line), `remote_user` (none:
     /// `-`), `route_id`, `service_id`, `consumer_name`, `http_<name>`,
@@ -209,8 +224,7 @@ impl RequestCtx {
         match name {
             "host" => self.header("host").map(|h| Cow::Borrowed(h.split(':').next().unwrap_or(h))),
             "uri" => Some(Cow::Borrowed(self.path.as_str())),
-            "request_uri" if self.query.is_empty() => Some(Cow::Borrowed(self.path.as_str())),
-            "request_uri" => owned(format!("{}?{}", self.path, self.query)),
+            "request_uri" => Some(self.request_uri()),
             "args" | "query_string" => Some(Cow::Borrowed(self.query.as_str())),
             "request_method" => Some(Cow::Borrowed(self.method.as_str())),
             "scheme" => Some(Cow::Borrowed(self.scheme)),
@@ -231,14 +245,7 @@ impl RequestCtx {
             "bytes_sent" => owned((self.head_bytes_sent + self.body_bytes_sent).to_string()),
             "body_bytes_sent" => owned(self.body_bytes_sent.to_string()),
             "server_protocol" => Some(Cow::Borrowed(version_str(self.version))),
-            "request" => owned(format!(
-                "{} {}{}{} {}",
-                self.method,
-                self.path,
-                if self.query.is_empty() { "" } else { "?" },
-                self.query,
-                version_str(self.version)
-            )),
+            "request" => owned(format!("{} {} {}", self.method, self.request_uri(), version_str(self.version))),
             "remote_user" => Some(Cow::Borrowed("-")),
             "matched_uri" => self.matched_uri.as_deref().map(Cow::Borrowed),
             "matched_host" => self.matched_host.as_deref().map(Cow::Borrowed),
@@ -281,6 +288,13 @@ pub trait PluginInstance: Send + Sync + 'static {
     /// Bodies are streamed unless some plugin of the request asks for this.
     fn wants_request_body(&self) -> bool {
         false
+    }
+    /// Whether `header_filter`, `body_filter` or `log` read the request's headers
+    /// ([`RequestCtx::headers`]). When no plugin of a request does, the gateway moves the headers
+    /// into the upstream request instead of copying them, and those hooks see them empty. Say
+    /// `false` when these hooks do not look at request headers (the default is the safe `true`).
+    fn reads_request_headers_late(&self) -> bool {
+        true
     }
     /// Rewrite phase: adjust the request before authentication.
     fn rewrite(&self, _ctx: &mut RequestCtx) -> Flow {

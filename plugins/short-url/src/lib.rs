@@ -206,6 +206,9 @@ struct Instance {
 }
 
 impl PluginInstance for Instance {
+    fn reads_request_headers_late(&self) -> bool {
+        false
+    }
     fn wants_request_body(&self) -> bool {
         self.action == Action::Create
     }
