@@ -11,6 +11,8 @@
 #   - cluster mode (when etcd is installed): cold start, route changes under load, Admin API
 #     propagation   benches/cluster.sh
 #   - limit-count policy redis vs local (when redis-server is installed)   benches/limit_redis.sh
+#   - the prometheus plugin in a global rule vs without, and scrape time with 1,000 routes and
+#     100 upstream nodes   benches/prometheus.sh
 #
 #   benches/run.sh        # needs wrk, nginx, valgrind; DURATION, ROUNDS, STORED as the scripts take
 set -euo pipefail
@@ -32,6 +34,7 @@ benches/tls.sh > "$out/tls" 2>&1 || true
 benches/stream.sh > "$out/stream" 2>&1 || true
 if command -v etcd >/dev/null; then benches/cluster.sh > "$out/cluster" 2>&1 || true; fi
 if command -v redis-server >/dev/null; then benches/limit_redis.sh > "$out/redis" 2>&1 || true; fi
+benches/prometheus.sh > "$out/prometheus" 2>&1 || true
 if [ -n "${PG_URL:-}" ]; then BACKEND=postgres benches/short_url.sh > "$out/su-pg" 2>&1 || true; fi
 
 echo
@@ -55,6 +58,8 @@ if [ -f "$out/redis" ]; then
   echo "=== shared rate limits (limit-count, medians of $ROUNDS rounds) ==="
   grep -E "^limit-count" "$out/redis" | sed 's/^/  /'
 fi
+echo "=== prometheus plugin (medians of $ROUNDS rounds) ==="
+grep -E "^(prometheus|scrape)" "$out/prometheus" | sed 's/^/  /'
 if [ -f "$out/su-pg" ]; then
   echo "=== short-url, PostgreSQL ==="
   grep -E "create|redirect|stored" "$out/su-pg" | sed 's/^/  /'
