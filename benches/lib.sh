@@ -37,3 +37,14 @@ etcd_single() {
   echo "etcd did not start: $(tail -n 5 "$dir/etcd.log")" >&2
   return 1
 }
+
+# wrk_rps URL: req/s of one wrk run (LOAD_CPU, CONNS, DURATION from the caller); errors and
+# non-2xx answers are shown on stderr.
+wrk_rps() {
+  local out; out=$(taskset -c "$LOAD_CPU" wrk -t1 -c"$CONNS" -d"${DURATION}s" "$1")
+  if echo "$out" | grep -qE 'Non-2xx|Socket errors'; then echo "$out" >&2; fi
+  echo "$out" | awk '/Requests\/sec/ {print $2}'
+}
+
+# median VALUES...: the middle value (the upper one of an even count).
+median() { printf '%s\n' "$@" | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }

@@ -57,17 +57,12 @@ for _ in $(seq 1 100); do
 done
 [ "$(curl -s -o /dev/null -w '%{http_code}' "127.0.0.1:$WEIR_PORT/redis")" = 200 ] || { tail "$WORK/weir.log"; exit 1; }
 
-run() { # PATH -> req/s
-  local out; out=$(taskset -c "$LOAD_CPU" wrk -t1 -c"$CONNS" -d"${DURATION}s" "http://127.0.0.1:$WEIR_PORT/$1")
-  if echo "$out" | grep -qE 'Non-2xx|Socket errors'; then echo "$out" >&2; fi
-  echo "$out" | awk '/Requests\/sec/ {print $2}'
-}
+run() { wrk_rps "http://127.0.0.1:$WEIR_PORT/$1"; }
 declare -a L R
 for i in $(seq 1 "$ROUNDS"); do
   L+=("$(run local)"); R+=("$(run redis)")
   echo "round $i: local ${L[-1]} req/s, redis ${R[-1]} req/s"
 done
-median() { printf '%s\n' "$@" | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 ml=$(median "${L[@]}"); mr=$(median "${R[@]}")
 keys=$(redis-cli -p "$REDIS_PORT" --scan --pattern 'weir:limit-count:*' | wc -l)
 echo "limit-count policy redis vs local: ${mr} vs ${ml} req/s = $(awk -v a="$mr" -v b="$ml" 'BEGIN {printf "%.2f", a/b}')x (target >= 0.8x); counters in Redis: $keys"

@@ -50,17 +50,12 @@ route="routes:\n  - {id: 1, uri: /x, upstream: {nodes: {\"127.0.0.1:$UP_PORT\": 
 start plain 18381 18382 18383 "$(printf "$route")"
 start prom 18384 18385 18386 "$(printf "global_rules:\n  - {id: m, plugins: {prometheus: {}}}\n$route")"
 
-run() { # PORT -> req/s
-  local out; out=$(taskset -c "$LOAD_CPU" wrk -t1 -c"$CONNS" -d"${DURATION}s" "http://127.0.0.1:$1/x")
-  if echo "$out" | grep -qE 'Non-2xx|Socket errors'; then echo "$out" >&2; fi
-  echo "$out" | awk '/Requests\/sec/ {print $2}'
-}
+run() { wrk_rps "http://127.0.0.1:$1/x"; }
 declare -a A B
 for i in $(seq 1 "$ROUNDS"); do
   A+=("$(run 18381)"); B+=("$(run 18384)")
   echo "round $i: without ${A[-1]} req/s, with prometheus ${B[-1]} req/s"
 done
-median() { printf '%s\n' "$@" | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 ma=$(median "${A[@]}"); mb=$(median "${B[@]}")
 recorded=$(curl -s 127.0.0.1:18386/weir/prometheus/metrics | awk '/^weir_http_status\{code="200",route="1"/ {print $2}')
 echo "prometheus in a global rule vs without: ${mb} vs ${ma} req/s = $(awk -v a="$mb" -v b="$ma" 'BEGIN {printf "%.2f", a/b}')x (target >= 0.97x); requests counted: $recorded"
