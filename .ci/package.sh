@@ -11,7 +11,7 @@ fail() { echo "package check failed: $*" >&2; [ -f "${log:-/dev/null}" ] && tail
 
 command -v cargo-deb >/dev/null 2>&1 || cargo install -q cargo-deb --locked
 cargo deb -q >/dev/null
-deb=$(ls -t target/debian/weir_*_amd64.deb | head -n 1)
+deb=$(ls -t "${CARGO_TARGET_DIR:-target}"/debian/weir_*_amd64.deb | head -n 1)
 echo "built $deb ($(du -h "$deb" | cut -f1))"
 dpkg-deb --contents "$deb" | grep -q './usr/bin/weir$' || fail "no /usr/bin/weir in the package"
 dpkg-deb -I "$deb" conffiles | grep -qx /etc/weir/conf/config.yaml || fail "config.yaml is not a conffile"
