@@ -17,7 +17,12 @@ dpkg-deb --contents "$deb" | grep -q './usr/bin/weir$' || fail "no /usr/bin/weir
 dpkg-deb -I "$deb" conffiles | grep -qx /etc/weir/conf/config.yaml || fail "config.yaml is not a conffile"
 
 dpkg -i "$deb" >/dev/null
-trap 'kill "${weir_pid:-0}" "${up_pid:-0}" 2>/dev/null || true; dpkg --purge weir >/dev/null 2>&1 || true' EXIT
+cleanup() {
+  # Never `kill 0`: that would be this whole process group, CI included.
+  for pid in "${weir_pid:-}" "${up_pid:-}"; do [ -n "$pid" ] && kill "$pid" 2>/dev/null; done
+  dpkg --purge weir >/dev/null 2>&1 || true
+}
+trap cleanup EXIT
 id weir >/dev/null || fail "no weir user"
 [ "$(stat -c %U /var/lib/weir)" = weir ] && [ "$(stat -c %U /var/log/weir)" = weir ] || fail "data/log owners"
 [ "$(readlink /etc/weir/data)" = /var/lib/weir ] && [ "$(readlink /etc/weir/logs)" = /var/log/weir ] || fail "prefix links"
