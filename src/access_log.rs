@@ -17,8 +17,6 @@ use std::time::Duration;
 
 use weir_plugin::RequestCtx;
 
-use crate::config::AccessLogSection;
-
 /// How lines are written.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Format {
@@ -116,17 +114,12 @@ pub struct AccessLog {
 static LOG: OnceLock<AccessLog> = OnceLock::new();
 static REOPEN: AtomicBool = AtomicBool::new(false);
 
-/// The file of `section`, relative paths under the prefix directory.
-pub fn path_of(prefix_dir: &Path, section: &AccessLogSection) -> PathBuf {
-    prefix_dir.join(&section.path)
-}
-
-/// Opens the file and starts the writer. Errors name the key and the file.
-pub fn start(prefix_dir: &Path, section: &AccessLogSection) -> Result<(), String> {
-    let format = Format::parse(&section.format).map_err(|e| format!("gateway.access_log.format: {e}"))?;
-    let path = path_of(prefix_dir, section);
+/// Opens `path` and starts the writer with room for `buffer` waiting lines (the
+/// `gateway.access_log` section). Errors name the key and the file.
+pub fn start(path: PathBuf, format: &str, buffer: usize) -> Result<(), String> {
+    let format = Format::parse(format).map_err(|e| format!("gateway.access_log.format: {e}"))?;
     let file = open(&path).map_err(|e| format!("gateway.access_log.path: cannot open {}: {e}", path.display()))?;
-    let (tx, rx) = mpsc::sync_channel(section.buffer);
+    let (tx, rx) = mpsc::sync_channel(buffer);
     let counters = Arc::new(Counters::default());
     let theirs = counters.clone();
     std::thread::Builder::new()

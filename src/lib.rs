@@ -35,6 +35,7 @@ pub mod admin;
 pub mod cli;
 pub mod config;
 pub mod control;
+pub mod control_routes;
 pub mod dataplane;
 pub mod error;
 pub mod error_log;
@@ -50,6 +51,7 @@ pub mod resources;
 pub mod run;
 pub mod state;
 pub mod stream;
+pub mod tls;
 pub mod validate;
 
 use std::sync::OnceLock;

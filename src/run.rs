@@ -15,7 +15,7 @@ pub fn run(prefix: Prefix) -> Result<(), String> {
         crate::error_log::start(gateway.prefix.dir.join(&log.path))?;
     }
     if let Some(log) = config.gateway.access_log.as_ref().filter(|l| l.enable) {
-        crate::access_log::start(&gateway.prefix.dir, log)?;
+        crate::access_log::start(gateway.prefix.dir.join(&log.path), &log.format, log.buffer)?;
     }
     crate::metrics::register_sources(&gateway);
     // Watch resources before any listener is up: a change made as soon as a port answers is a

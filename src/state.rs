@@ -10,7 +10,7 @@ use parking_lot::Mutex;
 use serde_json::Value;
 
 use crate::config::{Config, ConfigProvider, Prefix};
-use crate::control::plugin_routes::PluginRoutes;
+use crate::control_routes::PluginRoutes;
 use crate::health::HealthRegistry;
 use crate::plugins::{Catalog, EnabledSet};
 use crate::resources::etcd::{self, ProviderStatus, Values};
@@ -168,7 +168,7 @@ impl Gateway {
         return_pages: bool,
     ) -> String {
         let summary = snapshot.summary();
-        self.health.reconcile(&snapshot);
+        crate::dataplane::upstream::reconcile_checkers(&self.health, &snapshot.compiled_upstreams);
         let old = self.resources.swap(Arc::new(snapshot));
         let old_raw = std::mem::replace(&mut *self.raw_resources.lock(), raw.map(|r| Arc::from(r.to_string())));
         // Freeing the previous set (10k routes: tens of milliseconds) and returning its pages
@@ -231,7 +231,7 @@ impl Gateway {
         self.config.store(Arc::new(config));
         self.enabled.store(Arc::new(enabled));
         self.control_routes.store(Arc::new(routes));
-        self.health.reconcile(&snapshot);
+        crate::dataplane::upstream::reconcile_checkers(&self.health, &snapshot.compiled_upstreams);
         self.resources.store(Arc::new(snapshot));
         Ok(names)
     }

@@ -6,7 +6,6 @@
 //! routes), so that unknown paths get a JSON 404 and wrong methods a 405 with `Allow`.
 
 pub mod builtin;
-pub mod plugin_routes;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -99,7 +98,7 @@ fn control_request(req: &HttpRequest, path: &str, params: Vec<(String, String)>,
 
 async fn dispatch(req: HttpRequest, body: web::Bytes, gw: web::Data<Gateway>) -> HttpResponse {
     let path = req.path();
-    if let Some((endpoint, methods)) = builtin::lookup(path) {
+    if let Some((endpoint, methods)) = crate::control_routes::lookup(path) {
         if !methods.contains(&req.method().as_str()) {
             return method_not_allowed(methods);
         }

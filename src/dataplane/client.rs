@@ -375,7 +375,7 @@ impl Pool {
         let mut slots = self.tls.borrow_mut();
         slots[usize::from(verify) + 2 * usize::from(h2)]
             .get_or_insert_with(|| {
-                let mut config = super::tls::client_config(verify);
+                let mut config = crate::tls::client_config(verify);
                 config.alpn_protocols = vec![if h2 { b"h2".to_vec() } else { b"http/1.1".to_vec() }];
                 TlsConnector::from(Arc::new(config))
             })

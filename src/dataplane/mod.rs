@@ -17,7 +17,6 @@ pub mod proxy;
 pub mod resolver;
 pub mod router;
 pub mod server;
-pub mod tls;
 pub mod tunnel;
 pub mod upstream;
 

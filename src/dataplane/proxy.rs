@@ -482,7 +482,7 @@ async fn forward(
     health: &HealthRegistry,
     mut tunnel: Option<Tunnel>,
 ) -> Response {
-    let checker = health.ensure(&upstream);
+    let checker = upstream.checker(health);
     let idempotent = is_idempotent(&fin.ctx);
     let max_attempts = upstream.retries + 1;
     let started = Instant::now();

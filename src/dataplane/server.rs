@@ -77,7 +77,7 @@ enum Kind {
 /// The TLS listener's configuration: Weir's SNI resolver, TLS 1.2 and 1.3, session resumption
 /// (a session cache, and stateless tickets with rotating keys), ALPN `h2` when `h2`.
 fn tls_config(gateway: &Arc<Gateway>, ssl: &SslSection, h2: bool) -> Result<Arc<ServerConfig>, String> {
-    let builder = ServerConfig::builder_with_provider(super::tls::provider())
+    let builder = ServerConfig::builder_with_provider(crate::tls::provider())
         .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
         .map_err(|e| format!("gateway.ssl: {e}"))?;
     let mut config =

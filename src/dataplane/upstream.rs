@@ -13,7 +13,9 @@ use http::HeaderValue;
 use parking_lot::Mutex;
 
 use super::client::{PoolKey, PoolSettings};
-use crate::resources::model::{parse_node_key, HashOn, LbType, Nodes, PassHost, Scheme, Upstream};
+use crate::health::checker::Checker;
+use crate::health::HealthRegistry;
+use crate::resources::model::{parse_node_key, secs, HashOn, LbType, Nodes, PassHost, Scheme, Upstream};
 
 /// One upstream node.
 #[derive(Debug, Clone)]
@@ -63,7 +65,7 @@ pub struct CompiledUpstream {
     /// `keepalive_pool`, with APISIX's defaults.
     pub pool: PoolSettings,
     /// Its health checker, once it served a request (with `checks`).
-    pub checker: std::sync::OnceLock<Arc<crate::health::checker::Checker>>,
+    pub checker: std::sync::OnceLock<Arc<Checker>>,
     balancer: Balancer,
 }
 
@@ -87,11 +89,6 @@ impl Drop for InFlight {
     }
 }
 
-/// Seconds of a (schema-checked) configuration value; never panics, whatever the float.
-pub fn secs(s: f64) -> Duration {
-    Duration::try_from_secs_f64(s.max(0.001)).unwrap_or(Duration::from_secs(31_536_000))
-}
-
 /// FNV-1a, 32 bits: tiny, fast, good enough spread for a hash ring.
 pub fn fnv1a(data: &[u8]) -> u32 {
     let mut h: u32 = 0x811c_9dc5;
@@ -108,6 +105,23 @@ pub fn fnv1a(data: &[u8]) -> u32 {
 }
 
 impl CompiledUpstream {
+    /// Its health checker (with `checks`), started on the first request and cached here, so
+    /// that later requests take no lock.
+    pub fn checker(&self, registry: &HealthRegistry) -> Option<Arc<Checker>> {
+        if let Some(c) = self.checker.get() {
+            return Some(c.clone());
+        }
+        let checks = self.conf.checks.as_ref()?;
+        let c = registry.checker((self.owner.0, &self.owner.1), checks, &self.addrs());
+        let _ = self.checker.set(c.clone());
+        Some(c)
+    }
+
+    /// The nodes' addresses.
+    fn addrs(&self) -> Vec<SocketAddr> {
+        self.nodes.iter().map(|n| n.addr).collect()
+    }
+
     /// Compiles `conf`; node names are resolved now. Problems are returned as warnings
     /// (unresolvable nodes are skipped).
     pub fn compile(owner: (&'static str, Arc<str>), conf: Arc<Upstream>) -> (CompiledUpstream, Vec<String>) {
@@ -195,7 +209,7 @@ impl CompiledUpstream {
     /// HTTP proxy and both stream proxies follow.
     pub fn pick_node(
         self: &Arc<Self>,
-        checker: Option<&crate::health::checker::Checker>,
+        checker: Option<&Checker>,
         hash: Option<u32>,
         tried: &[usize],
     ) -> Option<(usize, Option<InFlight>)> {
@@ -259,6 +273,21 @@ impl CompiledUpstream {
                 counts[i].fetch_add(1, Ordering::Relaxed);
                 Some((i, Some(InFlight { upstream: self.clone(), node: i })))
             }
+        }
+    }
+}
+
+/// Brings the running health checkers in line with the upstreams of a snapshot about to be
+/// published, and caches each surviving checker on its upstream.
+pub fn reconcile_checkers(registry: &HealthRegistry, upstreams: &[Arc<CompiledUpstream>]) {
+    let find = |kind: &str, id: &str| upstreams.iter().find(|u| u.owner.0 == kind && *u.owner.1 == *id);
+    let kept = registry.reconcile(|kind, id| {
+        let u = find(kind, id)?;
+        Some((u.conf.checks.clone()?, u.addrs()))
+    });
+    for ((kind, id), checker) in kept {
+        if let Some(u) = find(&kind, &id) {
+            let _ = u.checker.set(checker);
         }
     }
 }

@@ -20,7 +20,6 @@ use tokio::task::AbortHandle;
 
 use super::state::{apply, Report, Status};
 use super::{Counter, Entry, NodeReport};
-use crate::dataplane::upstream::Node;
 use crate::resources::checks::{Active, Checks, Passive, ProbeType};
 
 /// Identity of a checked target.
@@ -126,10 +125,10 @@ pub struct Checker {
     stopped: AtomicBool,
 }
 
-fn target_key(checks: &Checks, node: &Node) -> TargetKey {
-    let port = checks.active.port.unwrap_or(node.addr.port());
-    let hostname = checks.active.host.clone().unwrap_or_else(|| node.addr.ip().to_string());
-    TargetKey { ip: node.addr.ip(), port, hostname }
+fn target_key(checks: &Checks, node: SocketAddr) -> TargetKey {
+    let port = checks.active.port.unwrap_or(node.port());
+    let hostname = checks.active.host.clone().unwrap_or_else(|| node.ip().to_string());
+    TargetKey { ip: node.ip(), port, hostname }
 }
 
 fn default_passive() -> Passive {
@@ -137,12 +136,12 @@ fn default_passive() -> Passive {
 }
 
 impl Checker {
-    /// Creates a checker for `nodes` and starts its probes on `runtime`.
+    /// Creates a checker for the nodes at `nodes` and starts its probes on `runtime`.
     pub fn start(
         name: String,
         owner: (String, String),
         checks: Arc<Checks>,
-        nodes: &[Node],
+        nodes: &[SocketAddr],
         runtime: Handle,
         probes: Arc<ProbeCount>,
     ) -> Arc<Checker> {
@@ -169,11 +168,11 @@ impl Checker {
 
     /// Applies a new node set: surviving targets keep their state, new ones start healthy,
     /// removed ones stop being probed and reported at once.
-    pub fn sync_nodes(self: &Arc<Self>, nodes: &[Node]) {
+    pub fn sync_nodes(self: &Arc<Self>, nodes: &[SocketAddr]) {
         let checks = self.checks();
         let mut wanted: Vec<TargetKey> = Vec::new();
         for n in nodes {
-            let k = target_key(&checks, n);
+            let k = target_key(&checks, *n);
             if !wanted.contains(&k) {
                 wanted.push(k);
             }
@@ -201,7 +200,7 @@ impl Checker {
 
     /// Applies a changed `checks`: thresholds and probe settings change; targets whose identity
     /// survives keep their state.
-    pub fn update_checks(self: &Arc<Self>, checks: Arc<Checks>, nodes: &[Node]) {
+    pub fn update_checks(self: &Arc<Self>, checks: Arc<Checks>, nodes: &[SocketAddr]) {
         *self.semaphore.write() = Arc::new(Semaphore::new(checks.active.concurrency.max(1) as usize));
         *self.checks.write() = checks;
         self.sync_nodes(nodes);
@@ -376,7 +375,7 @@ async fn probe_loop(checker: Weak<Checker>, target: Arc<Target>) {
 /// One probe: `None` when the answer is in neither status list.
 async fn probe(active: &Active, key: &TargetKey) -> Option<(Report, String)> {
     let addr = SocketAddr::new(key.ip, key.port);
-    let limit = crate::dataplane::upstream::secs(active.timeout);
+    let limit = crate::resources::model::secs(active.timeout);
     let tcp = match tokio::time::timeout(limit, TcpStream::connect(addr)).await {
         Err(_) => return Some((Report::Timeout, "timeout: connect".into())),
         Ok(Err(e)) => return Some((Report::TcpFailure, format!("tcp failure: connect: {e}"))),
@@ -387,7 +386,7 @@ async fn probe(active: &Active, key: &TargetKey) -> Option<(Report, String)> {
         ProbeType::Tcp => return Some((Report::Success, String::new())),
         ProbeType::Http => http_status(tcp, active, key, limit).await,
         ProbeType::Https => {
-            let config = Arc::new(crate::dataplane::tls::client_config(active.https_verify_certificate));
+            let config = Arc::new(crate::tls::client_config(active.https_verify_certificate));
             let name = match key.hostname.parse::<IpAddr>() {
                 Ok(ip) => rustls::pki_types::ServerName::IpAddress(ip.into()),
                 Err(_) => match rustls::pki_types::ServerName::try_from(key.hostname.clone()) {

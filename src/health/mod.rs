@@ -11,6 +11,7 @@ pub mod html;
 pub mod state;
 
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
 
 use parking_lot::RwLock;
@@ -18,8 +19,7 @@ use schemars::JsonSchema;
 use serde::Serialize;
 use tokio::runtime::Handle;
 
-use crate::dataplane::upstream::CompiledUpstream;
-use crate::resources::Snapshot;
+use crate::resources::checks::Checks;
 use checker::{Checker, ProbeCount};
 
 /// Counters of one target.
@@ -113,60 +113,46 @@ impl HealthRegistry {
             .clone()
     }
 
-    /// The checker of `upstream`, created on its first request; `None` without `checks`.
-    pub fn ensure(&self, upstream: &CompiledUpstream) -> Option<Arc<Checker>> {
-        if let Some(c) = upstream.checker.get() {
-            return Some(c.clone());
+    /// The checker of the upstream owned by `owner` (`(kind, id)`), started with `checks` over
+    /// the nodes at `nodes` unless it runs already.
+    pub fn checker(&self, owner: (&str, &str), checks: &Checks, nodes: &[SocketAddr]) -> Arc<Checker> {
+        let key = (owner.0.to_owned(), owner.1.to_owned());
+        let mut checkers = self.checkers.write();
+        if let Some(c) = checkers.get(&key) {
+            return c.clone();
         }
-        let checks = upstream.conf.checks.clone()?;
-        let owner = (upstream.owner.0.to_owned(), upstream.owner.1.to_string());
-        let checker = {
-            let mut checkers = self.checkers.write();
-            match checkers.get(&owner) {
-                Some(c) => c.clone(),
-                None => {
-                    let name = format!("{}/{}/{}", self.prefix, owner.0, owner.1);
-                    let c = Checker::start(
-                        name,
-                        owner.clone(),
-                        Arc::new(checks),
-                        &upstream.nodes,
-                        self.runtime(),
-                        self.probes.clone(),
-                    );
-                    checkers.insert(owner, c.clone());
-                    c
-                }
-            }
-        };
-        let _ = upstream.checker.set(checker.clone());
-        Some(checker)
+        let name = format!("{}/{}/{}", self.prefix, key.0, key.1);
+        let c = Checker::start(name, key.clone(), Arc::new(checks.clone()), nodes, self.runtime(), self.probes.clone());
+        checkers.insert(key, c.clone());
+        c
     }
 
-    /// Brings checkers in line with a snapshot about to be published.
-    pub fn reconcile(&self, snapshot: &Snapshot) {
+    /// Brings the running checkers in line with a new configuration: `wanted(kind, id)` gives
+    /// the checks and node addresses of the upstream that resource owns now (`None`: gone, or no
+    /// longer checked). Checkers no longer wanted stop; the others take the new checks or nodes,
+    /// keeping their targets' state. Returns the survivors by owner.
+    pub fn reconcile(
+        &self,
+        wanted: impl Fn(&str, &str) -> Option<(Checks, Vec<SocketAddr>)>,
+    ) -> Vec<((String, String), Arc<Checker>)> {
         let mut checkers = self.checkers.write();
-        let mut gone = Vec::new();
-        for (owner, checker) in checkers.iter() {
-            let up = snapshot.compiled_upstreams.iter().find(|u| u.owner.0 == owner.0 && *u.owner.1 == *owner.1);
-            match up.and_then(|u| u.conf.checks.as_ref().map(|c| (u, c))) {
-                None => {
-                    checker.stop();
-                    gone.push(owner.clone());
-                }
-                Some((u, checks)) => {
-                    if *checker.checks() != *checks {
-                        checker.update_checks(Arc::new(checks.clone()), &u.nodes);
-                    } else {
-                        checker.sync_nodes(&u.nodes);
-                    }
-                    let _ = u.checker.set(checker.clone());
-                }
+        let mut kept = Vec::new();
+        checkers.retain(|owner, checker| match wanted(&owner.0, &owner.1) {
+            None => {
+                checker.stop();
+                false
             }
-        }
-        for owner in gone {
-            checkers.remove(&owner);
-        }
+            Some((checks, nodes)) => {
+                if *checker.checks() != checks {
+                    checker.update_checks(Arc::new(checks), &nodes);
+                } else {
+                    checker.sync_nodes(&nodes);
+                }
+                kept.push((owner.clone(), checker.clone()));
+                true
+            }
+        });
+        kept
     }
 
     /// Every reported entry, ordered by name.

@@ -11,7 +11,7 @@ pub mod bodies;
 use schemars::JsonSchema;
 use serde_json::{json, Map, Value};
 
-use crate::control::builtin::{self, Tag};
+use crate::control_routes::{self, Tag};
 use crate::health;
 use crate::resources::etcd::{ProviderStatus, KINDS};
 use crate::resources::KindSchemas;
@@ -111,7 +111,7 @@ fn control_paths(paths: &mut Map<String, Value>) {
             "text/html": { "schema": { "type": "string" } },
         })
     };
-    for (path, tag, methods) in builtin::endpoints() {
+    for (path, tag, methods) in control_routes::endpoints() {
         // The trailing-slash spelling of an endpoint is the same operation.
         if path.ends_with('/') {
             continue;
@@ -373,7 +373,7 @@ mod tests {
             let name = part.split('"').next().unwrap_or_default();
             assert!(schemas.contains_key(name), "dangling reference {name}");
         }
-        for (path, _, methods) in builtin::endpoints() {
+        for (path, _, methods) in control_routes::endpoints() {
             if path.ends_with('/') {
                 continue;
             }

@@ -567,3 +567,9 @@ pub struct StreamRoute {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,
 }
+
+/// Seconds of a (schema-checked) configuration value as a `Duration`; never panics, whatever
+/// the float.
+pub fn secs(s: f64) -> std::time::Duration {
+    std::time::Duration::try_from_secs_f64(s.max(0.001)).unwrap_or(std::time::Duration::from_secs(31_536_000))
+}

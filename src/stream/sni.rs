@@ -108,7 +108,7 @@ mod tests {
 
     /// A ClientHello as rustls writes it for `name`.
     fn hello(name: &str) -> Vec<u8> {
-        let config = rustls::ClientConfig::builder_with_provider(crate::dataplane::tls::provider())
+        let config = rustls::ClientConfig::builder_with_provider(crate::tls::provider())
             .with_safe_default_protocol_versions()
             .map(|b| b.with_root_certificates(rustls::RootCertStore::empty()).with_no_client_auth());
         let config = match config {

@@ -97,7 +97,7 @@ pub async fn connect(
     health: &HealthRegistry,
     client: SocketAddr,
 ) -> Result<(TcpStream, SocketAddr, Option<InFlight>), String> {
-    let checker = health.ensure(upstream);
+    let checker = upstream.checker(health);
     let hash = upstream.hash_key_source().map(|_| fnv1a(client.ip().to_string().as_bytes()));
     let mut tried: Vec<usize> = Vec::with_capacity(2);
     let mut last = String::from("no node available");

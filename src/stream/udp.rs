@@ -121,7 +121,7 @@ async fn open(socket: Rc<UdpSocket>, session: &Session, gateway: Arc<Gateway>, p
         return;
     }
     let Some(upstream) = route.upstream.clone() else { return };
-    let checker = gateway.health.ensure(&upstream);
+    let checker = upstream.checker(&gateway.health);
     // chash: the client's address is the key (as for TCP).
     let hash = upstream.hash_key_source().map(|_| fnv1a(peer.ip().to_string().as_bytes()));
     let Some((idx, _inflight)) = upstream.pick_node(checker.as_deref(), hash, &[]) else {

@@ -1,6 +1,7 @@
-//! TLS to upstream nodes (rustls): system root certificates, verification on by default, and an
-//! explicit opt-out (`upstream.tls.verify: false`) that still checks handshake signatures but not
-//! the certificate chain or name.
+//! TLS as a client (rustls), for the data plane's upstream connections and the health checkers'
+//! https probes: system root certificates, verification on by default, and an explicit opt-out
+//! (`upstream.tls.verify: false`) that still checks handshake signatures but not the certificate
+//! chain or name. Also the one crypto provider every TLS user shares.
 
 use std::sync::{Arc, OnceLock};
 

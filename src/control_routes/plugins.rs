@@ -10,7 +10,6 @@ use std::sync::Arc;
 use weir_plugin::ControlHandler;
 
 use crate::config::ControlRouter;
-use crate::control::builtin;
 use crate::plugins::EnabledSet;
 
 /// One mounted endpoint.
@@ -51,7 +50,7 @@ impl PluginRoutes {
                         return Err(format!("plugin `{}`: control uri `{uri}` must start with `/`", entry.name));
                     }
                     for pattern in to_patterns(uri, with_params) {
-                        if let Some(sample) = builtin::shadowed_by(&pattern) {
+                        if let Some(sample) = super::shadowed_by(&pattern) {
                             return Err(format!(
                                 "plugin `{}`: control uri `{uri}` conflicts with built-in endpoint `{sample}`",
                                 entry.name
