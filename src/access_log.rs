@@ -301,8 +301,10 @@ fn with_time<R>(f: impl FnOnce(&Clock) -> R) -> R {
 
 fn write_lines(rx: Receiver<Msg>, file: File, path: PathBuf, counters: Arc<Counters>) {
     let mut out = BufWriter::with_capacity(64 << 10, file);
+    // One error line when writing starts failing and one when it works again, not one per line.
+    let mut failing = false;
     loop {
-        let first = match rx.recv_timeout(Duration::from_millis(250)) {
+        let mut next = match rx.recv_timeout(Duration::from_millis(250)) {
             Ok(m) => Some(m),
             Err(RecvTimeoutError::Timeout) => None,
             Err(RecvTimeoutError::Disconnected) => {
@@ -310,21 +312,29 @@ fn write_lines(rx: Receiver<Msg>, file: File, path: PathBuf, counters: Arc<Count
                 return;
             }
         };
-        if REOPEN.swap(false, Ordering::AcqRel) {
-            let _ = out.flush();
-            match open(&path) {
-                Ok(f) => out = BufWriter::with_capacity(64 << 10, f),
-                Err(e) => log::error!("access log: cannot reopen {}: {e}", path.display()),
-            }
-        }
-        let mut next = first;
+        reopen_if_asked(&mut out, &path);
         while let Some(msg) = next {
             match msg {
                 Msg::Line(line) => {
-                    if let Err(e) = out.write_all(line.as_bytes()) {
-                        log::error!("access log: cannot write {}: {e}", path.display());
+                    // A rotation asked for while lines keep coming applies before the next line.
+                    reopen_if_asked(&mut out, &path);
+                    match out.write_all(line.as_bytes()) {
+                        Ok(()) => {
+                            counters.written.fetch_add(1, Ordering::Relaxed);
+                            if std::mem::take(&mut failing) {
+                                log::info!("access log: writing to {} again", path.display());
+                            }
+                        }
+                        Err(e) => {
+                            counters.dropped.fetch_add(1, Ordering::Relaxed);
+                            if !std::mem::replace(&mut failing, true) {
+                                log::error!(
+                                    "access log: cannot write {} (lines are dropped and counted): {e}",
+                                    path.display()
+                                );
+                            }
+                        }
                     }
-                    counters.written.fetch_add(1, Ordering::Relaxed);
                 }
                 Msg::Flush(done) => {
                     let _ = out.flush();
@@ -334,6 +344,17 @@ fn write_lines(rx: Receiver<Msg>, file: File, path: PathBuf, counters: Arc<Count
             next = rx.try_recv().ok();
         }
         let _ = out.flush();
+    }
+}
+
+/// Reopens the file when SIGUSR1 asked for it (after writing out what is buffered for the old one).
+fn reopen_if_asked(out: &mut BufWriter<File>, path: &Path) {
+    if REOPEN.swap(false, Ordering::AcqRel) {
+        let _ = out.flush();
+        match open(path) {
+            Ok(f) => *out = BufWriter::with_capacity(64 << 10, f),
+            Err(e) => log::error!("access log: cannot reopen {}: {e}", path.display()),
+        }
     }
 }
 

@@ -30,6 +30,12 @@ pub fn run(prefix: Prefix) -> Result<(), String> {
     }
     let system = actix_rt::System::new();
     system.block_on(async move {
+        // Handlers first: SIGUSR1 and SIGHUP terminate a process that has none, and logrotate or
+        // `systemctl reload` may send them while the listeners are still being bound.
+        #[cfg(unix)]
+        reopen_on_sigusr1(gateway.clone());
+        #[cfg(unix)]
+        reload_on_sighup(gateway.clone());
         let mut servers = Vec::new();
         if config.gateway.enable_control {
             let addr = SocketAddr::new(config.gateway.control.ip, config.gateway.control.port);
@@ -82,10 +88,6 @@ pub fn run(prefix: Prefix) -> Result<(), String> {
         for server in servers {
             actix_rt::spawn(server);
         }
-        #[cfg(unix)]
-        reopen_on_sigusr1(gateway.clone());
-        #[cfg(unix)]
-        reload_on_sighup(gateway.clone());
         // Every listener is bound: tell systemd (Type=notify), when it started us.
         notify_systemd(&[sd_notify::NotifyState::Ready]);
         wait_for_signal().await;

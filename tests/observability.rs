@@ -47,7 +47,7 @@ fn prometheus_counts_exactly_the_requests_made() {
     let up = Upstream::start("a");
     let p = Prefix::new("", "", "");
     p.write_resources(&format!(
-        "global_rules:\n  - {{id: g, plugins: {{prometheus: {{}}}}}}\nroutes:\n  - {{id: r1, uri: /api/*, hosts: [\"*.example.com\"], upstream: {{nodes: {{\"{n}\": 1}}, checks: {{active: {{type: tcp, healthy: {{interval: 1, successes: 1}}}}}}}}}}\n  - {{id: c, uri: /short/v1/urls, methods: [POST], plugins: {{short-url: {{}}}}}}\n  - {{id: s, uri: /s/*, plugins: {{short-url: {{action: resolve}}}}}}\nplugin_metadata:\n  - {{id: short-url, short_base: \"http://{node}/s\"}}\n",
+        "global_rules:\n  - {{id: g, plugins: {{prometheus: {{}}}}}}\nroutes:\n  - {{id: r1, uri: /api/*, hosts: [\"*.example.com\"], plugins: {{prometheus: {{}}}}, upstream: {{nodes: {{\"{n}\": 1}}, checks: {{active: {{type: tcp, healthy: {{interval: 1, successes: 1}}}}}}}}}}\n  - {{id: c, uri: /short/v1/urls, methods: [POST], plugins: {{short-url: {{}}}}}}\n  - {{id: s, uri: /s/*, plugins: {{short-url: {{action: resolve}}}}}}\nplugin_metadata:\n  - {{id: short-url, short_base: \"http://{node}/s\"}}\n",
         n = up.node(),
         node = p.node()
     ));
@@ -107,13 +107,37 @@ fn prometheus_counts_exactly_the_requests_made() {
     });
     assert!(health, "upstream_status:\n{}", get(p.metrics(), "/weir/prometheus/metrics").text());
 
-    // Counters move by exactly the requests made.
+    // Counters move by exactly the requests made (the plugin is on the global rule and on r1:
+    // each request still counts once).
     for _ in 0..5 {
         request(p.node(), "GET", "/api/y", &[("Host", "a.example.com")], b"");
     }
     let after = scrape(&p);
     assert_eq!(value(&after, "weir_http_status", &[("code", "200"), ("route", "r1")]), 12.0);
     assert_eq!(value(&after, "weir_http_requests_total", &[]) - requests0, 17.0);
+
+    // Ingress counts the body bytes received, not the length a client declares.
+    let ingress = |s: &Scrape| value(s, "weir_bandwidth", &[("type", "ingress"), ("route", "r1")]);
+    let before = ingress(&after);
+    let body = vec![b'x'; 5000];
+    assert_eq!(request(p.node(), "POST", "/api/z", &[("Host", "a.example.com")], &body).status, 200);
+    let grown = ingress(&scrape(&p)) - before;
+    assert!((5000.0..5400.0).contains(&grown), "ingress grew by {grown}");
+    {
+        use std::io::Write;
+        let mut c = std::net::TcpStream::connect(p.node()).expect("connect");
+        let head = "POST /api/big HTTP/1.1\r\nHost: a.example.com\r\nContent-Length: 100000000000000\r\n\r\nabc";
+        c.write_all(head.as_bytes()).expect("write");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let counted = eventually(Duration::from_secs(5), || {
+        value(&scrape(&p), "weir_http_status", &[("route", "r1"), ("code", "499")])
+            + value(&scrape(&p), "weir_http_status", &[("route", "r1"), ("code", "502")])
+            >= 1.0
+    });
+    assert!(counted, "{}", get(p.metrics(), "/weir/prometheus/metrics").text());
+    let grown = ingress(&scrape(&p)) - before;
+    assert!(grown < 6000.0, "a declared length was counted as received: {grown}");
 
     // The exporter serves its one path; the data plane does not serve it at all.
     assert_eq!(get(p.metrics(), "/metrics").status, 404);

@@ -27,13 +27,29 @@ pub enum ProxyBody {
     /// The client's body: `prefix` (already read) first, then the rest; `len` from
     /// Content-Length when known. `stalled` is set while it waits on the client (the upstream
     /// read timeout does not run then).
-    Client { prefix: VecDeque<Bytes>, body: Incoming, len: Option<u64>, stalled: Rc<Cell<bool>> },
+    /// `received` counts the body bytes read from the client so far (`$request_length`).
+    Client {
+        prefix: VecDeque<Bytes>,
+        body: Incoming,
+        len: Option<u64>,
+        stalled: Rc<Cell<bool>>,
+        received: Rc<Cell<u64>>,
+    },
 }
 
 impl ProxyBody {
-    /// The client's body, after the chunks already read.
+    /// The client's body, after the chunks already read (counted as received).
     pub fn client(prefix: VecDeque<Bytes>, body: Incoming, len: Option<u64>) -> Self {
-        ProxyBody::Client { prefix, body, len, stalled: Rc::new(Cell::new(false)) }
+        let received = Rc::new(Cell::new(prefix.iter().map(|b| b.len() as u64).sum()));
+        ProxyBody::Client { prefix, body, len, stalled: Rc::new(Cell::new(false)), received }
+    }
+
+    /// The counter of body bytes received from the client, for a streamed client body.
+    pub fn received(&self) -> Option<Rc<Cell<u64>>> {
+        match self {
+            ProxyBody::Client { received, .. } => Some(received.clone()),
+            _ => None,
+        }
     }
 }
 
@@ -45,14 +61,19 @@ impl Body for ProxyBody {
         match self.get_mut() {
             ProxyBody::Empty => Poll::Ready(None),
             ProxyBody::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
-            ProxyBody::Client { prefix, body, stalled, .. } => {
+            ProxyBody::Client { prefix, body, stalled, received, .. } => {
                 if let Some(b) = prefix.pop_front() {
                     return Poll::Ready(Some(Ok(Frame::data(b))));
                 }
                 let polled = Pin::new(body).poll_frame(cx);
                 stalled.set(polled.is_pending());
                 match polled {
-                    Poll::Ready(Some(Ok(frame))) => Poll::Ready(Some(Ok(frame))),
+                    Poll::Ready(Some(Ok(frame))) => {
+                        if let Some(data) = frame.data_ref() {
+                            received.set(received.get() + data.len() as u64);
+                        }
+                        Poll::Ready(Some(Ok(frame)))
+                    }
                     // A malformed or cut chunked body: the upstream request is aborted before
                     // its last chunk, so the upstream never sees a complete request.
                     Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(std::io::Error::other(e)))),
@@ -92,6 +113,8 @@ pub trait OnFinish: 'static {
     /// The body is done (or abandoned) after `n` bytes went to the client; called before the
     /// hooks are dropped.
     fn sent(&mut self, _n: u64) {}
+    /// The upstream's body was received to its end.
+    fn upstream_done(&mut self) {}
 }
 
 /// A response body towards the client.
@@ -163,6 +186,9 @@ impl<F: OnFinish> UpstreamBody<F> {
 
     /// The upstream body was read to the end: its connection can serve another request.
     fn finished(&mut self) {
+        if !self.done {
+            self.hooks.upstream_done();
+        }
         self.done = true;
         if let Some((conn, pool)) = self.conn.take() {
             pool.release(conn);

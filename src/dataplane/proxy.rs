@@ -1,5 +1,6 @@
 //! The request path: match a route, run the plugin phases, pick a node, forward, stream back.
 
+use std::cell::Cell;
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::rc::Rc;
@@ -73,6 +74,10 @@ pub struct Finish {
     late_headers: bool,
     /// The route proxies gRPC: gateway errors answer in gRPC's terms.
     grpc: bool,
+    /// Body bytes received from the client, for a streamed body (added to `request_length`).
+    body_received: Option<Rc<Cell<u64>>>,
+    /// When the first upstream attempt began (`upstream_time` runs from here).
+    upstream_started: Option<Instant>,
     _inflight: Option<InFlight>,
 }
 
@@ -83,7 +88,16 @@ impl Finish {
             filters_body |= p.instance.wants_response_body();
             late_headers |= p.instance.reads_request_headers_late();
         }
-        Finish { ctx, chains, filters_body, late_headers, grpc: false, _inflight: None }
+        Finish {
+            ctx,
+            chains,
+            filters_body,
+            late_headers,
+            grpc: false,
+            body_received: None,
+            upstream_started: None,
+            _inflight: None,
+        }
     }
 }
 
@@ -101,6 +115,10 @@ impl OnFinish for Finish {
     fn sent(&mut self, n: u64) {
         self.ctx.body_bytes_sent = n;
     }
+    fn upstream_done(&mut self) {
+        // As nginx's $upstream_response_time: until the upstream's last byte arrived.
+        self.ctx.upstream_time = self.upstream_started.map(|t| t.elapsed());
+    }
 }
 
 impl Drop for Finish {
@@ -108,6 +126,9 @@ impl Drop for Finish {
         if self.ctx.status == 0 {
             // No response was made: the client went away first (nginx logs 499).
             self.ctx.status = 499;
+        }
+        if let Some(received) = &self.body_received {
+            self.ctx.request_length += received.get();
         }
         for p in self.chains.iter().flat_map(|c| c.iter()) {
             p.instance.log(&self.ctx);
@@ -122,10 +143,11 @@ fn head_bytes(head: &ResponseHead) -> u64 {
     (fields + 17 + head.status.canonical_reason().map_or(0, str::len)) as u64
 }
 
-/// Bytes of a request head as HTTP/1.1 text (`$request_length`, without the body).
-fn request_head_bytes(method: &Method, path: &str, query: &str, headers: &http::HeaderMap) -> u64 {
+/// Bytes of a request head as HTTP/1.1 text (`$request_length`, without the body): the request
+/// line (`METHOD SP target SP HTTP/1.1 CRLF`), the fields, the blank line.
+fn request_head_bytes(method: &Method, target: usize, headers: &http::HeaderMap) -> u64 {
     let fields: usize = headers.iter().map(|(k, v)| k.as_str().len() + v.len() + 4).sum();
-    (method.as_str().len() + path.len() + query.len() + usize::from(!query.is_empty()) + fields + 13) as u64
+    (method.as_str().len() + 1 + target + 1 + 8 + 2 + fields + 2) as u64
 }
 
 /// `content-length: N\r\n`, which the server adds to a whole body.
@@ -365,7 +387,8 @@ async fn serve(
     // HTTP/1.1: a length or chunked; HTTP/2: no END_STREAM on the request's HEADERS frame.
     let has_body = !http_body::Body::is_end_stream(&payload);
     let upgrade_token = if websocket { parts.headers.get(http::header::UPGRADE).cloned() } else { None };
-    let request_length = request_head_bytes(&parts.method, &path, &query, &parts.headers) + declared_len.unwrap_or(0);
+    let target_len = request_target.as_ref().map_or(path.len(), |t| t.as_str().len());
+    let request_length = request_head_bytes(&parts.method, target_len, &parts.headers);
     strip_hop_by_hop(&mut parts.headers);
     let mut ctx = RequestCtx::new(parts.method, path, query, parts.headers, remote, conn.peer_ip, conn.local);
     ctx.scheme = conn.scheme;
@@ -417,6 +440,11 @@ async fn serve(
         }
     } else if has_body {
         source = Source::Stream(Some(ProxyBody::client(VecDeque::new(), payload, declared_len)));
+    }
+    match &source {
+        Source::Buffered(b) => fin.ctx.request_length += b.len() as u64,
+        Source::Stream(Some(body)) => fin.body_received = body.received(),
+        _ => {}
     }
     if wants_body {
         if let Source::Buffered(b) = &source {
@@ -486,6 +514,7 @@ async fn forward(
     let idempotent = is_idempotent(&fin.ctx);
     let max_attempts = upstream.retries + 1;
     let started = Instant::now();
+    fin.upstream_started = Some(started);
     let hash = hash_key(&fin.ctx, &upstream);
     set_forwarded(
         &mut fin.ctx.headers,

@@ -275,16 +275,14 @@ async fn accept_loop(
         }
         let scheme = if matches!(kind, Kind::Tls(_)) { "https" } else { "http" };
         let info = ConnInfo { peer, peer_ip: Arc::from(peer.ip().to_string()), local, scheme };
-        open.set(open.get() + 1);
         bump(&worker.stats.accepted, 1);
-        bump(&worker.stats.active, 1);
-        let (gateway, worker, open, stopped) = (gateway.clone(), worker.clone(), open.clone(), stopped.clone());
+        // Counted open from now until its task ends, however it ends.
+        let counted = OpenConn::new(open.clone(), worker.stats.clone());
+        let (gateway, worker, stopped) = (gateway.clone(), worker.clone(), stopped.clone());
         let kind = kind.clone();
         tokio::task::spawn_local(async move {
-            let stats = worker.stats.clone();
+            let _counted = counted;
             serve(stream, kind, info, gateway, worker, stopped).await;
-            open.set(open.get() - 1);
-            bump(&stats.active, -1);
         });
     }
 }
@@ -312,12 +310,40 @@ async fn opens_with_h2_preface(stream: &TcpStream) -> std::io::Result<bool> {
     }
 }
 
-/// Runs `step` (a TLS handshake, protocol detection) counted as `reading` in the metrics.
+/// An open client connection: counted in the worker's `open` (the shutdown waits for it) and
+/// `active` gauge from accept until dropped.
+struct OpenConn {
+    open: Rc<Cell<usize>>,
+    stats: Arc<WorkerStats>,
+}
+
+impl OpenConn {
+    fn new(open: Rc<Cell<usize>>, stats: Arc<WorkerStats>) -> Self {
+        open.set(open.get() + 1);
+        bump(&stats.active, 1);
+        OpenConn { open, stats }
+    }
+}
+
+impl Drop for OpenConn {
+    fn drop(&mut self) {
+        self.open.set(self.open.get() - 1);
+        bump(&self.stats.active, -1);
+    }
+}
+
+/// Runs `step` (a TLS handshake, protocol detection) counted as `reading` in the metrics, also
+/// when the step is dropped half-way.
 async fn reading<T>(stats: &WorkerStats, step: impl std::future::Future<Output = T>) -> T {
+    struct Reading<'a>(&'a WorkerStats);
+    impl Drop for Reading<'_> {
+        fn drop(&mut self) {
+            bump(&self.0.reading, -1);
+        }
+    }
     bump(&stats.reading, 1);
-    let out = step.await;
-    bump(&stats.reading, -1);
-    out
+    let _reading = Reading(stats);
+    step.await
 }
 
 async fn serve(

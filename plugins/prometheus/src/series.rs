@@ -138,8 +138,18 @@ fn bounds() -> Arc<[f64]> {
         .clone()
 }
 
-/// Counts one finished request.
+thread_local! {
+    /// The request recorded last on this thread: its context's address and arrival.
+    static LAST: std::cell::Cell<(usize, Option<std::time::Instant>)> = const { std::cell::Cell::new((0, None)) };
+}
+
+/// Counts one finished request, once: with the plugin on a global rule and on the route, the log
+/// phase calls it twice in a row for the same request (APISIX's `prefer_route`).
 pub fn record(ctx: &RequestCtx) {
+    let me = (ctx as *const RequestCtx as usize, Some(ctx.started));
+    if LAST.with(|l| l.replace(me)) == me {
+        return;
+    }
     let total = ctx.started.elapsed();
     let request = u64::try_from(total.as_micros()).unwrap_or(u64::MAX);
     let upstream = ctx.upstream_time.map(|t| u64::try_from(t.as_micros()).unwrap_or(u64::MAX));
@@ -208,15 +218,19 @@ pub fn write(e: &mut Exposition) {
         ];
         *status.entry(key).or_default() += get(&s.status);
         for (t, h) in s.latency.iter().enumerate() {
-            let count = get(&h.count);
+            // Buckets first, the count last (the recorder writes them in that order), and the
+            // count never below the buckets' sum: +Inf is never lower than a finite bucket.
+            let buckets: Vec<u64> = h.buckets.iter().map(get).collect();
+            let sum = get(&h.sum_micros);
+            let count = get(&h.count).max(buckets.iter().sum());
             if count == 0 {
                 continue;
             }
-            let m = latency.entry((t, short.clone())).or_insert_with(|| (vec![0; h.buckets.len()], 0, 0));
-            for (acc, b) in m.0.iter_mut().zip(h.buckets.iter()) {
-                *acc += get(b);
+            let m = latency.entry((t, short.clone())).or_insert_with(|| (vec![0; buckets.len()], 0, 0));
+            for (acc, b) in m.0.iter_mut().zip(buckets) {
+                *acc += b;
             }
-            m.1 += get(&h.sum_micros);
+            m.1 += sum;
             m.2 += count;
         }
         *bandwidth.entry(("ingress", short.clone())).or_default() += get(&s.ingress);

@@ -111,11 +111,12 @@ pub struct RequestCtx {
     pub upstream_addrs: Vec<SocketAddr>,
     /// Status sent to the client (0 until known).
     pub status: u16,
-    /// From the first upstream attempt to the answering node's response head; `None` when no
-    /// upstream answered (`$upstream_header_time`; the upstream latency of metrics).
+    /// From the first upstream attempt until the answering node's response was received to its
+    /// last byte (to its head when the body was not read to the end); `None` when no upstream
+    /// answered (`$upstream_response_time`; the upstream latency of metrics).
     pub upstream_time: Option<Duration>,
-    /// Bytes of the client's request: request line, headers and body (`$request_length`; the
-    /// head is counted as HTTP/1.1 text for every protocol).
+    /// Bytes of the client's request: request line, headers and the body bytes actually
+    /// received (`$request_length`; the head is counted as HTTP/1.1 text for every protocol).
     pub request_length: u64,
     /// Response body bytes sent to the client (`$body_bytes_sent`), set when the response ends.
     pub body_bytes_sent: u64,
@@ -214,7 +215,7 @@ impl RequestCtx {
     /// Resolves a variable by name (with or without the leading `$`): `host`, `uri`, `request_uri`,
     /// `args`, `request_method`, `scheme`, `remote_addr`, `remote_port`, `server_port`, `status`,
     /// (`request_uri` and `request` as the client sent them, before normalization and rewrites),
-    /// `request_time`, `upstream_addr`, `upstream_header_time`, `request_length`, `bytes_sent`,
+    /// `request_time`, `upstream_addr`, `upstream_response_time`, `request_length`, `bytes_sent`,
     /// `body_bytes_sent`, `server_protocol`, `request` (the request line), `remote_user` (none:
     /// `-`), `route_id`, `service_id`, `consumer_name`, `http_<name>`,
     /// `arg_<name>`, `param_<name>`, and any plugin-set variable.
@@ -238,9 +239,7 @@ impl RequestCtx {
                 let addrs: Vec<String> = self.upstream_addrs.iter().map(|a| a.to_string()).collect();
                 (!addrs.is_empty()).then(|| Cow::Owned(addrs.join(", ")))
             }
-            "upstream_header_time" | "upstream_response_time" => {
-                self.upstream_time.map(|t| Cow::Owned(format!("{:.3}", t.as_secs_f64())))
-            }
+            "upstream_response_time" => self.upstream_time.map(|t| Cow::Owned(format!("{:.3}", t.as_secs_f64()))),
             "request_length" => owned(self.request_length.to_string()),
             "bytes_sent" => owned((self.head_bytes_sent + self.body_bytes_sent).to_string()),
             "body_bytes_sent" => owned(self.body_bytes_sent.to_string()),
