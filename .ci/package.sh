@@ -25,6 +25,7 @@ cleanup() {
 trap cleanup EXIT
 id weir >/dev/null || fail "no weir user"
 [ "$(stat -c %U /var/lib/weir)" = weir ] && [ "$(stat -c %U /var/log/weir)" = weir ] || fail "data/log owners"
+[ "$(stat -c '%U:%G %a' /etc/weir/conf/config.yaml)" = "root:weir 640" ] || fail "config.yaml must be root:weir 0640"
 [ "$(readlink /etc/weir/data)" = /var/lib/weir ] && [ "$(readlink /etc/weir/logs)" = /var/log/weir ] || fail "prefix links"
 if command -v systemd-analyze >/dev/null 2>&1; then
   systemd-analyze verify /lib/systemd/system/weir.service || fail "systemd-analyze verify"
