@@ -48,3 +48,12 @@ wrk_rps() {
 
 # median VALUES...: the middle value (the upper one of an even count).
 median() { printf '%s\n' "$@" | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+
+# bench_cleanup: the EXIT trap of scripts that keep their background pids in PIDS and their
+# nginx upstream in $WORK/up: stops them all and removes $WORK.
+bench_cleanup() {
+  [ -f "$WORK/up/nginx.pid" ] && kill "$(cat "$WORK/up/nginx.pid")" 2>/dev/null || true
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$WORK"
+}

@@ -21,15 +21,9 @@ UP_PORT=18280; REDIS_PORT=18281; WEIR_PORT=18282; CTL_PORT=18283
 for tool in wrk nginx redis-server redis-cli; do command -v "$tool" >/dev/null || { echo "$tool is required"; exit 1; }; done
 
 PIDS=()
-cleanup() {
-  [ -f "$WORK/up/nginx.pid" ] && kill "$(cat "$WORK/up/nginx.pid")" 2>/dev/null || true
-  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-
 . benches/lib.sh
+trap bench_cleanup EXIT
+
 mkdir -p "$WORK/weir/conf"
 nginx_upstream "$WORK/up" "$UP_PORT" "$LOAD_CPU"
 taskset -c "$LOAD_CPU" redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no \

@@ -23,14 +23,8 @@ UP_PORT=18380
 for tool in wrk nginx curl python3; do command -v "$tool" >/dev/null || { echo "$tool is required"; exit 1; }; done
 
 PIDS=()
-cleanup() {
-  [ -f "$WORK/up/nginx.pid" ] && kill "$(cat "$WORK/up/nginx.pid")" 2>/dev/null || true
-  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
 . benches/lib.sh
+trap bench_cleanup EXIT
 nginx_upstream "$WORK/up" "$UP_PORT" "$LOAD_CPU"
 
 # start NAME NODE_PORT CTL_PORT METRICS_PORT RESOURCES: a gateway on PROXY_CPU, waited for.

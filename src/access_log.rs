@@ -1,20 +1,16 @@
 //! The access log (`gateway.access_log`): one line per request, in nginx's `combined` format,
 //! as JSON, or from a `$variable` template, written off the request path.
 //!
-//! The request path formats its line and hands it to a bounded queue without waiting; a writer
-//! thread appends queued lines to the file. When the queue is full (the disk is slower than the
-//! traffic) the line is dropped and counted (`access_log_dropped_total`), never blocking a
-//! request. SIGUSR1 makes the writer reopen the file, for logrotate.
+//! The request path formats its line and hands it, without waiting or locking, to the SDK's
+//! off-thread [`LineWriter`] (the one the logging plugins use): when its queue is full (the disk
+//! is slower than the traffic) the line is dropped and counted (`access_log_dropped_total`),
+//! never blocking a request. SIGUSR1 makes the writer reopen the file, for logrotate.
 
 use std::cell::RefCell;
-use std::fs::{File, OpenOptions};
-use std::io::{BufWriter, Write};
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TrySendError};
+use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
 
+use weir_plugin::logfile::LineWriter;
 use weir_plugin::RequestCtx;
 
 /// How lines are written.
@@ -92,48 +88,21 @@ pub struct Stats {
     pub dropped: u64,
 }
 
-#[derive(Default)]
-struct Counters {
-    written: AtomicU64,
-    dropped: AtomicU64,
-}
-
-enum Msg {
-    Line(String),
-    /// Write out everything queued before, then answer.
-    Flush(SyncSender<()>),
-}
-
 /// The running access log.
-pub struct AccessLog {
+struct AccessLog {
     format: Format,
-    tx: SyncSender<Msg>,
-    counters: Arc<Counters>,
+    writer: Arc<LineWriter>,
 }
 
 static LOG: OnceLock<AccessLog> = OnceLock::new();
-static REOPEN: AtomicBool = AtomicBool::new(false);
 
 /// Opens `path` and starts the writer with room for `buffer` waiting lines (the
 /// `gateway.access_log` section). Errors name the key and the file.
 pub fn start(path: PathBuf, format: &str, buffer: usize) -> Result<(), String> {
     let format = Format::parse(format).map_err(|e| format!("gateway.access_log.format: {e}"))?;
-    let file = open(&path).map_err(|e| format!("gateway.access_log.path: cannot open {}: {e}", path.display()))?;
-    let (tx, rx) = mpsc::sync_channel(buffer);
-    let counters = Arc::new(Counters::default());
-    let theirs = counters.clone();
-    std::thread::Builder::new()
-        .name("access-log".into())
-        .spawn(move || write_lines(rx, file, path, theirs))
-        .map_err(|e| format!("gateway.access_log: cannot start the writer thread: {e}"))?;
-    LOG.set(AccessLog { format, tx, counters }).map_err(|_| "gateway.access_log: started twice".to_owned())
-}
-
-fn open(path: &Path) -> std::io::Result<File> {
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    OpenOptions::new().create(true).append(true).open(path)
+    let writer =
+        LineWriter::start_with("access-log", path, buffer).map_err(|e| format!("gateway.access_log.path: {e}"))?;
+    LOG.set(AccessLog { format, writer }).map_err(|_| "gateway.access_log: started twice".to_owned())
 }
 
 /// Whether lines are written (the request's headers must then outlive its forwarding).
@@ -144,52 +113,31 @@ pub fn enabled() -> bool {
 
 /// Asks the writer to reopen the file (SIGUSR1, after logrotate moved it).
 pub fn reopen() {
-    REOPEN.store(true, Ordering::Release);
+    if let Some(log) = LOG.get() {
+        log.writer.reopen();
+    }
 }
 
 /// Written and dropped lines, when the access log is on.
 pub fn stats() -> Option<Stats> {
-    LOG.get().map(|l| Stats {
-        written: l.counters.written.load(Ordering::Relaxed),
-        dropped: l.counters.dropped.load(Ordering::Relaxed),
-    })
+    LOG.get().map(|l| Stats { written: l.writer.written(), dropped: l.writer.dropped() })
 }
 
-/// Waits (up to `wait`) until every line queued so far is written: the last step of a graceful stop.
-pub fn flush(wait: Duration) {
-    let Some(log) = LOG.get() else { return };
-    let (tx, rx) = mpsc::sync_channel(1);
-    let deadline = std::time::Instant::now() + wait;
-    let mut msg = Msg::Flush(tx);
-    loop {
-        match log.tx.try_send(msg) {
-            Ok(()) => break,
-            Err(TrySendError::Full(m)) if std::time::Instant::now() < deadline => {
-                msg = m;
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            Err(_) => return,
-        }
+/// Writes out every line queued so far (bounded): the last step of a graceful stop.
+pub fn flush() {
+    if let Some(log) = LOG.get() {
+        log.writer.finish();
     }
-    let _ = rx.recv_timeout(deadline.saturating_duration_since(std::time::Instant::now()));
 }
 
 /// Logs one finished request (nothing when the access log is off). Never blocks.
 pub fn record(ctx: &RequestCtx) {
-    let Some(log) = LOG.get() else { return };
-    let line = log.line(ctx);
-    if let Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) = log.tx.try_send(Msg::Line(line)) {
-        log.counters.dropped.fetch_add(1, Ordering::Relaxed);
+    if let Some(log) = LOG.get() {
+        log.writer.line(format_line(&log.format, ctx));
     }
 }
 
-impl AccessLog {
-    fn line(&self, ctx: &RequestCtx) -> String {
-        format_line(&self.format, ctx)
-    }
-}
-
-/// One line (with its newline) for `ctx`.
+/// One line (without its newline) for `ctx`.
 pub fn format_line(format: &Format, ctx: &RequestCtx) -> String {
     let mut out = String::with_capacity(256);
     match format {
@@ -253,7 +201,6 @@ pub fn format_line(format: &Format, ctx: &RequestCtx) -> String {
             }
         }
     }
-    out.push('\n');
     out
 }
 
@@ -299,65 +246,6 @@ fn with_time<R>(f: impl FnOnce(&Clock) -> R) -> R {
     })
 }
 
-fn write_lines(rx: Receiver<Msg>, file: File, path: PathBuf, counters: Arc<Counters>) {
-    let mut out = BufWriter::with_capacity(64 << 10, file);
-    // One error line when writing starts failing and one when it works again, not one per line.
-    let mut failing = false;
-    loop {
-        let mut next = match rx.recv_timeout(Duration::from_millis(250)) {
-            Ok(m) => Some(m),
-            Err(RecvTimeoutError::Timeout) => None,
-            Err(RecvTimeoutError::Disconnected) => {
-                let _ = out.flush();
-                return;
-            }
-        };
-        reopen_if_asked(&mut out, &path);
-        while let Some(msg) = next {
-            match msg {
-                Msg::Line(line) => {
-                    // A rotation asked for while lines keep coming applies before the next line.
-                    reopen_if_asked(&mut out, &path);
-                    match out.write_all(line.as_bytes()) {
-                        Ok(()) => {
-                            counters.written.fetch_add(1, Ordering::Relaxed);
-                            if std::mem::take(&mut failing) {
-                                log::info!("access log: writing to {} again", path.display());
-                            }
-                        }
-                        Err(e) => {
-                            counters.dropped.fetch_add(1, Ordering::Relaxed);
-                            if !std::mem::replace(&mut failing, true) {
-                                log::error!(
-                                    "access log: cannot write {} (lines are dropped and counted): {e}",
-                                    path.display()
-                                );
-                            }
-                        }
-                    }
-                }
-                Msg::Flush(done) => {
-                    let _ = out.flush();
-                    let _ = done.send(());
-                }
-            }
-            next = rx.try_recv().ok();
-        }
-        let _ = out.flush();
-    }
-}
-
-/// Reopens the file when SIGUSR1 asked for it (after writing out what is buffered for the old one).
-fn reopen_if_asked(out: &mut BufWriter<File>, path: &Path) {
-    if REOPEN.swap(false, Ordering::AcqRel) {
-        let _ = out.flush();
-        match open(path) {
-            Ok(f) => *out = BufWriter::with_capacity(64 << 10, f),
-            Err(e) => log::error!("access log: cannot reopen {}: {e}", path.display()),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -378,13 +266,13 @@ mod tests {
     fn combined_escapes_quotes_and_control_bytes() {
         let line = format_line(&Format::Combined, &ctx());
         assert!(line.starts_with("10.0.0.1 - - ["), "{line}");
-        assert!(line.ends_with("] \"GET /a b?q=1 HTTP/1.1\" 200 1024 \"-\" \"curl/8 \\x22x\\x22\"\n"), "{line}");
+        assert!(line.ends_with("] \"GET /a b?q=1 HTTP/1.1\" 200 1024 \"-\" \"curl/8 \\x22x\\x22\""), "{line}");
     }
 
     #[test]
     fn json_is_one_object_per_line() {
         let line = format_line(&Format::Json, &ctx());
-        let v: serde_json::Value = serde_json::from_str(line.trim_end()).unwrap_or_else(|e| panic!("{e}: {line}"));
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"));
         assert_eq!(v["status"], 200);
         assert_eq!(v["host"], "example.com");
         assert_eq!(v["http_user_agent"], "curl/8 \"x\"");
@@ -394,7 +282,7 @@ mod tests {
     fn templates_substitute_and_mark_absent_values() {
         let f =
             Format::parse("$remote_addr ${status}x $upstream_addr $http_user_agent").unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(format_line(&f, &ctx()), "10.0.0.1 200x - curl/8 \\x22x\\x22\n");
+        assert_eq!(format_line(&f, &ctx()), "10.0.0.1 200x - curl/8 \\x22x\\x22");
         assert!(Format::parse("no variables").is_err());
         assert!(Format::parse("$ alone").is_err());
         assert!(Format::parse("${unclosed").is_err());

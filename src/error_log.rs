@@ -1,11 +1,12 @@
 //! Weir's own log (`gateway.error_log`): standard error until the configuration names a file,
 //! then that file, reopened on SIGUSR1. `env_logger` writes every record through [`Writer`].
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use parking_lot::Mutex;
+use weir_plugin::logfile::open_append;
 
 static TARGET: Mutex<Option<(File, PathBuf)>> = Mutex::new(None);
 
@@ -27,16 +28,10 @@ impl Write for Writer {
     }
 }
 
-fn open(path: &Path) -> std::io::Result<File> {
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    OpenOptions::new().create(true).append(true).open(path)
-}
-
 /// From now on the log goes to `path`. The error names the key and the file.
 pub fn start(path: PathBuf) -> Result<(), String> {
-    let file = open(&path).map_err(|e| format!("gateway.error_log.path: cannot open {}: {e}", path.display()))?;
+    let file =
+        open_append(&path).map_err(|e| format!("gateway.error_log.path: cannot open {}: {e}", path.display()))?;
     *TARGET.lock() = Some((file, path));
     Ok(())
 }
@@ -45,7 +40,7 @@ pub fn start(path: PathBuf) -> Result<(), String> {
 pub fn reopen() {
     let mut target = TARGET.lock();
     if let Some((file, path)) = target.as_mut() {
-        match open(path) {
+        match open_append(path) {
             Ok(f) => *file = f,
             Err(e) => {
                 let _ = writeln!(file, "error log: cannot reopen {}: {e}", path.display());

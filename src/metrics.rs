@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
+pub use weir_plugin::metrics::bump;
 use weir_plugin::metrics::{set_source, Exposition};
 
 use crate::state::Gateway;
@@ -25,12 +26,6 @@ pub struct WorkerStats {
     pub writing: AtomicU64,
     /// Requests received.
     pub requests: AtomicU64,
-}
-
-/// Adds `delta` to a counter only this thread writes.
-#[inline]
-pub fn bump(counter: &AtomicU64, delta: i64) {
-    counter.store(counter.load(Ordering::Relaxed).wrapping_add_signed(delta), Ordering::Relaxed);
 }
 
 static WORKERS: Mutex<Vec<Arc<WorkerStats>>> = Mutex::new(Vec::new());

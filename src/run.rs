@@ -102,7 +102,7 @@ pub fn run(prefix: Prefix) -> Result<(), String> {
         for entry in gateway.catalog_entries() {
             entry.plugin.shutdown();
         }
-        crate::access_log::flush(std::time::Duration::from_secs(2));
+        crate::access_log::flush();
         log::info!("stopped");
         drop(gateway);
         Ok(())

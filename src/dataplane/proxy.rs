@@ -139,15 +139,18 @@ impl Drop for Finish {
 
 /// Bytes of a response head as HTTP/1.1 text: status line, headers, blank line (`$bytes_sent`).
 fn head_bytes(head: &ResponseHead) -> u64 {
-    let fields: usize = head.headers.iter().map(|(k, v)| k.as_str().len() + v.len() + 4).sum();
-    (fields + 17 + head.status.canonical_reason().map_or(0, str::len)) as u64
+    (field_bytes(&head.headers) + 17 + head.status.canonical_reason().map_or(0, str::len)) as u64
+}
+
+/// Bytes of header fields as HTTP/1.1 text: `name: value` and CRLF each.
+fn field_bytes(headers: &http::HeaderMap) -> usize {
+    headers.iter().map(|(k, v)| k.as_str().len() + v.len() + 4).sum()
 }
 
 /// Bytes of a request head as HTTP/1.1 text (`$request_length`, without the body): the request
 /// line (`METHOD SP target SP HTTP/1.1 CRLF`), the fields, the blank line.
 fn request_head_bytes(method: &Method, target: usize, headers: &http::HeaderMap) -> u64 {
-    let fields: usize = headers.iter().map(|(k, v)| k.as_str().len() + v.len() + 4).sum();
-    (method.as_str().len() + 1 + target + 1 + 8 + 2 + fields + 2) as u64
+    (method.as_str().len() + 1 + target + 1 + 8 + 2 + field_bytes(headers) + 2) as u64
 }
 
 /// `content-length: N\r\n`, which the server adds to a whole body.

@@ -66,7 +66,7 @@ fn hash_of(ctx: &RequestCtx) -> u64 {
 /// Adds to a counter only this thread writes (no locked instruction).
 #[inline]
 fn add(c: &AtomicU64, n: u64) {
-    c.store(c.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
+    weir_plugin::metrics::bump(c, n as i64);
 }
 
 /// A latency histogram: per-bucket counts (not cumulative; the scrape sums them), the sum in

@@ -7,7 +7,15 @@
 //! Sources read counters kept by their owners (atomics); nothing here is on the request path.
 
 use std::fmt::{Display, Write as _};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+
+/// Adds `delta` to a counter that only the calling thread writes (per-worker counters read by
+/// a scrape): a load and a store, no locked instruction.
+#[inline]
+pub fn bump(counter: &AtomicU64, delta: i64) {
+    counter.store(counter.load(Ordering::Relaxed).wrapping_add_signed(delta), Ordering::Relaxed);
+}
 
 /// A scrape being written: Prometheus text format 0.0.4, every family name prefixed.
 pub struct Exposition {
