@@ -36,6 +36,9 @@ pub fn run(prefix: Prefix) -> Result<(), String> {
         reopen_on_sigusr1(gateway.clone());
         #[cfg(unix)]
         reload_on_sighup(gateway.clone());
+        // SIGTERM and SIGINT too: one arriving as soon as a port answers must stop the gateway
+        // gracefully, not kill it.
+        let stop_signal = stop_signal();
         let mut servers = Vec::new();
         if config.gateway.enable_control {
             let addr = SocketAddr::new(config.gateway.control.ip, config.gateway.control.port);
@@ -90,7 +93,7 @@ pub fn run(prefix: Prefix) -> Result<(), String> {
         }
         // Every listener is bound: tell systemd (Type=notify), when it started us.
         notify_systemd(&[sd_notify::NotifyState::Ready]);
-        wait_for_signal().await;
+        stop_signal.await;
         notify_systemd(&[sd_notify::NotifyState::Stopping]);
         log::info!("shutting down: finishing in-flight requests");
         for h in handles {
@@ -162,25 +165,30 @@ fn notify_systemd(state: &[sd_notify::NotifyState<'_>]) {
     }
 }
 
+/// Installs the SIGTERM and SIGINT handlers now; the future ends when either arrives.
 #[cfg(unix)]
-async fn wait_for_signal() {
+fn stop_signal() -> impl std::future::Future<Output = ()> {
     use actix_rt::signal::unix::{signal, SignalKind};
     let term = signal(SignalKind::terminate());
     let int = signal(SignalKind::interrupt());
-    match (term, int) {
-        (Ok(mut term), Ok(mut int)) => {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = int.recv() => {}
+    async move {
+        match (term, int) {
+            (Ok(mut term), Ok(mut int)) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = int.recv() => {}
+                }
             }
-        }
-        _ => {
-            let _ = actix_rt::signal::ctrl_c().await;
+            _ => {
+                let _ = actix_rt::signal::ctrl_c().await;
+            }
         }
     }
 }
 
 #[cfg(not(unix))]
-async fn wait_for_signal() {
-    let _ = actix_rt::signal::ctrl_c().await;
+fn stop_signal() -> impl std::future::Future<Output = ()> {
+    async {
+        let _ = actix_rt::signal::ctrl_c().await;
+    }
 }
