@@ -2,6 +2,8 @@
 # Memory per idle keep-alive client connection: Weir vs nginx (proxy_pass), same upstream.
 # Opens N connections that each send one GET, read the answer and stay open; reports
 # (RSS after - RSS before) / N for each server. Kernel socket memory is not in RSS.
+# SETTLE (default 15 s) is how long the connections idle before RSS is read: Weir parks a
+# connection after 1 s idle, and jemalloc returns the freed pages within its ~10 s decay.
 #
 #   benches/idle_conns.sh            # needs nginx; N=5000
 set -euo pipefail
@@ -65,7 +67,7 @@ warm = hold(200)
 time.sleep(0.5)
 before = rss()
 socks = hold(n)
-time.sleep(1)
+time.sleep(float(__import__("os").environ.get("SETTLE", "15")))
 after = rss()
 print(f"{(after - before) * 1024 / n:.0f}")
 for s in socks + warm:

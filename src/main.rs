@@ -10,6 +10,23 @@ use weir::state::Gateway;
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
+/// jemalloc's options, read once at start-up (`MALLOC_CONF` in the environment still overrides).
+/// A background thread returns freed pages to the OS on jemalloc's decay schedule: without it
+/// pages are only returned when some thread allocates, so a gateway that goes quiet (idle
+/// keep-alive clients, parked connections) would keep its peak memory resident.
+#[cfg(all(feature = "jemalloc", not(target_env = "msvc")))]
+#[export_name = "malloc_conf"]
+static MALLOC_CONF: ConfString = ConfString(c"background_thread:true".as_ptr());
+
+/// A C string pointer jemalloc reads at start-up.
+#[cfg(all(feature = "jemalloc", not(target_env = "msvc")))]
+#[repr(transparent)]
+struct ConfString(*const std::ffi::c_char);
+
+// SAFETY: the pointer is to a string literal: immutable and alive for the whole program.
+#[cfg(all(feature = "jemalloc", not(target_env = "msvc")))]
+unsafe impl Sync for ConfString {}
+
 fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))
         .target(env_logger::Target::Pipe(Box::new(weir::error_log::Writer)))

@@ -26,6 +26,25 @@ pub struct WorkerStats {
     pub writing: AtomicU64,
     /// Requests received.
     pub requests: AtomicU64,
+    /// Idle HTTP/1.1 connections parked (holding no server state; `guard`).
+    pub parked: AtomicU64,
+}
+
+/// A gauge raised by one while this lives: lowered however the scope ends (a drop guard).
+pub struct Raised<'a>(&'a AtomicU64);
+
+impl<'a> Raised<'a> {
+    /// Raises `gauge` (a [`WorkerStats`] counter: written by its worker only).
+    pub fn new(gauge: &'a AtomicU64) -> Self {
+        bump(gauge, 1);
+        Raised(gauge)
+    }
+}
+
+impl Drop for Raised<'_> {
+    fn drop(&mut self) {
+        bump(self.0, -1);
+    }
 }
 
 static WORKERS: Mutex<Vec<Arc<WorkerStats>>> = Mutex::new(Vec::new());
@@ -52,6 +71,8 @@ pub struct Totals {
     pub writing: u64,
     /// Requests received.
     pub requests: u64,
+    /// Connections parked.
+    pub parked: u64,
 }
 
 /// Sums the counters of every worker.
@@ -64,6 +85,7 @@ pub fn totals() -> Totals {
         t.reading += get(&w.reading);
         t.writing += get(&w.writing);
         t.requests += get(&w.requests);
+        t.parked += get(&w.parked);
     }
     t
 }
@@ -135,6 +157,12 @@ pub fn write_connections(e: &mut Exposition, t: Totals) {
     ] {
         e.sample("nginx_http_current_connections", &[("state", state)], v);
     }
+    e.family(
+        "http_parked_connections",
+        "gauge",
+        "Idle HTTP/1.1 keep-alive connections that hold no server state or buffer (part of waiting).",
+    );
+    e.sample("http_parked_connections", &[], t.parked);
 }
 
 /// `upstream_status`: 1 for a node its checker finds healthy, 0 otherwise (checked upstreams only).
@@ -164,7 +192,7 @@ mod tests {
     #[test]
     fn waiting_is_what_is_neither_reading_nor_writing() {
         let mut e = Exposition::new("weir_");
-        write_connections(&mut e, Totals { accepted: 9, active: 5, reading: 1, writing: 3, requests: 40 });
+        write_connections(&mut e, Totals { accepted: 9, active: 5, reading: 1, writing: 3, requests: 40, parked: 0 });
         let text = e.into_text();
         assert!(text.contains("weir_http_requests_total 40\n"), "{text}");
         assert!(text.contains("weir_nginx_http_current_connections{state=\"waiting\"} 1\n"), "{text}");

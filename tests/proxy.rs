@@ -325,3 +325,63 @@ fn sigterm_lets_in_flight_requests_finish() {
     assert!(status.success(), "{status:?}");
     assert!(std::net::TcpStream::connect(node).is_err(), "the listener is closed");
 }
+
+/// Reads one response with a `Content-Length` body from a keep-alive connection: (status,
+/// body length).
+fn read_one(s: &mut std::net::TcpStream) -> (u16, usize) {
+    use std::io::Read;
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        assert_eq!(s.read(&mut byte).expect("read head"), 1, "connection closed after {head:?}");
+        head.push(byte[0]);
+    }
+    let r = parse_response(&head);
+    let len: usize = r.header("content-length").and_then(|v| v.parse().ok()).expect("content-length");
+    let mut body = vec![0u8; len];
+    s.read_exact(&mut body).expect("read body");
+    (r.status, len)
+}
+
+/// A keep-alive connection idle for longer than the park delay (1 s) gives up the server's
+/// state and buffers; it must serve the next request as if nothing happened: one request, a
+/// pipelined pair, a response slower than the delay (never parked mid-request), and a response
+/// the client does not read for longer than the delay (never parked while bytes wait to go).
+#[test]
+fn idle_keepalive_connections_park_and_keep_serving() {
+    use std::io::Write;
+    let up = Upstream::start("a");
+    let (p, _w) = start(&format!("routes:\n  - {{id: 1, uri: /*, upstream: {{nodes: {{\"{}\": 1}}}}}}\n", up.node()));
+    let mut s = std::net::TcpStream::connect(p.node()).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(20))).expect("timeout");
+    let get = |path: &str| format!("GET {path} HTTP/1.1\r\nHost: h\r\n\r\n");
+    s.write_all(get("/one").as_bytes()).expect("write");
+    assert_eq!(read_one(&mut s).0, 200);
+    std::thread::sleep(Duration::from_millis(2500));
+    #[cfg(feature = "prometheus")]
+    {
+        let m = common::get(p.metrics(), "/weir/prometheus/metrics").text();
+        assert!(m.contains("\nweir_http_parked_connections 1\n"), "the idle connection is parked: {m}");
+    }
+    s.write_all(get("/two").as_bytes()).expect("write after idle");
+    assert_eq!(read_one(&mut s).0, 200, "a parked connection serves the next request");
+    std::thread::sleep(Duration::from_millis(2500));
+    s.write_all(format!("{}{}", get("/three"), get("/four")).as_bytes()).expect("write pipelined");
+    assert_eq!(read_one(&mut s).0, 200);
+    assert_eq!(read_one(&mut s).0, 200, "both pipelined requests after a park are served");
+    s.write_all(get("/sleep/2500").as_bytes()).expect("write slow");
+    assert_eq!(read_one(&mut s), (200, "slept on a".len()), "a slow response is never cut by parking");
+    // 8 MiB does not fit in the socket buffers: the gateway is blocked writing while the client
+    // sleeps.
+    s.write_all(get("/bytes/8388608").as_bytes()).expect("write download");
+    std::thread::sleep(Duration::from_millis(2500));
+    assert_eq!(read_one(&mut s), (200, 8 << 20), "an unread response is never cut by parking");
+    s.write_all(get("/five").as_bytes()).expect("write last");
+    assert_eq!(read_one(&mut s).0, 200);
+    assert_eq!(up.hits(), 7, "every request reached the upstream once");
+    #[cfg(feature = "prometheus")]
+    {
+        let m = common::get(p.metrics(), "/weir/prometheus/metrics").text();
+        assert!(m.contains("\nweir_http_parked_connections 0\n"), "a busy connection is not parked: {m}");
+    }
+}

@@ -6,11 +6,21 @@
 //! client's address: client errors never reach the error log. Bodies with a `Content-Length`
 //! are read straight into the server's buffer; only heads and chunked bodies are copied once.
 //! While a connection is idle between requests it holds no buffer of its own.
+//!
+//! Parking: when a connection has had no request in flight and no byte to read for a whole
+//! [`PARK_AFTER`], the server is shown the end of the stream (and its shutdown is not passed on),
+//! so that it ends and frees its buffers; the socket stays open, held by [`Guarded`] alone, until
+//! the client sends again ([`Guarded::wait_parked`]) and a new server connection takes it up.
+//! An idle keep-alive client then costs a socket and this struct, not the server's 16 KiB.
 
+use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
@@ -18,6 +28,38 @@ use super::framing::{Fed, Framer, Refusal};
 
 /// Bytes read from the socket per call when the framer must look at them.
 const READ_CHUNK: usize = 4096;
+
+/// How long a connection must be idle (no request in flight, nothing to read, nothing left to
+/// write) before it is parked. Parking and unparking cost a server connection's setup, so a
+/// client sending requests back to back never parks.
+pub const PARK_AFTER: Duration = Duration::from_secs(1);
+
+/// What the server shares with the connection's socket: requests in flight, and requests begun
+/// (to tell a connection that stayed idle from one that was busy in between).
+#[derive(Default)]
+pub struct Activity {
+    in_flight: AtomicU32,
+    begun: AtomicU32,
+}
+
+impl Activity {
+    /// A request begins; it is in flight until the returned guard is dropped (with the response
+    /// body, or with the request when the client goes away first).
+    pub fn begin(self: &Arc<Self>) -> Busy {
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        self.begun.fetch_add(1, Ordering::Relaxed);
+        Busy(self.clone())
+    }
+}
+
+/// A request in flight (see [`Activity::begin`]).
+pub struct Busy(Arc<Activity>);
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
 
 /// A client connection behind the framing check.
 pub struct Guarded<S> {
@@ -32,11 +74,20 @@ pub struct Guarded<S> {
     /// A refusal still to be written (then the connection is shut down).
     refusal: Option<(Vec<u8>, usize)>,
     eof: bool,
+    activity: Arc<Activity>,
+    /// Runs while the connection is idle; `begun` as it was when it was last (re)armed.
+    idle: Option<(Pin<Box<tokio::time::Sleep>>, u32)>,
+    /// The server was shown the end of the stream to park the connection.
+    parked: bool,
+    /// The socket refused the last write (the server still holds bytes for it).
+    write_blocked: bool,
+    /// Bytes written and not yet flushed.
+    unflushed: bool,
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin> Guarded<S> {
     /// Wraps an accepted connection (plain or TLS) from `peer`.
-    pub fn new(stream: S, peer: SocketAddr) -> Self {
+    pub fn new(stream: S, peer: SocketAddr, activity: Arc<Activity>) -> Self {
         Guarded {
             stream,
             peer,
@@ -46,7 +97,91 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Guarded<S> {
             passed_at: 0,
             refusal: None,
             eof: false,
+            activity,
+            idle: None,
+            parked: false,
+            write_blocked: false,
+            unflushed: false,
         }
+    }
+
+    /// Whether the server was ended to park the connection (see the module documentation).
+    pub fn parked(&self) -> bool {
+        self.parked
+    }
+
+    /// Bytes the server had read and not used (given back when it ends): read again first.
+    pub fn unread(&mut self, bytes: &[u8]) {
+        if !bytes.is_empty() {
+            let mut passed = bytes.to_vec();
+            passed.extend_from_slice(&self.passed[self.passed_at..]);
+            self.passed = passed;
+            self.passed_at = 0;
+        }
+    }
+
+    /// While parked: waits for the client's next bytes, holding no buffer until they arrive, and
+    /// judges them. `false` when the client closed the connection instead.
+    pub async fn wait_parked(&mut self) -> io::Result<bool> {
+        let more = std::future::poll_fn(|cx| {
+            // On the stack only while polled: a parked connection keeps no buffer.
+            let mut tmp = [std::mem::MaybeUninit::<u8>::uninit(); READ_CHUNK];
+            let mut buf = ReadBuf::uninit(&mut tmp);
+            std::task::ready!(Pin::new(&mut self.stream).poll_read(cx, &mut buf))?;
+            if buf.filled().is_empty() {
+                return Poll::Ready(Ok::<_, io::Error>(false));
+            }
+            self.held.extend_from_slice(buf.filled());
+            Poll::Ready(Ok(true))
+        })
+        .await?;
+        self.parked = false;
+        if more {
+            self.judge();
+        }
+        Ok(more)
+    }
+
+    /// Nothing in flight either way, nothing buffered: the server is only waiting for the client.
+    fn idle(&self) -> bool {
+        self.framer.between_requests()
+            && self.held.is_empty()
+            && self.passed_at == self.passed.len()
+            && self.refusal.is_none()
+            && !self.eof
+            && !self.write_blocked
+            && !self.unflushed
+            && self.activity.in_flight.load(Ordering::Relaxed) == 0
+    }
+
+    /// The socket has nothing to read: `Ready` (the end of the stream, for the server) when the
+    /// connection has been idle for [`PARK_AFTER`] and is to be parked, else `Pending`. The timer
+    /// is armed whenever the server waits for the client, also with a response still going out:
+    /// the response may finish after this read, and nothing else would look again.
+    fn poll_park(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let begun = self.activity.begun.load(Ordering::Relaxed);
+        let idle = self.idle();
+        let Some((sleep, armed_at)) = &mut self.idle else {
+            let mut sleep = Box::pin(tokio::time::sleep(PARK_AFTER));
+            let _ = sleep.as_mut().poll(cx);
+            self.idle = Some((sleep, begun));
+            return Poll::Pending;
+        };
+        if sleep.as_mut().poll(cx).is_pending() {
+            return Poll::Pending;
+        }
+        if *armed_at == begun && idle {
+            // Idle for a whole period.
+            self.idle = None;
+            self.parked = true;
+            return Poll::Ready(Ok(()));
+        }
+        // Busy in between, or still: look again a period from now (one timer reset per period,
+        // not one per request).
+        *armed_at = begun;
+        sleep.as_mut().reset(tokio::time::Instant::now() + PARK_AFTER);
+        let _ = sleep.as_mut().poll(cx);
+        Poll::Pending
     }
 
     fn refuse(&mut self, r: Refusal) {
@@ -97,6 +232,15 @@ fn read_uninit<S: AsyncRead + Unpin>(
     Poll::Ready(Ok(n))
 }
 
+impl<S> Guarded<S> {
+    fn wrote(&mut self, polled: &Poll<io::Result<usize>>) {
+        self.write_blocked = polled.is_pending();
+        if let Poll::Ready(Ok(n)) = polled {
+            self.unflushed |= *n > 0;
+        }
+    }
+}
+
 impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for Guarded<S> {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
@@ -119,7 +263,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for Guarded<S> {
                 // Read straight into the server's buffer, then judge the bytes where they lie:
                 // the common case (whole heads, bodies of known length) copies nothing.
                 let limit = this.framer.length_left().map_or(usize::MAX, |n| usize::try_from(n).unwrap_or(usize::MAX));
-                let n = std::task::ready!(read_uninit(&mut this.stream, cx, buf, limit))?;
+                let n = match read_uninit(&mut this.stream, cx, buf, limit) {
+                    Poll::Ready(n) => n?,
+                    Poll::Pending => return this.poll_park(cx),
+                };
                 if n == 0 {
                     this.eof = true;
                     return Poll::Ready(Ok(()));
@@ -171,7 +318,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for Guarded<S> {
 
 impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for Guarded<S> {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().stream).poll_write(cx, buf)
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.stream).poll_write(cx, buf);
+        this.wrote(&polled);
+        polled
     }
 
     fn poll_write_vectored(
@@ -179,7 +329,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for Guarded<S> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().stream).poll_write_vectored(cx, bufs)
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.stream).poll_write_vectored(cx, bufs);
+        this.wrote(&polled);
+        polled
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -187,11 +340,20 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for Guarded<S> {
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().stream).poll_flush(cx)
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.stream).poll_flush(cx);
+        if let Poll::Ready(Ok(())) = polled {
+            this.unflushed = false;
+        }
+        polled
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
+        if this.parked {
+            // The server ends because the connection is parked: the socket stays open.
+            return Poll::Ready(Ok(()));
+        }
         if let Some((bytes, at)) = &mut this.refusal {
             while *at < bytes.len() {
                 let n = std::task::ready!(Pin::new(&mut this.stream).poll_write(cx, &bytes[*at..]))?;

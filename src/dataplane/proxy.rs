@@ -22,7 +22,7 @@ use super::upstream::{fnv1a, CompiledUpstream, InFlight};
 use crate::health::checker::Source as ReportSource;
 use crate::health::state::Report;
 use crate::health::HealthRegistry;
-use crate::metrics::{bump, WorkerStats};
+use crate::metrics::{bump, Raised, WorkerStats};
 use crate::resources::model::{HashOn, PassHost};
 use crate::resources::snapshot::PluginChain;
 use crate::state::Gateway;
@@ -281,7 +281,8 @@ async fn access_phases(ctx: &mut RequestCtx, chains: &[PluginChain; 2]) -> Optio
 pub async fn handle(req: http::Request<Incoming>, conn: ConnInfo, gw: &Gateway, worker: &Worker) -> Response {
     let upgrade_asked = req.version() < http::Version::HTTP_2 && req.headers().contains_key(http::header::UPGRADE);
     bump(&worker.stats.requests, 1);
-    let _writing = Writing::start(&worker.stats);
+    // `writing` until the response head is made, also when the client goes away first.
+    let _writing = Raised::new(&worker.stats.writing);
     let mut resp = serve(req, conn, gw, worker, upgrade_asked).await;
     if upgrade_asked && resp.status() != StatusCode::SWITCHING_PROTOCOLS {
         // The framer stopped judging this connection's bytes at the upgrade request (`framing`):
@@ -291,22 +292,6 @@ pub async fn handle(req: http::Request<Incoming>, conn: ConnInfo, gw: &Gateway, 
     resp
 }
 
-/// Counts a request as `writing` (metrics) until its response head is made, also when the
-/// client goes away first.
-struct Writing<'a>(&'a WorkerStats);
-
-impl<'a> Writing<'a> {
-    fn start(stats: &'a WorkerStats) -> Self {
-        bump(&stats.writing, 1);
-        Writing(stats)
-    }
-}
-
-impl Drop for Writing<'_> {
-    fn drop(&mut self) {
-        bump(&self.0.writing, -1);
-    }
-}
 
 /// HTTP/2 names the target host in `:authority`: it becomes the Host header that routing,
 /// plugins and the upstream see. A Host header naming another host is refused (RFC 9113

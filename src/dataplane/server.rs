@@ -30,12 +30,12 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
 
-use super::guard::Guarded;
+use super::guard::{Activity, Busy, Guarded, PARK_AFTER};
 use super::normalize::PathRules;
 use super::proxy::{self, ConnInfo, Worker};
 use super::resolver::SniResolver;
 use crate::config::{Config, EscapedSlashes, SslSection};
-use crate::metrics::{bump, WorkerStats};
+use crate::metrics::{bump, Raised, WorkerStats};
 use crate::state::Gateway;
 use crate::stream::tcp::StreamWorker;
 
@@ -335,14 +335,7 @@ impl Drop for OpenConn {
 /// Runs `step` (a TLS handshake, protocol detection) counted as `reading` in the metrics, also
 /// when the step is dropped half-way.
 async fn reading<T>(stats: &WorkerStats, step: impl std::future::Future<Output = T>) -> T {
-    struct Reading<'a>(&'a WorkerStats);
-    impl Drop for Reading<'_> {
-        fn drop(&mut self) {
-            bump(&self.0.reading, -1);
-        }
-    }
-    bump(&stats.reading, 1);
-    let _reading = Reading(stats);
+    let _reading = Raised::new(&stats.reading);
     step.await
 }
 
@@ -355,11 +348,13 @@ async fn serve(
     stopped: watch::Receiver<bool>,
 ) {
     let peer = info.peer;
+    // The task lives as long as its connection, idle or not, and is as large as its largest
+    // state: HTTP/2 and TLS are boxed, so that an idle HTTP/1.1 connection keeps a small task.
     match kind {
         Kind::Plain { h2c: false } => serve_h1(stream, info, gateway, worker, stopped).await,
         Kind::Plain { h2c: true } => {
             match reading(&worker.stats, tokio::time::timeout(HEADER_TIMEOUT, opens_with_h2_preface(&stream))).await {
-                Ok(Ok(true)) => serve_h2(stream, info, gateway, worker, stopped).await,
+                Ok(Ok(true)) => Box::pin(serve_h2(stream, info, gateway, worker, stopped)).await,
                 Ok(Ok(false)) => serve_h1(stream, info, gateway, worker, stopped).await,
                 Ok(Err(e)) => log::debug!("client {peer}: {e}"),
                 Err(_) => log::debug!("client {peer}: no request within {HEADER_TIMEOUT:?}"),
@@ -367,27 +362,37 @@ async fn serve(
         }
         // Served by `accept_loop` directly.
         Kind::Stream(_) => {}
-        Kind::Tls(config) => {
-            let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, TlsAcceptor::from(config).accept(stream));
-            let accepted = reading(&worker.stats, handshake).await;
-            let tls = match accepted {
-                Ok(Ok(tls)) => tls,
-                Ok(Err(e)) => {
-                    // Unknown SNI, no shared cipher, a scanner: the client's doing, never an error.
-                    log::debug!("client {peer}: TLS handshake failed: {e}");
-                    return;
-                }
-                Err(_) => {
-                    log::debug!("client {peer}: TLS handshake timed out");
-                    return;
-                }
-            };
-            if tls.get_ref().1.alpn_protocol() == Some(b"h2") {
-                serve_h2(tls, info, gateway, worker, stopped).await;
-            } else {
-                serve_h1(tls, info, gateway, worker, stopped).await;
-            }
+        Kind::Tls(config) => Box::pin(serve_tls(stream, config, info, gateway, worker, stopped)).await,
+    }
+}
+
+async fn serve_tls(
+    stream: TcpStream,
+    config: Arc<ServerConfig>,
+    info: ConnInfo,
+    gateway: Arc<Gateway>,
+    worker: Rc<Worker>,
+    stopped: watch::Receiver<bool>,
+) {
+    let peer = info.peer;
+    let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, TlsAcceptor::from(config).accept(stream));
+    let accepted = reading(&worker.stats, handshake).await;
+    let tls = match accepted {
+        Ok(Ok(tls)) => tls,
+        Ok(Err(e)) => {
+            // Unknown SNI, no shared cipher, a scanner: the client's doing, never an error.
+            log::debug!("client {peer}: TLS handshake failed: {e}");
+            return;
         }
+        Err(_) => {
+            log::debug!("client {peer}: TLS handshake timed out");
+            return;
+        }
+    };
+    if tls.get_ref().1.alpn_protocol() == Some(b"h2") {
+        serve_h2(tls, info, gateway, worker, stopped).await;
+    } else {
+        serve_h1(tls, info, gateway, worker, stopped).await;
     }
 }
 
@@ -418,9 +423,10 @@ where
         .keep_alive_interval(HEADER_TIMEOUT)
         .keep_alive_timeout(Duration::from_secs(20));
     let conn = builder.serve_connection(TokioIo::new(io), service);
+    tokio::pin!(conn);
     // A connection with no new stream for HEADER_TIMEOUT is closed (GOAWAY; streams in flight
     // finish), as nginx's keepalive_timeout does: idle clients do not hold memory forever.
-    if let Err(e) = until_stopped(conn, stopped, Some(last_request)).await {
+    if let Err(e) = until_stopped(conn.as_mut(), stopped, Some(last_request)).await {
         log::debug!("client {peer} (HTTP/2): {e}");
     }
 }
@@ -460,11 +466,10 @@ where
 /// Serves `conn` to its end; on stop, or when `last_request` is older than [`HEADER_TIMEOUT`],
 /// lets it finish what is in flight and close.
 async fn until_stopped<C: Graceful>(
-    conn: C,
+    mut conn: std::pin::Pin<&mut C>,
     mut stopped: watch::Receiver<bool>,
     last_request: Option<Rc<Cell<tokio::time::Instant>>>,
 ) -> hyper::Result<()> {
-    tokio::pin!(conn);
     let idle_deadline = || last_request.as_ref().map(|l| l.get() + HEADER_TIMEOUT);
     loop {
         let idle = async {
@@ -487,6 +492,33 @@ async fn until_stopped<C: Graceful>(
     conn.await
 }
 
+/// A response body that keeps its request counted in flight (`guard::Activity`) until hyper
+/// has taken its last byte, or dropped it.
+struct Tracked<B> {
+    body: B,
+    _busy: Busy,
+}
+
+impl<B: http_body::Body + Unpin> http_body::Body for Tracked<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<B::Data>, B::Error>>> {
+        std::pin::Pin::new(&mut self.get_mut().body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
 async fn serve_h1<S>(
     stream: S,
     info: ConnInfo,
@@ -496,18 +528,60 @@ async fn serve_h1<S>(
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let io = TokioIo::new(Guarded::new(stream, info.peer));
     let peer = info.peer;
-    let service = service_fn(move |req| {
+    let stats = worker.stats.clone();
+    let activity = Arc::new(Activity::default());
+    let mut io = Guarded::new(stream, peer, activity.clone());
+    let mut service = service_fn(move |req| {
+        // Counted here, as hyper hands the request over: the socket never looks idle between
+        // a request's head and its response.
+        let busy = activity.begin();
         let (gateway, worker, info) = (gateway.clone(), worker.clone(), info.clone());
-        async move { Ok::<_, Infallible>(proxy::handle(req, info, &gateway, &worker).await) }
+        async move {
+            let resp = proxy::handle(req, info, &gateway, &worker).await;
+            Ok::<_, Infallible>(resp.map(|body| Tracked { body, _busy: busy }))
+        }
     });
     let mut builder = http1::Builder::new();
     builder.timer(TokioTimer::new()).header_read_timeout(HEADER_TIMEOUT).max_buf_size(64 << 10);
-    // Upgrades: a WebSocket route hands the connection over to a tunnel (`tunnel`).
-    let conn = builder.serve_connection(io, service).with_upgrades();
-    if let Err(e) = until_stopped(conn, stopped, None).await {
-        // The client's doing (reset, timeout, malformed input): never at error level.
-        log::debug!("client {peer}: {e}");
+    loop {
+        // Upgrades: a WebSocket route hands the connection over to a tunnel (`tunnel`). Boxed:
+        // the server's state is freed while the connection is parked.
+        let mut conn = Box::new(builder.serve_connection(TokioIo::new(io), service).with_upgrades());
+        if let Err(e) = until_stopped(std::pin::Pin::new(&mut *conn), stopped.clone(), None).await {
+            // The client's doing (reset, timeout, malformed input): never at error level.
+            log::debug!("client {peer}: {e}");
+            return;
+        }
+        // `None`: the connection was upgraded and belongs to its tunnel.
+        let Some(parts) = conn.into_parts() else { return };
+        io = parts.io.into_inner();
+        service = parts.service;
+        if !io.parked() {
+            return;
+        }
+        // The server's read buffer goes with it (held, it would keep the whole allocation).
+        io.unread(&parts.read_buf);
+        drop(parts.read_buf);
+        // Parked: no server state and no buffer until the client sends again. The whole idle
+        // time stays bounded by HEADER_TIMEOUT (nginx's keepalive_timeout).
+        let _parked = Raised::new(&stats.parked);
+        let mut stop = stopped.clone();
+        let wait = tokio::time::timeout(HEADER_TIMEOUT.saturating_sub(PARK_AFTER), io.wait_parked());
+        tokio::select! {
+            r = wait => match r {
+                Ok(Ok(true)) => {}
+                Ok(Ok(false)) => return,
+                Ok(Err(e)) => {
+                    log::debug!("client {peer}: {e}");
+                    return;
+                }
+                Err(_) => {
+                    log::debug!("client {peer}: idle for {HEADER_TIMEOUT:?}");
+                    return;
+                }
+            },
+            _ = stop.wait_for(|s| *s) => return,
+        }
     }
 }
