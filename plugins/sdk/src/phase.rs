@@ -49,6 +49,17 @@ impl PluginResponse {
         headers.insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
         PluginResponse { status, headers, body: Bytes::from(value.to_string()) }
     }
+    /// A JSON response of any serializable value, written straight into the body (no
+    /// `serde_json::Value` in between). A value that cannot be serialized (a map with non-string
+    /// keys) answers 500 with the reason.
+    pub fn json_of<T: serde::Serialize + ?Sized>(status: StatusCode, value: &T) -> Self {
+        let mut headers = HeaderMap::new();
+        headers.insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        match serde_json::to_vec(value) {
+            Ok(body) => PluginResponse { status, headers, body: Bytes::from(body) },
+            Err(e) => Self::message(StatusCode::INTERNAL_SERVER_ERROR, &format!("response not serializable: {e}")),
+        }
+    }
     /// A `{"message": ...}` JSON response, the shape APISIX plugins answer rejections with.
     pub fn message(status: StatusCode, msg: &str) -> Self {
         Self::json(status, &serde_json::json!({ "message": msg }))

@@ -247,8 +247,8 @@ impl Instance {
         };
         let valid: Vec<store::NewEntry> = checked.iter().filter_map(|c| c.as_ref().ok().cloned()).collect();
         if valid.is_empty() {
-            let items = checked.iter().map(|c| item_err(c.as_ref().err(), now)).collect();
-            return Flow::Respond(respond(items, now));
+            let items: Vec<_> = checked.iter().map(|c| item_err(c.as_ref().err(), now)).collect();
+            return Flow::Respond(respond(&items, now));
         }
         let Some(store) = self.shared.store() else {
             return request_error(StatusCode::SERVICE_UNAVAILABLE, "storage is not configured", now);
@@ -267,21 +267,21 @@ impl Instance {
                 }
                 Ok(codes) => {
                     counters::add(&counters::CREATED, codes.len() as u64);
-                    let mut codes = codes.into_iter().zip(valid);
-                    let items = checked
+                    let mut stored = codes.iter().zip(&valid);
+                    let items: Vec<_> = checked
                         .iter()
                         .map(|c| match c {
                             Err(r) => item_err(Some(r), now),
-                            Ok(_) => match codes.next() {
+                            Ok(_) => match stored.next() {
                                 Some((code, entry)) => {
-                                    shared.cache.put(&code, &entry.origin_url, entry.expires_at);
-                                    item_ok(&entry.origin_url, &code, &meta.short_base, now)
+                                    shared.cache.put(code, &entry.origin_url, entry.expires_at);
+                                    item_ok(&entry.origin_url, code, &meta.short_base, now)
                                 }
                                 None => item_err(None, now),
                             },
                         })
                         .collect();
-                    Flow::Respond(respond(items, now))
+                    Flow::Respond(respond(&items, now))
                 }
             }
         }))

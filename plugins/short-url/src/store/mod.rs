@@ -487,6 +487,17 @@ pub(crate) mod suite {
         let again = block(store.create(vec![entry("http://b.example/", None)], 200)).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(again, vec!["Fresh001".to_owned()]);
         assert_eq!(block(store.get(&taken)).ok().flatten().map(|r| r.origin_url), Some("http://a.example/1".into()));
+        // A code drawn twice within one request, and a taken one beside a free one, in one
+        // statement: the first row keeps the code, the others are given new ones.
+        *scripted.0.lock() =
+            vec!["Twice001".into(), "Twice001".into(), taken.clone(), "Fresh002".into(), "Fresh003".into()];
+        let urls = ["http://d.example/1", "http://d.example/2", "http://d.example/3"];
+        let got =
+            block(store.create(urls.iter().map(|u| entry(u, None)).collect(), 250)).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(got, vec!["Twice001".to_owned(), "Fresh002".into(), "Fresh003".into()]);
+        for (code, url) in got.iter().zip(urls) {
+            assert_eq!(block(store.get(code)).ok().flatten().map(|r| r.origin_url), Some(url.into()));
+        }
 
         // Exhausted attempts fail the whole batch: nothing of it is stored.
         *scripted.0.lock() = std::iter::once("Partial1".to_owned())
@@ -498,7 +509,7 @@ pub(crate) mod suite {
 
         // Counts and purge.
         let c = block(store.counts(1000)).unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(c, Counts { codes: 3, expired: 1 });
+        assert_eq!(c, Counts { codes: 6, expired: 1 });
         assert_eq!(store.purge_blocking(1000), Ok(1));
         assert_eq!(block(store.get(&codes[1])), Ok(None));
 
