@@ -292,7 +292,6 @@ pub async fn handle(req: http::Request<Incoming>, conn: ConnInfo, gw: &Gateway, 
     resp
 }
 
-
 /// HTTP/2 names the target host in `:authority`: it becomes the Host header that routing,
 /// plugins and the upstream see. A Host header naming another host is refused (RFC 9113
 /// section 8.3.1), so that no decision is made on one name and the request sent with the other.
