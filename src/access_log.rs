@@ -10,6 +10,7 @@ use std::cell::RefCell;
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
+use http::{HeaderMap, HeaderName};
 use weir_plugin::logfile::LineWriter;
 use weir_plugin::RequestCtx;
 
@@ -77,6 +78,28 @@ impl Format {
         }
         Ok(Format::Template(pieces))
     }
+
+    /// The request headers a line of this format reads: `combined` Referer and User-Agent,
+    /// `json` those and Host, a template its `$http_*` and `$host`. Only these are kept past
+    /// forwarding, instead of a copy of every header.
+    pub fn headers_read(&self) -> Vec<HeaderName> {
+        let names: Vec<String> = match self {
+            Format::Combined => vec!["referer".into(), "user-agent".into()],
+            Format::Json => vec!["referer".into(), "user-agent".into(), "host".into()],
+            Format::Template(pieces) => pieces
+                .iter()
+                .filter_map(|p| match p {
+                    Piece::Var(name) if name == "host" => Some("host".to_owned()),
+                    // As `RequestCtx::var` reads them: `_` for `-`, any case.
+                    Piece::Var(name) => name.strip_prefix("http_").map(|h| h.replace('_', "-").to_ascii_lowercase()),
+                    Piece::Text(_) => None,
+                })
+                .collect(),
+        };
+        let mut out: Vec<HeaderName> = names.iter().filter_map(|n| HeaderName::from_bytes(n.as_bytes()).ok()).collect();
+        out.dedup();
+        out
+    }
 }
 
 /// Lines written and dropped so far.
@@ -91,6 +114,8 @@ pub struct Stats {
 /// The running access log.
 struct AccessLog {
     format: Format,
+    /// [`Format::headers_read`].
+    headers: Vec<HeaderName>,
     writer: Arc<LineWriter>,
 }
 
@@ -102,13 +127,21 @@ pub fn start(path: PathBuf, format: &str, buffer: usize) -> Result<(), String> {
     let format = Format::parse(format).map_err(|e| format!("gateway.access_log.format: {e}"))?;
     let writer =
         LineWriter::start_with("access-log", path, buffer).map_err(|e| format!("gateway.access_log.path: {e}"))?;
-    LOG.set(AccessLog { format, writer }).map_err(|_| "gateway.access_log: started twice".to_owned())
+    let headers = format.headers_read();
+    LOG.set(AccessLog { format, headers, writer }).map_err(|_| "gateway.access_log: started twice".to_owned())
 }
 
-/// Whether lines are written (the request's headers must then outlive its forwarding).
-#[inline]
-pub fn enabled() -> bool {
-    LOG.get().is_some()
+/// What of `headers` the access log reads after forwarding, when it is on (`None` when off):
+/// the request then keeps these instead of a copy of every header.
+pub fn headers_kept(headers: &HeaderMap) -> Option<HeaderMap> {
+    let log = LOG.get()?;
+    let mut kept = HeaderMap::new();
+    for name in &log.headers {
+        for v in headers.get_all(name) {
+            kept.append(name.clone(), v.clone());
+        }
+    }
+    Some(kept)
 }
 
 /// Asks the writer to reopen the file (SIGUSR1, after logrotate moved it).
@@ -276,6 +309,17 @@ mod tests {
         assert_eq!(v["status"], 200);
         assert_eq!(v["host"], "example.com");
         assert_eq!(v["http_user_agent"], "curl/8 \"x\"");
+    }
+
+    #[test]
+    fn only_the_headers_a_format_reads_are_kept() {
+        let names = |f: &str| -> Vec<String> {
+            Format::parse(f).unwrap_or_else(|e| panic!("{e}")).headers_read().iter().map(|h| h.to_string()).collect()
+        };
+        assert_eq!(names("combined"), ["referer", "user-agent"]);
+        assert_eq!(names("json"), ["referer", "user-agent", "host"]);
+        assert_eq!(names("$host $http_X_Request_Id ${http_accept} $status $arg_a"), ["host", "x-request-id", "accept"]);
+        assert!(names("$status $request").is_empty());
     }
 
     #[test]

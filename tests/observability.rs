@@ -191,14 +191,18 @@ fn lines(path: &std::path::Path) -> Vec<String> {
 fn the_access_log_has_one_line_per_request_in_each_format() {
     let up = Upstream::start("a");
     let resources = format!("routes:\n  - {{id: r1, uri: /a, upstream: {{nodes: {{\"{}\": 1}}}}}}\n", up.node());
-    for format in
-        ["combined", "json", "\"$remote_addr|$request_method|$uri|$status|$route_id|${upstream_addr}|$http_x_missing\""]
-    {
+    for format in [
+        "combined",
+        "json",
+        "\"$remote_addr|$request_method|$uri|$status|$route_id|${upstream_addr}|$http_x_missing|$http_x_test\"",
+    ] {
         let p = Prefix::new(&format!("  access_log: {{path: logs/access.log, format: {format}}}\n"), "", &resources);
         let w = Weir::start(&p);
         w.wait_ready(p.node());
         for _ in 0..4 {
-            assert_eq!(request(p.node(), "GET", "/a", &[("User-Agent", "t\"est")], b"").status, 200);
+            // Headers a line reads are kept past forwarding (only those: `access_log::headers_kept`).
+            let headers = [("User-Agent", "t\"est"), ("X-Test", "v"), ("X-Other", "o")];
+            assert_eq!(request(p.node(), "GET", "/a", &headers, b"").status, 200);
         }
         assert_eq!(get(p.node(), "/missing").status, 404);
         let log = p.dir.join("logs/access.log");
@@ -218,11 +222,12 @@ fn the_access_log_has_one_line_per_request_in_each_format() {
                 assert_eq!(v["uri"], "/a");
                 assert_eq!(v["upstream_addr"], up.node());
                 assert_eq!(v["http_user_agent"], "t\"est");
+                assert_eq!(v["host"], "127.0.0.1");
                 assert!(v["upstream_response_time"].as_f64().is_some(), "{v}");
             }
             _ => {
-                assert_eq!(all[0], format!("127.0.0.1|GET|/a|200|r1|{}|-", up.node()));
-                assert_eq!(all[4], "127.0.0.1|GET|/missing|404|-|-|-");
+                assert_eq!(all[0], format!("127.0.0.1|GET|/a|200|r1|{}|-|v", up.node()));
+                assert_eq!(all[4], "127.0.0.1|GET|/missing|404|-|-|-|-");
             }
         }
         drop(w);

@@ -546,10 +546,18 @@ async fn forward(
         tried.push(idx);
         let node = &upstream.nodes[idx];
         fin.ctx.upstream_addrs.push(node.addr);
-        // The last attempt may move the headers out, unless a plugin or the access log reads
-        // them after the request.
-        let keep = attempt + 1 < max_attempts || fin.late_headers || crate::access_log::enabled();
-        let mut headers = if keep { fin.ctx.headers.clone() } else { std::mem::take(&mut fin.ctx.headers) };
+        // The last attempt moves the headers out, unless a plugin reads them after the request;
+        // the access log keeps only those its format reads.
+        let keep_all = attempt + 1 < max_attempts || fin.late_headers;
+        let mut headers = if keep_all {
+            fin.ctx.headers.clone()
+        } else {
+            let all = std::mem::take(&mut fin.ctx.headers);
+            if let Some(kept) = crate::access_log::headers_kept(&all) {
+                fin.ctx.headers = kept;
+            }
+            all
+        };
         match upstream.pass_host {
             PassHost::Pass if headers.contains_key(http::header::HOST) => {}
             PassHost::Pass | PassHost::Node => {
