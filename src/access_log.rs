@@ -179,7 +179,12 @@ pub fn format_line(format: &Format, ctx: &RequestCtx) -> String {
             out.push_str(" - - [");
             with_time(|t| out.push_str(&t.local));
             out.push_str("] \"");
-            escape_into(&mut out, &ctx.var("request").unwrap_or_default());
+            // `$request`, written in place.
+            escape_into(&mut out, ctx.method.as_str());
+            out.push(' ');
+            escape_into(&mut out, &ctx.request_uri());
+            out.push(' ');
+            out.push_str(weir_plugin::version_str(ctx.version));
             out.push_str("\" ");
             push_num(&mut out, u64::from(ctx.status));
             out.push(' ');
@@ -190,31 +195,33 @@ pub fn format_line(format: &Format, ctx: &RequestCtx) -> String {
             escape_into(&mut out, ctx.header("user-agent").unwrap_or("-"));
             out.push('"');
         }
-        Format::Json => {
-            let time = with_time(|t| t.iso.clone());
-            let v = serde_json::json!({
-                "time": time,
-                "remote_addr": &*ctx.remote_ip,
-                "request_method": ctx.method.as_str(),
-                "uri": ctx.path,
-                "args": ctx.query,
-                "server_protocol": weir_plugin::version_str(ctx.version),
-                "host": ctx.var("host"),
-                "status": ctx.status,
-                "request_length": ctx.request_length,
-                "bytes_sent": ctx.head_bytes_sent + ctx.body_bytes_sent,
-                "body_bytes_sent": ctx.body_bytes_sent,
-                "request_time": ctx.started.elapsed().as_secs_f64(),
-                "upstream_addr": ctx.var("upstream_addr"),
-                "upstream_response_time": ctx.upstream_time.map(|t| t.as_secs_f64()),
-                "route_id": ctx.route_id.as_deref(),
-                "service_id": ctx.service_id.as_deref(),
-                "consumer": ctx.consumer.as_ref().map(|c| &*c.username),
-                "http_referer": ctx.header("referer"),
-                "http_user_agent": ctx.header("user-agent"),
-            });
-            out.push_str(&v.to_string());
-        }
+        Format::Json => with_time(|t| {
+            let line = JsonLine {
+                args: &ctx.query,
+                body_bytes_sent: ctx.body_bytes_sent,
+                bytes_sent: ctx.head_bytes_sent + ctx.body_bytes_sent,
+                consumer: ctx.consumer.as_ref().map(|c| &*c.username),
+                host: ctx.var("host"),
+                http_referer: ctx.header("referer"),
+                http_user_agent: ctx.header("user-agent"),
+                remote_addr: &ctx.remote_ip,
+                request_length: ctx.request_length,
+                request_method: ctx.method.as_str(),
+                request_time: ctx.started.elapsed().as_secs_f64(),
+                route_id: ctx.route_id.as_deref(),
+                server_protocol: weir_plugin::version_str(ctx.version),
+                service_id: ctx.service_id.as_deref(),
+                status: ctx.status,
+                time: &t.iso,
+                upstream_addr: ctx.var("upstream_addr"),
+                upstream_response_time: ctx.upstream_time.map(|t| t.as_secs_f64()),
+                uri: &ctx.path,
+            };
+            // Serializing plain fields cannot fail; an error would leave the line empty.
+            if let Ok(text) = serde_json::to_string(&line) {
+                out.push_str(&text);
+            }
+        }),
         Format::Template(pieces) => {
             for p in pieces {
                 match p {
@@ -246,6 +253,12 @@ fn push_num(out: &mut String, n: u64) {
 /// so that a client cannot forge lines or fields.
 fn escape_into(out: &mut String, v: &str) {
     use std::fmt::Write as _;
+    let plain = |b: u8| b != b'"' && b != b'\\' && (0x20..0x7f).contains(&b);
+    if v.bytes().all(plain) {
+        // The common case: nothing to escape.
+        out.push_str(v);
+        return;
+    }
     for b in v.bytes() {
         if b == b'"' || b == b'\\' || !(0x20..0x7f).contains(&b) {
             let _ = write!(out, "\\x{b:02X}");
@@ -253,6 +266,30 @@ fn escape_into(out: &mut String, v: &str) {
             out.push(char::from(b));
         }
     }
+}
+
+/// A `json` line: fields in the order they have always had (sorted), borrowed from the request.
+#[derive(serde::Serialize)]
+struct JsonLine<'a> {
+    args: &'a str,
+    body_bytes_sent: u64,
+    bytes_sent: u64,
+    consumer: Option<&'a str>,
+    host: Option<std::borrow::Cow<'a, str>>,
+    http_referer: Option<&'a str>,
+    http_user_agent: Option<&'a str>,
+    remote_addr: &'a str,
+    request_length: u64,
+    request_method: &'a str,
+    request_time: f64,
+    route_id: Option<&'a str>,
+    server_protocol: &'a str,
+    service_id: Option<&'a str>,
+    status: u16,
+    time: &'a str,
+    upstream_addr: Option<std::borrow::Cow<'a, str>>,
+    upstream_response_time: Option<f64>,
+    uri: &'a str,
 }
 
 /// The current second, formatted both ways, cached per thread.
@@ -269,9 +306,14 @@ thread_local! {
 fn with_time<R>(f: impl FnOnce(&Clock) -> R) -> R {
     CLOCK.with(|c| {
         let mut c = c.borrow_mut();
-        let now = chrono::Local::now();
-        if now.timestamp() != c.second {
-            c.second = now.timestamp();
+        // The system clock says whether the second changed; the local time (time zone lookup)
+        // is only asked once a second.
+        let second = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
+        if second != c.second {
+            let now = chrono::Local::now();
+            c.second = second;
             c.local = now.format("%d/%b/%Y:%H:%M:%S %z").to_string();
             c.iso = now.format("%Y-%m-%dT%H:%M:%S%:z").to_string();
         }
