@@ -117,6 +117,22 @@ pub trait OnFinish: 'static {
     fn upstream_done(&mut self) {}
 }
 
+/// A boxed finisher (the request path's `Finish` is boxed so that responses move as pointers).
+impl<F: OnFinish + ?Sized> OnFinish for Box<F> {
+    fn chunk(&mut self, chunk: &mut Bytes, eof: bool) {
+        (**self).chunk(chunk, eof);
+    }
+    fn filters_body(&self) -> bool {
+        (**self).filters_body()
+    }
+    fn sent(&mut self, n: u64) {
+        (**self).sent(n);
+    }
+    fn upstream_done(&mut self) {
+        (**self).upstream_done();
+    }
+}
+
 /// A response body towards the client.
 pub enum ResponseBody<F: OnFinish> {
     /// A whole body (plugin answers, gateway errors), or none.

@@ -34,7 +34,7 @@ pub const MAX_BUFFERED_BODY: usize = 16 << 20;
 /// Larger bodies stream and are not retried once sent.
 pub const REPLAYABLE_BODY: u64 = 64 << 10;
 /// A response on its way to the client.
-pub type Response = http::Response<ResponseBody<Finish>>;
+pub type Response = http::Response<ResponseBody<Box<Finish>>>;
 
 /// The connection a request arrived on.
 #[derive(Clone, Debug)]
@@ -82,13 +82,15 @@ pub struct Finish {
 }
 
 impl Finish {
-    fn new(ctx: RequestCtx, chains: [PluginChain; 2]) -> Self {
+    /// Boxed: the request context is most of a response's size, and a response is moved
+    /// several times on its way to hyper (each move copied ~1 KB).
+    fn new(ctx: RequestCtx, chains: [PluginChain; 2]) -> Box<Self> {
         let (mut filters_body, mut late_headers) = (false, false);
         for p in chains.iter().flat_map(|c| c.iter()) {
             filters_body |= p.instance.wants_response_body();
             late_headers |= p.instance.reads_request_headers_late();
         }
-        Finish {
+        Box::new(Finish {
             ctx,
             chains,
             filters_body,
@@ -97,7 +99,7 @@ impl Finish {
             body_received: None,
             upstream_started: None,
             _inflight: None,
-        }
+        })
     }
 }
 
@@ -167,7 +169,7 @@ fn error_response(status: StatusCode, msg: &str) -> Response {
 }
 
 /// A response with `head` (framing headers dropped: the body says its own length).
-fn with_head(mut head: ResponseHead, body: ResponseBody<Finish>) -> Response {
+fn with_head(mut head: ResponseHead, body: ResponseBody<Box<Finish>>) -> Response {
     head.headers.remove(http::header::CONTENT_LENGTH);
     head.headers.remove(http::header::TRANSFER_ENCODING);
     let mut resp = http::Response::new(body);
@@ -177,7 +179,7 @@ fn with_head(mut head: ResponseHead, body: ResponseBody<Finish>) -> Response {
 }
 
 /// Answers with a plugin's response, after the header filters.
-fn plugin_response(resp: PluginResponse, mut finish: Finish) -> Response {
+fn plugin_response(resp: PluginResponse, mut finish: Box<Finish>) -> Response {
     let mut head = ResponseHead { status: resp.status, headers: resp.headers };
     for (k, v) in finish.ctx.response_headers.drain(..) {
         head.headers.append(k, v);
@@ -489,7 +491,7 @@ fn hash_key(ctx: &RequestCtx, upstream: &CompiledUpstream) -> Option<u32> {
 }
 
 async fn forward(
-    mut fin: Finish,
+    mut fin: Box<Finish>,
     upstream: Arc<CompiledUpstream>,
     mut source: Source,
     original_host: Option<HeaderValue>,
@@ -651,7 +653,7 @@ fn h2_uri(tls: bool, host: Option<HeaderValue>, target: &http::uri::PathAndQuery
 /// A response the gateway makes itself once the request has a route (502, 503, 504): it goes
 /// through `header_filter`, `body_filter` and `log` like any response (docs/phases.md), so that
 /// request-id, response-rewrite and loggers see it. On a gRPC route it is a gRPC status instead.
-fn gateway_error(status: StatusCode, msg: &str, fin: Finish) -> Response {
+fn gateway_error(status: StatusCode, msg: &str, fin: Box<Finish>) -> Response {
     if fin.grpc {
         return plugin_response(grpc_status(status, msg), fin);
     }
@@ -694,7 +696,7 @@ fn grpc_status(status: StatusCode, msg: &str) -> PluginResponse {
 fn upgraded(
     mut resp: http::Response<Incoming>,
     client: hyper::upgrade::OnUpgrade,
-    mut finish: Finish,
+    mut finish: Box<Finish>,
     inflight: Option<InFlight>,
     idle: std::time::Duration,
 ) -> Response {
@@ -731,7 +733,7 @@ fn upgraded(
 fn respond(
     resp: http::Response<hyper::body::Incoming>,
     conn: Option<(Conn, Rc<Pool>)>,
-    mut finish: Finish,
+    mut finish: Box<Finish>,
     inflight: Option<InFlight>,
 ) -> Response {
     let (parts, incoming) = resp.into_parts();
