@@ -87,17 +87,19 @@ out=$(wrkrun -s "$WORK/create.lua" "http://127.0.0.1:$PORT/short/v1/urls"); summ
 code=$(curl -s -X POST "127.0.0.1:$PORT/short/v1/urls" -H 'Content-Type: application/json' -d '[{"origin_url":"https://hot.example/"}]' | python3 -c 'import json,sys; print(json.load(sys.stdin)["data"][0]["data"]["short_code"])')
 out=$(wrkrun "http://127.0.0.1:$PORT/s/$code"); summary "redirect, cached hot code" "$out" 1
 fill "$STORED"
-echo "stored codes: $(count)"
+stored=$(count)
+echo "stored codes: $stored (the creation run above stored some already)"
 dump_codes 200000
 stop; start
-out=$(wrkrun -s "$WORK/random.lua" "http://127.0.0.1:$PORT"); summary "redirect, uncached ($STORED stored)" "$out" 1
+out=$(wrkrun -s "$WORK/random.lua" "http://127.0.0.1:$PORT"); summary "redirect, uncached ($stored stored)" "$out" 1
 if [ "$SCALE" -gt 0 ]; then
   fill "$SCALE"
-  echo "stored codes: $(count)"
+  stored=$(count)
+  echo "stored codes: $stored"
   dump_codes 200000
   stop; start
-  out=$(wrkrun -s "$WORK/create.lua" "http://127.0.0.1:$PORT/short/v1/urls"); summary "create, $SCALE stored (URLs)" "$out" 100
-  out=$(wrkrun -s "$WORK/random.lua" "http://127.0.0.1:$PORT"); summary "redirect, uncached ($SCALE stored)" "$out" 1
+  out=$(wrkrun -s "$WORK/create.lua" "http://127.0.0.1:$PORT/short/v1/urls"); summary "create, $stored stored (URLs)" "$out" 100
+  out=$(wrkrun -s "$WORK/random.lua" "http://127.0.0.1:$PORT"); summary "redirect, uncached ($stored stored)" "$out" 1
 fi
 stop
 echo "database size: $(du -sh "$WORK/data" 2>/dev/null | cut -f1)"
