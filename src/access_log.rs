@@ -96,8 +96,12 @@ impl Format {
                 })
                 .collect(),
         };
-        let mut out: Vec<HeaderName> = names.iter().filter_map(|n| HeaderName::from_bytes(n.as_bytes()).ok()).collect();
-        out.dedup();
+        let mut out: Vec<HeaderName> = Vec::new();
+        for name in names.iter().filter_map(|n| HeaderName::from_bytes(n.as_bytes()).ok()) {
+            if !out.contains(&name) {
+                out.push(name);
+            }
+        }
         out
     }
 }
@@ -362,6 +366,7 @@ mod tests {
         assert_eq!(names("json"), ["referer", "user-agent", "host"]);
         assert_eq!(names("$host $http_X_Request_Id ${http_accept} $status $arg_a"), ["host", "x-request-id", "accept"]);
         assert!(names("$status $request").is_empty());
+        assert_eq!(names("$http_accept $status $http_Accept"), ["accept"], "each header once");
     }
 
     #[test]

@@ -75,8 +75,8 @@ pub struct Guarded<S> {
     refusal: Option<(Vec<u8>, usize)>,
     eof: bool,
     activity: Arc<Activity>,
-    /// Runs while the connection is idle; `begun` as it was when it was last (re)armed.
-    idle: Option<(Pin<Box<tokio::time::Sleep>>, u32)>,
+    /// Runs while the server waits for the client; `begun` as it was when it was last (re)armed.
+    park_timer: Option<(Pin<Box<tokio::time::Sleep>>, u32)>,
     /// The server was shown the end of the stream to park the connection.
     parked: bool,
     /// The socket refused the last write (the server still holds bytes for it).
@@ -98,7 +98,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Guarded<S> {
             refusal: None,
             eof: false,
             activity,
-            idle: None,
+            park_timer: None,
             parked: false,
             write_blocked: false,
             unflushed: false,
@@ -108,16 +108,6 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Guarded<S> {
     /// Whether the server was ended to park the connection (see the module documentation).
     pub fn parked(&self) -> bool {
         self.parked
-    }
-
-    /// Bytes the server had read and not used (given back when it ends): read again first.
-    pub fn unread(&mut self, bytes: &[u8]) {
-        if !bytes.is_empty() {
-            let mut passed = bytes.to_vec();
-            passed.extend_from_slice(&self.passed[self.passed_at..]);
-            self.passed = passed;
-            self.passed_at = 0;
-        }
     }
 
     /// While parked: waits for the client's next bytes, holding no buffer until they arrive, and
@@ -161,10 +151,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Guarded<S> {
     fn poll_park(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let begun = self.activity.begun.load(Ordering::Relaxed);
         let idle = self.idle();
-        let Some((sleep, armed_at)) = &mut self.idle else {
+        let Some((sleep, armed_at)) = &mut self.park_timer else {
             let mut sleep = Box::pin(tokio::time::sleep(PARK_AFTER));
             let _ = sleep.as_mut().poll(cx);
-            self.idle = Some((sleep, begun));
+            self.park_timer = Some((sleep, begun));
             return Poll::Pending;
         };
         if sleep.as_mut().poll(cx).is_pending() {
@@ -172,7 +162,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Guarded<S> {
         }
         if *armed_at == begun && idle {
             // Idle for a whole period.
-            self.idle = None;
+            self.park_timer = None;
             self.parked = true;
             return Poll::Ready(Ok(()));
         }
@@ -182,6 +172,14 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Guarded<S> {
         sleep.as_mut().reset(tokio::time::Instant::now() + PARK_AFTER);
         let _ = sleep.as_mut().poll(cx);
         Poll::Pending
+    }
+
+    /// Notes how a write went (see [`Guarded::idle`]).
+    fn wrote(&mut self, polled: &Poll<io::Result<usize>>) {
+        self.write_blocked = polled.is_pending();
+        if let Poll::Ready(Ok(n)) = polled {
+            self.unflushed |= *n > 0;
+        }
     }
 
     fn refuse(&mut self, r: Refusal) {
@@ -230,15 +228,6 @@ fn read_uninit<S: AsyncRead + Unpin>(
     // SAFETY: the read initialized these `n` bytes of `buf`'s unfilled part.
     unsafe { buf.assume_init(n) };
     Poll::Ready(Ok(n))
-}
-
-impl<S> Guarded<S> {
-    fn wrote(&mut self, polled: &Poll<io::Result<usize>>) {
-        self.write_blocked = polled.is_pending();
-        if let Poll::Ready(Ok(n)) = polled {
-            self.unflushed |= *n > 0;
-        }
-    }
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for Guarded<S> {

@@ -287,6 +287,21 @@ async fn accept_loop(
     }
 }
 
+/// Runs `step` within `limit`: its error and its timeout become one message naming `what`
+/// ("TLS handshake failed: ...", "TLS handshake timed out"), for the debug log or a stream's
+/// close reason.
+pub async fn within<T, E: std::fmt::Display>(
+    limit: Duration,
+    what: &str,
+    step: impl std::future::Future<Output = Result<T, E>>,
+) -> Result<T, String> {
+    match tokio::time::timeout(limit, step).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(format!("{what} failed: {e}")),
+        Err(_) => Err(format!("{what} timed out ({limit:?})")),
+    }
+}
+
 /// The preface every HTTP/2 connection opens with (RFC 9113 section 3.4).
 const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
@@ -353,11 +368,11 @@ async fn serve(
     match kind {
         Kind::Plain { h2c: false } => serve_h1(stream, info, gateway, worker, stopped).await,
         Kind::Plain { h2c: true } => {
-            match reading(&worker.stats, tokio::time::timeout(HEADER_TIMEOUT, opens_with_h2_preface(&stream))).await {
-                Ok(Ok(true)) => Box::pin(serve_h2(stream, info, gateway, worker, stopped)).await,
-                Ok(Ok(false)) => serve_h1(stream, info, gateway, worker, stopped).await,
-                Ok(Err(e)) => log::debug!("client {peer}: {e}"),
-                Err(_) => log::debug!("client {peer}: no request within {HEADER_TIMEOUT:?}"),
+            let detected = within(HEADER_TIMEOUT, "protocol detection", opens_with_h2_preface(&stream));
+            match reading(&worker.stats, detected).await {
+                Ok(true) => Box::pin(serve_h2(stream, info, gateway, worker, stopped)).await,
+                Ok(false) => serve_h1(stream, info, gateway, worker, stopped).await,
+                Err(why) => log::debug!("client {peer}: {why}"),
             }
         }
         // Served by `accept_loop` directly.
@@ -375,17 +390,12 @@ async fn serve_tls(
     stopped: watch::Receiver<bool>,
 ) {
     let peer = info.peer;
-    let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, TlsAcceptor::from(config).accept(stream));
-    let accepted = reading(&worker.stats, handshake).await;
-    let tls = match accepted {
-        Ok(Ok(tls)) => tls,
-        Ok(Err(e)) => {
+    let handshake = within(HANDSHAKE_TIMEOUT, "TLS handshake", TlsAcceptor::from(config).accept(stream));
+    let tls = match reading(&worker.stats, handshake).await {
+        Ok(tls) => tls,
+        Err(why) => {
             // Unknown SNI, no shared cipher, a scanner: the client's doing, never an error.
-            log::debug!("client {peer}: TLS handshake failed: {e}");
-            return;
-        }
-        Err(_) => {
-            log::debug!("client {peer}: TLS handshake timed out");
+            log::debug!("client {peer}: {why}");
             return;
         }
     };
@@ -560,24 +570,20 @@ async fn serve_h1<S>(
         if !io.parked() {
             return;
         }
-        // The server's read buffer goes with it (held, it would keep the whole allocation).
-        io.unread(&parts.read_buf);
+        // hyper parks only with an empty read buffer (bytes of a partial head would have been
+        // its error); dropping `parts` frees that buffer's allocation too.
         drop(parts.read_buf);
         // Parked: no server state and no buffer until the client sends again. The whole idle
         // time stays bounded by HEADER_TIMEOUT (nginx's keepalive_timeout).
         let _parked = Raised::new(&stats.parked);
         let mut stop = stopped.clone();
-        let wait = tokio::time::timeout(HEADER_TIMEOUT.saturating_sub(PARK_AFTER), io.wait_parked());
+        let wait = within(HEADER_TIMEOUT.saturating_sub(PARK_AFTER), "waiting for the next request", io.wait_parked());
         tokio::select! {
             r = wait => match r {
-                Ok(Ok(true)) => {}
-                Ok(Ok(false)) => return,
-                Ok(Err(e)) => {
-                    log::debug!("client {peer}: {e}");
-                    return;
-                }
-                Err(_) => {
-                    log::debug!("client {peer}: idle for {HEADER_TIMEOUT:?}");
+                Ok(true) => {}
+                Ok(false) => return,
+                Err(why) => {
+                    log::debug!("client {peer}: {why}");
                     return;
                 }
             },

@@ -15,7 +15,7 @@ use weir_plugin::{StreamCtx, StreamFlow};
 use super::copy::{copy_idle, relay, Relayed};
 use super::router::StreamChain;
 use super::sni::{client_hello_sni, Hello, MAX_HELLO};
-use crate::dataplane::server::HANDSHAKE_TIMEOUT;
+use crate::dataplane::server::{within, HANDSHAKE_TIMEOUT};
 use crate::dataplane::upstream::{fnv1a, CompiledUpstream, InFlight};
 use crate::health::checker::Source as ReportSource;
 use crate::health::state::Report;
@@ -137,18 +137,14 @@ pub async fn serve(
     let _live = super::Live::tcp();
     let mut ctx = StreamCtx::new("tcp", peer, local);
     if tls.is_some() {
-        match tokio::time::timeout(HELLO_TIMEOUT, peek_hello(&client)).await {
-            Ok(Ok(Hello::Sni(sni))) => ctx.sni = sni,
-            Ok(Ok(_)) => {
+        match within(HELLO_TIMEOUT, "ClientHello", peek_hello(&client)).await {
+            Ok(Hello::Sni(sni)) => ctx.sni = sni,
+            Ok(_) => {
                 log::debug!("stream client {peer} on {local}: not a TLS ClientHello; closing");
                 return;
             }
-            Ok(Err(e)) => {
-                log::debug!("stream client {peer}: {e}");
-                return;
-            }
-            Err(_) => {
-                log::debug!("stream client {peer}: no ClientHello within {HELLO_TIMEOUT:?}");
+            Err(why) => {
+                log::debug!("stream client {peer}: {why}");
                 return;
             }
         }
@@ -173,14 +169,10 @@ pub async fn serve(
     // that scanners and failed handshakes cost the upstream nothing.
     let client_tls = match tls {
         Some(config) if !route.route.tls_passthrough => {
-            match tokio::time::timeout(HANDSHAKE_TIMEOUT, TlsAcceptor::from(config).accept(client)).await {
-                Ok(Ok(tls)) => Ok(tls),
-                Ok(Err(e)) => {
-                    logged.ctx.close_reason = format!("TLS handshake failed: {e}");
-                    return;
-                }
-                Err(_) => {
-                    logged.ctx.close_reason = "TLS handshake timed out".into();
+            match within(HANDSHAKE_TIMEOUT, "TLS handshake", TlsAcceptor::from(config).accept(client)).await {
+                Ok(tls) => Ok(tls),
+                Err(why) => {
+                    logged.ctx.close_reason = why;
                     return;
                 }
             }

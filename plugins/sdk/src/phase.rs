@@ -45,9 +45,7 @@ pub struct PluginResponse {
 impl PluginResponse {
     /// A JSON response (`Content-Type: application/json`).
     pub fn json(status: StatusCode, value: &serde_json::Value) -> Self {
-        let mut headers = HeaderMap::new();
-        headers.insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        PluginResponse { status, headers, body: Bytes::from(value.to_string()) }
+        Self::json_of(status, value)
     }
     /// A JSON response of any serializable value, written straight into the body (no
     /// `serde_json::Value` in between). A value that cannot be serialized (a map with non-string

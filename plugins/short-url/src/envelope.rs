@@ -5,7 +5,6 @@
 //! instructions of a whole creation request).
 
 use serde::{Serialize, Serializer};
-use serde_json::json;
 use weir_plugin::http::StatusCode;
 use weir_plugin::{Flow, PluginResponse};
 
@@ -13,10 +12,8 @@ use crate::validate::Rejected;
 
 /// A request-level error: HTTP status = envelope code, `data: []`.
 pub fn request_error(status: StatusCode, message: &str, now: i64) -> Flow {
-    Flow::Respond(PluginResponse::json(
-        status,
-        &json!({"code": status.as_u16(), "message": message, "timestamp": now, "data": []}),
-    ))
+    let envelope = Envelope { code: status.as_u16(), data: &[], message, timestamp: now };
+    Flow::Respond(PluginResponse::json_of(status, &envelope))
 }
 
 /// One entry's result. Fields in the order the JSON text has always had them (sorted).
@@ -67,6 +64,7 @@ pub fn item_err(rejected: Option<&Rejected>, now: i64) -> Item<'_> {
     Item { code: 400, data: ItemData { origin_url, short_code: None, short_url: None }, message, timestamp: now }
 }
 
+/// The top level of every answer.
 #[derive(Serialize)]
 struct Envelope<'a> {
     code: u16,
