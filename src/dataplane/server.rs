@@ -98,13 +98,28 @@ pub struct DataPlane {
 impl DataPlane {
     /// Binds every listener (errors name the key) and starts the workers.
     pub fn start(gateway: Arc<Gateway>, config: &Config) -> Result<DataPlane, String> {
+        // Bound in reverse order of how clients find the gateway: stream (UDP, then TCP), TLS,
+        // and `node_listen` last. A probe that reaches the plain port (tests, orchestrators, the
+        // package's smoke check) then knows every listener is bound: a datagram sent to a UDP
+        // port not yet bound is lost without a trace.
         let mut listeners = Vec::new();
-        for listen in &config.gateway.node_listen {
-            let addr = listen.addr();
-            let l = bind(addr).map_err(|e| format!("cannot listen on {addr} (gateway.node_listen): {e}"))?;
-            listeners.push((l, Kind::Plain { h2c: listen.http2(false) }));
-        }
+        let mut udp = Vec::new();
         let ssl = &config.gateway.ssl;
+        if let Some(stream) = &config.gateway.stream_proxy {
+            for listen in &stream.udp {
+                let addr = listen.addr();
+                let s = std::net::UdpSocket::bind(addr)
+                    .and_then(|s| s.set_nonblocking(true).map(|_| s))
+                    .map_err(|e| format!("cannot listen on {addr} (gateway.stream_proxy.udp): {e}"))?;
+                udp.push(s);
+            }
+            let stream_tls = tls_config(&gateway, ssl, false)?;
+            for listen in &stream.tcp {
+                let addr = listen.addr();
+                let l = bind(addr).map_err(|e| format!("cannot listen on {addr} (gateway.stream_proxy.tcp): {e}"))?;
+                listeners.push((l, Kind::Stream(listen.tls().then(|| stream_tls.clone()))));
+            }
+        }
         if ssl.enable {
             let (with_h2, without) = (tls_config(&gateway, ssl, true)?, tls_config(&gateway, ssl, false)?);
             for listen in &ssl.listen {
@@ -114,21 +129,10 @@ impl DataPlane {
                 listeners.push((l, Kind::Tls(tls)));
             }
         }
-        let mut udp = Vec::new();
-        if let Some(stream) = &config.gateway.stream_proxy {
-            let stream_tls = tls_config(&gateway, ssl, false)?;
-            for listen in &stream.tcp {
-                let addr = listen.addr();
-                let l = bind(addr).map_err(|e| format!("cannot listen on {addr} (gateway.stream_proxy.tcp): {e}"))?;
-                listeners.push((l, Kind::Stream(listen.tls().then(|| stream_tls.clone()))));
-            }
-            for listen in &stream.udp {
-                let addr = listen.addr();
-                let s = std::net::UdpSocket::bind(addr)
-                    .and_then(|s| s.set_nonblocking(true).map(|_| s))
-                    .map_err(|e| format!("cannot listen on {addr} (gateway.stream_proxy.udp): {e}"))?;
-                udp.push(s);
-            }
+        for listen in &config.gateway.node_listen {
+            let addr = listen.addr();
+            let l = bind(addr).map_err(|e| format!("cannot listen on {addr} (gateway.node_listen): {e}"))?;
+            listeners.push((l, Kind::Plain { h2c: listen.http2(false) }));
         }
         let rules = PathRules {
             merge_slashes: config.gateway.merge_slashes,
