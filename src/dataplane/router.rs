@@ -58,13 +58,13 @@ pub struct CompiledRoute {
     /// Method bitmask (0: any).
     pub methods: u16,
     /// Host filters (empty: any).
-    pub hosts: Vec<HostMatch>,
+    pub hosts: Box<[HostMatch]>,
     /// The host patterns as configured, index-aligned with `hosts` (`$matched_host`).
     pub host_names: Box<[Arc<str>]>,
     /// The URI patterns as configured (`$matched_uri`), indexed by the table's entries.
     pub uri_names: Box<[Arc<str>]>,
     /// Client address filters (empty: any).
-    pub remote_addrs: Vec<Cidr>,
+    pub remote_addrs: Box<[Cidr]>,
     /// Service plugins merged with route plugins (route wins), in priority order.
     pub plugins: PluginChain,
     /// Where requests go (none: the route must be served by a plugin).
@@ -104,27 +104,21 @@ impl CompiledRoute {
         upstream: Option<Arc<CompiledUpstream>>,
         order: usize,
     ) -> CompiledRoute {
-        let mut names: Vec<&String> = route.hosts.iter().flatten().chain(route.host.iter()).collect();
+        let mut names: Vec<&String> = route.hosts().into_iter().flatten().chain(route.host()).collect();
         if names.is_empty() {
             names = service_hosts.unwrap_or(&[]).iter().collect();
         }
         let hosts = names.iter().map(|h| HostMatch::parse(h)).collect();
         let host_names = names.iter().map(|h| Arc::from(h.as_str())).collect();
-        // As the table reads them: `uris` when present, else `uri`.
-        let uri_list: &[String] = match (&route.uris, &route.uri) {
-            (Some(list), _) => list,
-            (None, Some(one)) => std::slice::from_ref(one),
-            (None, None) => &[],
-        };
-        let uri_names = uri_list.iter().map(|u| Arc::from(u.as_str())).collect();
+        let uri_names = route.uri_list().iter().map(|u| Arc::from(u.as_str())).collect();
         CompiledRoute {
             host_names,
             uri_names,
             id: Arc::from(route.id.0.as_str()),
             service_id: route.service_id.as_ref().map(|s| Arc::from(s.0.as_str())),
-            methods: route.methods.as_deref().map(methods_mask).unwrap_or(0),
+            methods: route.methods().map(methods_mask).unwrap_or(0),
             hosts,
-            remote_addrs: route.remote_addrs.iter().flatten().filter_map(|a| Cidr::parse(a).ok()).collect(),
+            remote_addrs: route.remote_addrs().into_iter().flatten().filter_map(|a| Cidr::parse(a).ok()).collect(),
             plugins,
             upstream,
             order,
@@ -153,8 +147,8 @@ struct Entry {
     rank: u8,
     /// Which of the route's `uri_names` this entry is.
     uri: u16,
-    /// Prefix length (prefix routes).
-    len: usize,
+    /// Prefix length (prefix routes; a URI is at most 4096 bytes).
+    len: u32,
     /// Parameter names by position.
     names: Arc<[Arc<str>]>,
 }
@@ -224,16 +218,13 @@ impl RouteTable {
     /// Builds the table; routes whose parameter pattern matchit refuses are reported.
     pub fn build(routes: Vec<Arc<CompiledRoute>>) -> (RouteTable, Vec<String>) {
         let mut t = RouteTable::default();
-        t.exact.reserve(routes.len());
         let mut problems = Vec::new();
         // Shared by every exact and prefix entry (an empty `Arc<[_]>` still allocates).
         let no_names: Arc<[Arc<str>]> = Arc::from([]);
         for route in routes {
-            let uris: Vec<String> =
-                route.route.uris.clone().or_else(|| route.route.uri.clone().map(|u| vec![u])).unwrap_or_default();
-            for (i, uri) in uris.into_iter().enumerate() {
+            for (i, uri) in route.route.uri_list().iter().enumerate() {
                 let ui = u16::try_from(i).unwrap_or(u16::MAX);
-                match classify(&uri) {
+                match classify(uri) {
                     // Most URIs belong to one route: lists start with room for one entry.
                     Pattern::Exact(p) => t.exact.entry(p).or_insert_with(|| Vec::with_capacity(1)).push(Entry {
                         route: route.clone(),
@@ -244,11 +235,12 @@ impl RouteTable {
                     }),
                     Pattern::Prefix(p) => {
                         let len = p.len();
+                        let entry_len = u32::try_from(len).unwrap_or(u32::MAX);
                         t.prefix.entry(p).or_insert_with(|| Vec::with_capacity(1)).push(Entry {
                             route: route.clone(),
                             rank: 1,
                             uri: ui,
-                            len,
+                            len: entry_len,
                             names: no_names.clone(),
                         });
                         if !t.prefix_lens.contains(&len) {

@@ -195,18 +195,18 @@ impl Snapshot {
     }
 }
 
-/// Parsed entries by `(list, id)`, with the JSON they were parsed from.
-type Parsed = FastMap<(&'static str, String), ParsedEntry>;
+/// Parsed entries by the [`fingerprint`] of the list name and JSON they were parsed from. A parse
+/// depends on nothing else, so the content is the key: no id is kept (a 40-byte slot per entry).
+type Parsed = FastMap<Fingerprint, ParsedEntry>;
 
-/// One cached entry: the [`fingerprint`] of the JSON it was parsed from, the parsed value, and
-/// whether it passed the checks that depend on nothing but itself (so that a reused entry skips
-/// them too; one that failed them is checked again).
-type ParsedEntry = (u128, Arc<dyn std::any::Any + Send + Sync>, bool);
+/// One cached entry: the parsed value, and whether it passed the checks that depend on nothing
+/// but itself (so that a reused entry skips them too; one that failed them is checked again).
+type ParsedEntry = (Arc<dyn std::any::Any + Send + Sync>, bool);
 
-/// A 128-bit fingerprint of a JSON value: SipHash under two random keys, over a walk that tells
-/// types, lengths and keys apart. The cache keeps this rather than a copy of every entry (as a
-/// tree, ~2 KB per route: 20 MB for 10,000 routes).
-fn fingerprint(v: &Value) -> u128 {
+/// A 128-bit [`Fingerprint`] of a list name and a JSON value: SipHash under two random keys, over
+/// a walk that tells types, lengths and keys apart. The cache keeps this rather than a copy of
+/// every entry (as a tree, ~2 KB per route: 20 MB for 10,000 routes).
+fn fingerprint(list: &str, v: &Value) -> Fingerprint {
     use std::hash::{BuildHasher, Hasher};
     static KEYS: std::sync::LazyLock<(std::hash::RandomState, std::hash::RandomState)> =
         std::sync::LazyLock::new(|| (std::hash::RandomState::new(), std::hash::RandomState::new()));
@@ -263,9 +263,14 @@ fn fingerprint(v: &Value) -> u128 {
         }
     }
     let mut both = Both(KEYS.0.build_hasher(), KEYS.1.build_hasher());
+    both.write_usize(list.len());
+    both.write(list.as_bytes());
     feed(v, &mut both);
-    (u128::from(both.0.finish()) << 64) | u128::from(both.1.finish())
+    [both.0.finish(), both.1.finish()]
 }
+
+/// Two 64-bit halves rather than a `u128`, whose 16-byte alignment would pad a cache slot.
+type Fingerprint = [u64; 2];
 
 /// The entries the last build parsed. Validating an entry against its kind schema and
 /// deserializing it is most of a build's cost, and depends on nothing but the entry's JSON (kind
@@ -281,15 +286,6 @@ type Compiled = FastMap<(&'static str, String), Arc<CompiledUpstream>>;
 struct ParseCache {
     previous: Parsed,
     current: Parsed,
-}
-
-/// An entry's identity for the cache: its id (or username), or its position when it has none.
-fn cache_key(item: &Value, i: usize) -> String {
-    match item.get("id").or_else(|| item.get("username")) {
-        Some(Value::String(s)) => s.clone(),
-        Some(Value::Number(n)) => n.to_string(),
-        _ => format!("#{i}"),
-    }
 }
 
 struct Builder<'a> {
@@ -370,13 +366,13 @@ impl Builder<'_> {
         for (o, s) in &services {
             self.check_upstream_ref(o, s.upstream.as_deref(), s.upstream_id.as_ref());
         }
-        for ((o, r), checked) in routes.iter().zip(routes_checked) {
+        for ((o, r), (print, checked)) in routes.iter().zip(routes_checked) {
             if !checked {
                 let before = self.issues.len();
                 self.check_route_itself(o, r);
                 if self.issues.len() == before {
-                    if let Some(entry) = self.cache.current.get_mut(&("routes", r.id.0.clone())) {
-                        entry.2 = true;
+                    if let Some(entry) = self.cache.current.get_mut(&print) {
+                        entry.1 = true;
                     }
                 }
             }
@@ -445,15 +441,15 @@ impl Builder<'_> {
 
     /// The checks of a route that depend on nothing but the route.
     fn check_route_itself(&mut self, o: &str, r: &Route) {
-        match (&r.uri, &r.uris) {
+        match (&r.uri, r.uris()) {
             (None, None) => self.issue(o, "uri", "a route needs `uri` or `uris`"),
             (Some(_), Some(_)) => self.issue(o, "uris", "`uri` and `uris` are mutually exclusive"),
             _ => {}
         }
-        if r.host.is_some() && r.hosts.is_some() {
+        if r.host().is_some() && r.hosts().is_some() {
             self.issue(o, "hosts", "`host` and `hosts` are mutually exclusive");
         }
-        for (i, addr) in r.remote_addrs.iter().flatten().enumerate() {
+        for (i, addr) in r.remote_addrs().into_iter().flatten().enumerate() {
             if let Err(e) = crate::resources::cidr::Cidr::parse(addr) {
                 self.issue(o, &format!("remote_addrs[{i}]"), &e);
             }
@@ -633,9 +629,15 @@ impl Builder<'_> {
         self.parse_checked(raw, list, kind).0
     }
 
-    /// [`Builder::parse`], with whether each entry is known to pass its own checks (see
-    /// [`ParsedEntry`]).
-    fn parse_checked<T>(&mut self, raw: &Value, list: &'static str, kind: &str) -> (Vec<(String, Arc<T>)>, Vec<bool>)
+    /// [`Builder::parse`], with each entry's cache key and whether it is known to pass its own
+    /// checks (see [`ParsedEntry`]).
+    #[allow(clippy::type_complexity)]
+    fn parse_checked<T>(
+        &mut self,
+        raw: &Value,
+        list: &'static str,
+        kind: &str,
+    ) -> (Vec<(String, Arc<T>)>, Vec<(Fingerprint, bool)>)
     where
         T: DeserializeOwned + Send + Sync + 'static,
     {
@@ -645,17 +647,14 @@ impl Builder<'_> {
         let mut out = Vec::with_capacity(items.len());
         for (i, item) in items.iter().enumerate() {
             let o = owner(list, i, item);
-            let key = (list, cache_key(item, i));
             // Moved, not copied, from the previous build's cache to this one's.
-            let print = fingerprint(item);
-            if let Some((value, parsed, ok)) = self.cache.previous.remove(&key) {
-                if value == print {
-                    if let Ok(t) = parsed.clone().downcast::<T>() {
-                        out.push((o, t));
-                        checked.push(ok);
-                        self.cache.current.insert(key, (value, parsed, ok));
-                        continue;
-                    }
+            let print = fingerprint(list, item);
+            if let Some((parsed, ok)) = self.cache.previous.remove(&print) {
+                if let Ok(t) = parsed.clone().downcast::<T>() {
+                    out.push((o, t));
+                    checked.push((print, ok));
+                    self.cache.current.insert(print, (parsed, ok));
+                    continue;
                 }
             }
             if let Err(found) = schema.check(item) {
@@ -665,9 +664,9 @@ impl Builder<'_> {
             match serde_json::from_value::<T>(item.clone()) {
                 Ok(v) => {
                     let v = Arc::new(v);
-                    self.cache.current.insert(key, (print, v.clone(), false));
+                    self.cache.current.insert(print, (v.clone(), false));
                     out.push((o, v));
-                    checked.push(false);
+                    checked.push((print, false));
                 }
                 Err(e) => self.issue(&o, "", &e.to_string()),
             }
@@ -850,7 +849,7 @@ mod tests {
     #[test]
     fn fingerprints_tell_values_apart() {
         let a = json!({"uri": "/a", "upstream": {"nodes": {"127.0.0.1:80": 1}}});
-        assert_eq!(fingerprint(&a), fingerprint(&a.clone()));
+        assert_eq!(fingerprint("routes", &a), fingerprint("routes", &a.clone()));
         for other in [
             json!({"uri": "/b", "upstream": {"nodes": {"127.0.0.1:80": 1}}}),
             json!({"uri": "/a", "upstream": {"nodes": {"127.0.0.1:80": 2}}}),
@@ -860,9 +859,11 @@ mod tests {
             json!({"uri": "/a"}),
             json!({"ur": "i/a", "upstream": {"nodes": {"127.0.0.1:80": 1}}}),
         ] {
-            assert_ne!(fingerprint(&a), fingerprint(&other), "{other}");
+            assert_ne!(fingerprint("routes", &a), fingerprint("routes", &other), "{other}");
         }
-        assert_ne!(fingerprint(&json!(["ab", "c"])), fingerprint(&json!(["a", "bc"])));
-        assert_ne!(fingerprint(&json!(null)), fingerprint(&json!(false)));
+        assert_ne!(fingerprint("routes", &json!(["ab", "c"])), fingerprint("routes", &json!(["a", "bc"])));
+        assert_ne!(fingerprint("routes", &json!(null)), fingerprint("routes", &json!(false)));
+        // One JSON in two lists parses to two types: two cache entries.
+        assert_ne!(fingerprint("routes", &a), fingerprint("services", &a));
     }
 }
