@@ -74,19 +74,49 @@ enum Kind {
     Stream(Option<Arc<ServerConfig>>),
 }
 
-/// The TLS listener's configuration: Weir's SNI resolver, TLS 1.2 and 1.3, session resumption
-/// (a session cache, and stateless tickets with rotating keys), ALPN `h2` when `h2`.
-fn tls_config(gateway: &Arc<Gateway>, ssl: &SslSection, h2: bool) -> Result<Arc<ServerConfig>, String> {
-    let builder = ServerConfig::builder_with_provider(crate::tls::provider())
-        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
-        .map_err(|e| format!("gateway.ssl: {e}"))?;
-    let mut config =
-        builder.with_no_client_auth().with_cert_resolver(Arc::new(SniResolver::new(gateway, ssl.fallback_sni.clone())));
-    config.alpn_protocols = if h2 { vec![b"h2".to_vec(), b"http/1.1".to_vec()] } else { vec![b"http/1.1".to_vec()] };
-    config.session_storage = rustls::server::ServerSessionMemoryCache::new(32 << 10);
-    config.ticketer =
-        rustls::crypto::ring::Ticketer::new().map_err(|e| format!("gateway.ssl: session tickets: {e}"))?;
-    Ok(Arc::new(config))
+/// The TLS listeners' configurations: Weir's SNI resolver, TLS 1.2 and 1.3, session resumption,
+/// ALPN `h2` or not. Built on first use; every listener shares one session cache and one ticket
+/// key schedule, so a client resumes on any of them and the cache (32k sessions) exists once.
+struct TlsConfigs<'a> {
+    gateway: &'a Arc<Gateway>,
+    ssl: &'a SslSection,
+    resumption: Option<(Arc<dyn rustls::server::StoresServerSessions>, Arc<dyn rustls::server::ProducesTickets>)>,
+    built: [Option<Arc<ServerConfig>>; 2],
+}
+
+impl<'a> TlsConfigs<'a> {
+    fn new(gateway: &'a Arc<Gateway>, ssl: &'a SslSection) -> Self {
+        TlsConfigs { gateway, ssl, resumption: None, built: [None, None] }
+    }
+
+    /// The configuration offering `h2` by ALPN when `h2`, HTTP/1.1 only otherwise.
+    fn get(&mut self, h2: bool) -> Result<Arc<ServerConfig>, String> {
+        if let Some(c) = &self.built[usize::from(h2)] {
+            return Ok(c.clone());
+        }
+        let (sessions, ticketer) = match &self.resumption {
+            Some(r) => r.clone(),
+            None => {
+                let sessions: Arc<dyn rustls::server::StoresServerSessions> =
+                    rustls::server::ServerSessionMemoryCache::new(32 << 10);
+                let ticketer =
+                    rustls::crypto::ring::Ticketer::new().map_err(|e| format!("gateway.ssl: session tickets: {e}"))?;
+                self.resumption.insert((sessions, ticketer)).clone()
+            }
+        };
+        let builder = ServerConfig::builder_with_provider(crate::tls::provider())
+            .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
+            .map_err(|e| format!("gateway.ssl: {e}"))?;
+        let resolver = SniResolver::new(self.gateway, self.ssl.fallback_sni.clone());
+        let mut config = builder.with_no_client_auth().with_cert_resolver(Arc::new(resolver));
+        config.alpn_protocols =
+            if h2 { vec![b"h2".to_vec(), b"http/1.1".to_vec()] } else { vec![b"http/1.1".to_vec()] };
+        config.session_storage = sessions;
+        config.ticketer = ticketer;
+        let config = Arc::new(config);
+        self.built[usize::from(h2)] = Some(config.clone());
+        Ok(config)
+    }
 }
 
 /// The running data plane.
@@ -105,6 +135,7 @@ impl DataPlane {
         let mut listeners = Vec::new();
         let mut udp = Vec::new();
         let ssl = &config.gateway.ssl;
+        let mut tls = TlsConfigs::new(&gateway, ssl);
         if let Some(stream) = &config.gateway.stream_proxy {
             for listen in &stream.udp {
                 let addr = listen.addr();
@@ -113,20 +144,18 @@ impl DataPlane {
                     .map_err(|e| format!("cannot listen on {addr} (gateway.stream_proxy.udp): {e}"))?;
                 udp.push(s);
             }
-            let stream_tls = tls_config(&gateway, ssl, false)?;
             for listen in &stream.tcp {
                 let addr = listen.addr();
                 let l = bind(addr).map_err(|e| format!("cannot listen on {addr} (gateway.stream_proxy.tcp): {e}"))?;
-                listeners.push((l, Kind::Stream(listen.tls().then(|| stream_tls.clone()))));
+                let config = if listen.tls() { Some(tls.get(false)?) } else { None };
+                listeners.push((l, Kind::Stream(config)));
             }
         }
         if ssl.enable {
-            let (with_h2, without) = (tls_config(&gateway, ssl, true)?, tls_config(&gateway, ssl, false)?);
             for listen in &ssl.listen {
                 let addr = listen.addr();
                 let l = bind(addr).map_err(|e| format!("cannot listen on {addr} (gateway.ssl.listen): {e}"))?;
-                let tls = if listen.http2(true) { with_h2.clone() } else { without.clone() };
-                listeners.push((l, Kind::Tls(tls)));
+                listeners.push((l, Kind::Tls(tls.get(listen.http2(true))?)));
             }
         }
         for listen in &config.gateway.node_listen {
