@@ -7,8 +7,8 @@ use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
 use crate::dataplane::normalize::{normalize, PathRules};
-use crate::dataplane::router::{CompiledRoute, RouteTable};
 use crate::resources::model::Route;
+use crate::tables::router::{CompiledRoute, RouteTable};
 
 /// Routes the path fuzzer matches against: a protected prefix, an open one, a parameter route.
 fn table() -> &'static RouteTable {
@@ -82,7 +82,7 @@ pub fn resources_yaml(data: &[u8]) {
         set
     });
     // Files named by the input (`ssls[].cert_file`) resolve where nothing exists.
-    let _ = crate::resources::snapshot::Snapshot::build_at(&raw, enabled, Path::new("/nonexistent/weir-fuzz"));
+    let _ = crate::tables::snapshot::Snapshot::build_at(&raw, enabled, Path::new("/nonexistent/weir-fuzz"));
 }
 
 /// Runs the request framer over `data` fed `step` bytes at a time: (bytes passed, refusal).

@@ -37,6 +37,7 @@ pub mod config;
 pub mod control;
 pub mod control_routes;
 pub mod dataplane;
+pub mod deadline;
 pub mod error;
 pub mod error_log;
 pub mod fastmap;
@@ -51,8 +52,10 @@ pub mod resources;
 pub mod run;
 pub mod state;
 pub mod stream;
+pub mod tables;
 pub mod tls;
 pub mod validate;
+pub mod watch;
 
 use std::sync::OnceLock;
 

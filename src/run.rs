@@ -1,7 +1,6 @@
 //! Running the gateway: start listeners, watch resources, stop gracefully on SIGTERM / SIGINT.
 
 use crate::config::{ConfigProvider, Prefix};
-use crate::resources::yaml;
 use crate::state::Gateway;
 use std::net::SocketAddr;
 
@@ -21,11 +20,11 @@ pub fn run(prefix: Prefix) -> Result<(), String> {
     // Watch resources before any listener is up: a change made as soon as a port answers is a
     // change from what was loaded, never the watcher's starting point.
     match config.deployment.config_provider {
-        ConfigProvider::Yaml => yaml::watch(gateway.prefix.resources_file(), &gateway),
+        ConfigProvider::Yaml => crate::watch::yaml::watch(gateway.prefix.resources_file(), &gateway),
         ConfigProvider::Etcd => {
             let start = gateway.etcd_start.lock().take();
             let d = &config.deployment;
-            crate::resources::etcd::watch(&gateway, d.etcd.clone(), d.prefix.clone(), start);
+            crate::watch::etcd::watch(&gateway, d.etcd.clone(), d.prefix.clone(), start);
         }
     }
     let system = actix_rt::System::new();

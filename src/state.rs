@@ -14,7 +14,8 @@ use crate::control_routes::PluginRoutes;
 use crate::health::HealthRegistry;
 use crate::plugins::{Catalog, EnabledSet};
 use crate::resources::etcd::{self, ProviderStatus, Values};
-use crate::resources::{yaml, Snapshot};
+use crate::resources::yaml;
+use crate::tables::Snapshot;
 use crate::validate::Issue;
 
 /// Everything a running gateway shares between its listeners.
@@ -168,7 +169,7 @@ impl Gateway {
         return_pages: bool,
     ) -> String {
         let summary = snapshot.summary();
-        crate::dataplane::upstream::reconcile_checkers(&self.health, &snapshot.compiled_upstreams);
+        crate::tables::upstream::reconcile_checkers(&self.health, &snapshot.compiled_upstreams);
         let old = self.resources.swap(Arc::new(snapshot));
         let old_raw = std::mem::replace(&mut *self.raw_resources.lock(), raw.map(|r| Arc::from(r.to_string())));
         // Freeing the previous set (10k routes: tens of milliseconds) and returning its pages
@@ -231,7 +232,7 @@ impl Gateway {
         self.config.store(Arc::new(config));
         self.enabled.store(Arc::new(enabled));
         self.control_routes.store(Arc::new(routes));
-        crate::dataplane::upstream::reconcile_checkers(&self.health, &snapshot.compiled_upstreams);
+        crate::tables::upstream::reconcile_checkers(&self.health, &snapshot.compiled_upstreams);
         self.resources.store(Arc::new(snapshot));
         Ok(names)
     }

@@ -13,9 +13,9 @@ use crate::control_routes::{Endpoint, Kind};
 use crate::health::html;
 use crate::memory;
 use crate::openapi::bodies::{GcReport, GcSubsystems, Reloaded, SchemaDoc, StreamGc};
-use crate::resources::snapshot::dump;
-use crate::resources::KindSchemas;
 use crate::state::Gateway;
+use crate::tables::snapshot::dump;
+use crate::tables::KindSchemas;
 
 /// Serves one built-in endpoint.
 pub fn handle(endpoint: Endpoint, req: &HttpRequest, gw: &Gateway) -> HttpResponse {

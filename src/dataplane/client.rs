@@ -16,7 +16,6 @@ use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::future::Future;
 use std::io;
-use std::net::SocketAddr;
 use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -35,29 +34,7 @@ use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
 
 use super::body::ProxyBody;
-use super::upstream::Timeouts;
-
-/// Which connections may serve a request: same address, same TLS identity.
-#[derive(Clone, PartialEq, Eq, Hash, Debug)]
-pub struct PoolKey {
-    /// Address to connect to.
-    pub addr: SocketAddr,
-    /// `(server name, verify)` for TLS.
-    pub tls: Option<(Arc<str>, bool)>,
-    /// HTTP/2 (gRPC upstreams) rather than HTTP/1.1.
-    pub h2: bool,
-}
-
-/// `keepalive_pool` of an upstream.
-#[derive(Clone, Copy, Debug)]
-pub struct PoolSettings {
-    /// Idle connections kept per key.
-    pub size: usize,
-    /// How long an idle connection is kept.
-    pub idle_timeout: Duration,
-    /// Requests one connection serves before it is closed.
-    pub requests: u32,
-}
+use crate::tables::upstream::{PoolKey, PoolSettings, Timeouts};
 
 /// A failed exchange.
 pub struct SendError {

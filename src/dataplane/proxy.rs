@@ -18,14 +18,14 @@ use super::body::{OnFinish, ProxyBody, ResponseBody, UpstreamBody};
 use super::client::{Conn, Pool};
 use super::headers::{set_forwarded, strip_hop_by_hop};
 use super::normalize::{normalize, PathRules};
-use super::upstream::{fnv1a, CompiledUpstream, InFlight};
 use crate::health::checker::Source as ReportSource;
 use crate::health::state::Report;
 use crate::health::HealthRegistry;
 use crate::metrics::{bump, Raised, WorkerStats};
 use crate::resources::model::{HashOn, PassHost};
-use crate::resources::snapshot::PluginChain;
 use crate::state::Gateway;
+use crate::tables::snapshot::PluginChain;
+use crate::tables::upstream::{fnv1a, CompiledUpstream, InFlight};
 
 /// Largest request body buffered for a plugin that asks for the whole body.
 pub const MAX_BUFFERED_BODY: usize = 16 << 20;

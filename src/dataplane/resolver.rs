@@ -1,5 +1,5 @@
 //! The TLS listeners' certificate resolver: on every handshake, the certificate the current
-//! resource snapshot's [`CertTable`](super::certs::CertTable) has for the client's SNI (exact,
+//! resource snapshot's [`CertTable`](crate::tables::certs::CertTable) has for the client's SNI (exact,
 //! longest wildcard, then `gateway.ssl.fallback_sni`). Reading the snapshot per handshake is what
 //! makes a changed certificate apply to the next handshake after the reload that carried it;
 //! open connections keep the certificate they were established with.
@@ -11,7 +11,7 @@ use rustls::sign::CertifiedKey;
 
 use crate::state::Gateway;
 
-/// Resolves certificates from the current snapshot's [`CertTable`](super::certs::CertTable).
+/// Resolves certificates from the current snapshot's [`CertTable`](crate::tables::certs::CertTable).
 pub struct SniResolver {
     gateway: Weak<Gateway>,
     fallback: Option<String>,

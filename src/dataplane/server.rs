@@ -6,7 +6,7 @@
 //!
 //! Protocol per connection: a plain listener serves HTTP/1.1, and with `enable_http2` also
 //! cleartext HTTP/2 when the connection opens with the HTTP/2 preface (prior knowledge). A TLS
-//! listener terminates TLS with the `ssls` certificates ([`super::certs`]) and serves what ALPN
+//! listener terminates TLS with the `ssls` certificates ([`crate::tables::certs`]) and serves what ALPN
 //! chose. HTTP/1.1 always passes the strict framer ([`super::guard`]); HTTP/2 has its own binary
 //! framing, bounded by the limits below.
 //!
@@ -35,6 +35,7 @@ use super::normalize::PathRules;
 use super::proxy::{self, ConnInfo, Worker};
 use super::resolver::SniResolver;
 use crate::config::{Config, EscapedSlashes, SslSection};
+use crate::deadline::{within, HANDSHAKE_TIMEOUT};
 use crate::metrics::{bump, Raised, WorkerStats};
 use crate::state::Gateway;
 use crate::stream::tcp::StreamWorker;
@@ -45,8 +46,6 @@ pub const HEADER_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long a connection on an h2c listener may take to send enough bytes to tell HTTP/2 from
 /// HTTP/1.1 (24 at most).
 pub const PREFACE_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long a TLS handshake may take (nginx's `ssl_handshake_timeout`).
-pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// HTTP/2 limits (docs/data-plane.md). Streams open at once per connection.
 pub const H2_MAX_STREAMS: u32 = 128;
@@ -317,21 +316,6 @@ async fn accept_loop(
             let _counted = counted;
             serve(stream, kind, info, gateway, worker, stopped).await;
         });
-    }
-}
-
-/// Runs `step` within `limit`: its error and its timeout become one message naming `what`
-/// ("TLS handshake failed: ...", "TLS handshake timed out"), for the debug log or a stream's
-/// close reason.
-pub async fn within<T, E: std::fmt::Display>(
-    limit: Duration,
-    what: &str,
-    step: impl std::future::Future<Output = Result<T, E>>,
-) -> Result<T, String> {
-    match tokio::time::timeout(limit, step).await {
-        Ok(Ok(v)) => Ok(v),
-        Ok(Err(e)) => Err(format!("{what} failed: {e}")),
-        Err(_) => Err(format!("{what} timed out ({limit:?})")),
     }
 }
 

@@ -10,8 +10,9 @@ use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
 
 use super::body::ProxyBody;
-use super::client::{Pool, PoolKey, SendError};
-use super::upstream::Timeouts;
+use super::client::{Pool, SendError};
+use crate::tables::upstream::PoolKey;
+use crate::tables::upstream::Timeouts;
 
 /// Sends the handshake `req` to the node of `key` on a new connection; `timeout.connect` bounds
 /// the connect, `timeout.read` the wait for the answer.

@@ -14,7 +14,7 @@ use serde_json::{json, Map, Value};
 use crate::control_routes::{self, Tag};
 use crate::health;
 use crate::resources::etcd::{ProviderStatus, KINDS};
-use crate::resources::KindSchemas;
+use crate::tables::KindSchemas;
 
 /// The schema of a response type, as it serializes (an `Option` is nullable here).
 fn schema<T: JsonSchema>() -> Value {

@@ -1,27 +1,20 @@
-//! The `etcd` resource provider (`deployment.config_provider: etcd`).
+//! The `etcd` resource provider's reading side (`deployment.config_provider: etcd`).
 //!
 //! Resources live under `<deployment.prefix>/<kind>/<id>` (`/weir/routes/1`), each value one JSON
 //! object of the same shape as a resources.yaml entry. Start-up reads every key in one range
-//! read at a revision; a watch from the next revision then feeds every change through the same
-//! snapshot builder and validation as the file. A value that fails validation (written behind
-//! Weir's back) is logged with its key, field and reason and skipped; the rest applies.
-//!
-//! When etcd is unreachable the last good snapshot keeps serving; the provider retries with
-//! backoff, logs once per state change, and reports its state (`GET /v1/config_status`). A
-//! cancelled or compacted watch, or a reconnection, is followed by a full resync.
+//! read at a revision ([`initial_read`]); [`valid_document`] turns values into a document whose
+//! invalid entries (written behind Weir's back) are named and left out. Watching from the next
+//! revision and applying changes is `crate::watch::etcd`.
 
 use std::collections::{BTreeMap, HashSet};
-use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use etcd_client::{Certificate, Client, ConnectOptions, EventType, GetOptions, Identity, TlsOptions, WatchOptions};
-use parking_lot::Mutex;
+use etcd_client::{Certificate, Client, ConnectOptions, GetOptions, Identity, TlsOptions};
 use schemars::JsonSchema;
 use serde::Serialize;
 use serde_json::{Map, Value};
 
 use crate::config::{EtcdSection, EtcdTls};
-use crate::state::Gateway;
 use crate::validate::Issue;
 
 /// Resource kinds stored in etcd, as `<prefix>/<kind>/<id>` (the lists of resources.yaml).
@@ -69,7 +62,7 @@ fn kind_of<'k>(prefix: &str, key: &'k str) -> Option<(&'static str, &'k str)> {
 }
 
 /// Parses a value: a JSON object, or why not.
-fn parse(bytes: &[u8]) -> Result<Value, String> {
+pub fn parse(bytes: &[u8]) -> Result<Value, String> {
     match serde_json::from_slice::<Value>(bytes) {
         Ok(v @ Value::Object(_)) => Ok(v),
         Ok(_) => Err("the value is not a JSON object".into()),
@@ -234,25 +227,6 @@ pub fn valid_document<T>(
     (None, skipped)
 }
 
-/// Runs the provider on a thread of its own for as long as `gateway` lives. `initial` is what the
-/// start-up read found (values and revision), when it succeeded.
-pub fn watch(gateway: &Arc<Gateway>, settings: EtcdSection, prefix: String, initial: Option<(Values, i64)>) {
-    let weak = Arc::downgrade(gateway);
-    let spawned = std::thread::Builder::new().name("etcd-watch".into()).spawn(move || {
-        let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-            Ok(rt) => rt,
-            Err(e) => {
-                log::error!("etcd provider cannot start its runtime: {e}");
-                return;
-            }
-        };
-        runtime.block_on(sync_forever(weak, settings, prefix, initial));
-    });
-    if let Err(e) = spawned {
-        log::error!("cannot start the etcd provider: {e}");
-    }
-}
-
 /// Connection options of `deployment.etcd`: timeouts, authentication, TLS. Certificate files
 /// are read on every connection, so a renewed client certificate is used from the next one.
 pub fn options(settings: &EtcdSection) -> Result<ConnectOptions, String> {
@@ -323,160 +297,6 @@ pub async fn read_all(settings: &EtcdSection, prefix: &str) -> Result<(Client, V
 pub fn initial_read(settings: &EtcdSection, prefix: &str) -> Result<(Values, i64), String> {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
     runtime.block_on(async { read_all(settings, prefix).await.map(|(_, v, r)| (v, r)) })
-}
-
-/// Applies `values` at `revision` to the gateway (the valid part) and records the status.
-pub fn apply(gateway: &Gateway, values: &mut Values, prefix: &str, revision: i64) {
-    // Built once, published as built (no second build), with plugin reloads held off meanwhile.
-    let started = std::time::Instant::now();
-    let guard = gateway.hold_reloads();
-    let (built, skipped) = valid_document(|d| gateway.build_snapshot(d), values, prefix, false);
-    let built_in = started.elapsed();
-    for (key, why) in &skipped {
-        log::error!("etcd {}: {why}; skipped", if key.is_empty() { "(resources)" } else { key });
-    }
-    match built {
-        None => log::error!("etcd revision {revision}: not applied, keeping the last good resources"),
-        Some((_, snapshot)) => {
-            // No copy of the document is kept: a plugin reload reads etcd again.
-            let summary = gateway.publish(&guard, snapshot, None, false);
-            log::info!(
-                "etcd revision {revision} applied in {:.1} ms (built in {:.1} ms): {summary}",
-                started.elapsed().as_secs_f64() * 1e3,
-                built_in.as_secs_f64() * 1e3
-            );
-        }
-    }
-    drop(guard);
-    let mut status = gateway.provider_status.lock();
-    status.revision = Some(revision);
-    status.skipped = skipped.iter().map(|(k, _)| k.clone()).filter(|k| !k.is_empty()).collect();
-    if let Some((key, why)) = skipped.first() {
-        status.last_error = Some(format!("{key}: {why}"));
-    }
-}
-
-fn set_connected(status: &Mutex<ProviderStatus>, connected: bool, error: Option<String>) {
-    let mut s = status.lock();
-    if s.connected != connected {
-        match (&error, connected) {
-            (_, true) => log::info!("etcd: connected"),
-            (Some(e), false) => log::warn!("etcd: {e}; serving the last good resources, retrying"),
-            (None, false) => log::warn!("etcd: disconnected; serving the last good resources, retrying"),
-        }
-    }
-    s.connected = connected;
-    if error.is_some() {
-        s.last_error = error;
-    }
-}
-
-/// Read, apply, watch; on any failure, back off and start again with a full read.
-async fn sync_forever(gateway: Weak<Gateway>, settings: EtcdSection, prefix: String, initial: Option<(Values, i64)>) {
-    let mut backoff = Duration::from_millis(200);
-    let mut known: Option<(Values, i64)> = initial;
-    loop {
-        let Some(gw) = gateway.upgrade() else { return };
-        let outcome = match known.take() {
-            // Start-up already read and applied this revision: only connect for the watch.
-            Some((values, revision)) => connect(&settings).await.map(|c| (c, values, revision)),
-            None => read_all(&settings, &prefix).await.map(|(client, mut values, revision)| {
-                apply(&gw, &mut values, &prefix, revision);
-                (client, values, revision)
-            }),
-        };
-        drop(gw);
-        let (client, values, revision) = match outcome {
-            Ok(ok) => ok,
-            Err(e) => {
-                if let Some(gw) = gateway.upgrade() {
-                    set_connected(&gw.provider_status, false, Some(e));
-                }
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(10));
-                continue;
-            }
-        };
-        if let Some(gw) = gateway.upgrade() {
-            set_connected(&gw.provider_status, true, None);
-        }
-        backoff = Duration::from_millis(200);
-        let why = follow(&gateway, client, values, revision, &prefix).await;
-        if let Some(gw) = gateway.upgrade() {
-            set_connected(&gw.provider_status, false, Some(why));
-        }
-        tokio::time::sleep(backoff).await;
-    }
-}
-
-/// Watches from `revision + 1`, applying each change; returns why the watch ended.
-async fn follow(
-    gateway: &Weak<Gateway>,
-    mut client: Client,
-    mut values: Values,
-    revision: i64,
-    prefix: &str,
-) -> String {
-    let opts = WatchOptions::new().with_prefix().with_start_revision(revision + 1);
-    let (_watcher, mut stream) = match client.watch(format!("{prefix}/"), Some(opts)).await {
-        Ok(pair) => pair,
-        Err(e) => return format!("etcd watch: {e}"),
-    };
-    let mut at = revision;
-    loop {
-        let mut next = match stream.message().await {
-            Ok(Some(r)) => Some(r),
-            Ok(None) => return "etcd closed the watch".into(),
-            Err(e) => return format!("etcd watch: {e}"),
-        };
-        // Fold every response already received into one rebuild: a burst of writes costs one
-        // snapshot build, not one per write.
-        let mut changed = false;
-        while let Some(resp) = next.take() {
-            if resp.canceled() || resp.compact_revision() > 0 {
-                // Compacted past our revision (or cancelled): read everything again.
-                return format!("etcd watch cancelled (compacted at {}); resyncing", resp.compact_revision());
-            }
-            changed |= fold(&mut values, &resp);
-            at = resp.header().map_or(at, |h| h.revision());
-            // A zero timeout polls the stream once: what is buffered, never a wait.
-            match tokio::time::timeout(Duration::ZERO, stream.message()).await {
-                Ok(Ok(Some(r))) => next = Some(r),
-                Ok(Ok(None)) => return "etcd closed the watch".into(),
-                Ok(Err(e)) => return format!("etcd watch: {e}"),
-                Err(_) => {}
-            }
-        }
-        let Some(gw) = gateway.upgrade() else { return "shutting down".into() };
-        if changed {
-            apply(&gw, &mut values, prefix, at);
-        } else {
-            gw.provider_status.lock().revision = Some(at);
-        }
-    }
-}
-
-/// Applies the events of one watch response to `values`; whether anything changed.
-fn fold(values: &mut Values, resp: &etcd_client::WatchResponse) -> bool {
-    let mut changed = false;
-    for event in resp.events() {
-        let Some(kv) = event.kv() else { continue };
-        let key = String::from_utf8_lossy(kv.key()).into_owned();
-        match event.event_type() {
-            EventType::Put => match parse(kv.value()) {
-                Ok(v) => {
-                    values.insert(key, v);
-                    changed = true;
-                }
-                Err(e) => {
-                    log::error!("etcd {key}: {e}; skipped");
-                    changed |= values.remove(&key).is_some();
-                }
-            },
-            EventType::Delete => changed |= values.remove(&key).is_some(),
-        }
-    }
-    changed
 }
 
 #[cfg(test)]

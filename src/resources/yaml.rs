@@ -1,92 +1,14 @@
-//! The `yaml` resource provider: reads `conf/resources.yaml` and watches it.
-//!
-//! The file is polled (every 200 ms: cheap, and robust to editors that replace files by rename,
-//! which inotify-based watchers often miss). A changed file is parsed and handed to
-//! [`Gateway::apply_resources`]; an invalid one is logged and the last good snapshot stays.
+//! The `yaml` resource provider's document: `conf/resources.yaml` read into a raw resource
+//! document. Watching the file and applying changes is `crate::watch::yaml`.
 
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, Weak};
-use std::time::{Duration, SystemTime};
+use std::path::Path;
 
 use serde_json::Value;
 
 use crate::config::read_yaml;
 use crate::error::ConfigError;
-use crate::state::Gateway;
-
-/// How often the file is checked.
-pub const POLL_INTERVAL: Duration = Duration::from_millis(200);
 
 /// Reads the resource document (a missing file is an empty set).
 pub fn load(path: &Path) -> Result<Value, ConfigError> {
     Ok(read_yaml(path)?.unwrap_or_else(|| Value::Object(Default::default())))
-}
-
-#[derive(PartialEq, Eq, Clone, Copy)]
-struct Stamp {
-    modified: Option<SystemTime>,
-    len: u64,
-}
-
-fn stamp(path: &Path) -> Option<Stamp> {
-    std::fs::metadata(path).ok().map(|m| Stamp { modified: m.modified().ok(), len: m.len() })
-}
-
-/// Stamps of the files the current resources were read from (`ssls[].cert_file`, `key_file`).
-fn stamps(files: &[PathBuf]) -> Vec<Option<Stamp>> {
-    files.iter().map(|f| stamp(f)).collect()
-}
-
-/// Watches `path` on a background thread for as long as `gateway` lives.
-pub fn watch(path: PathBuf, gateway: &Arc<Gateway>) {
-    let weak: Weak<Gateway> = Arc::downgrade(gateway);
-    let mut last = stamp(&path);
-    // A hash of the content, not the content: a large file is not kept twice in memory.
-    let digest = |bytes: Option<Vec<u8>>| {
-        use std::hash::{Hash, Hasher};
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        bytes.hash(&mut h);
-        h.finish()
-    };
-    let mut last_text = digest(std::fs::read(&path).ok());
-    let mut files = gateway.resources.load().certs.files.clone();
-    let mut file_stamps = stamps(&files);
-    let spawned = std::thread::Builder::new().name("resources-watch".into()).spawn(move || loop {
-        std::thread::sleep(POLL_INTERVAL);
-        let Some(gateway) = weak.upgrade() else { return };
-        let now = stamp(&path);
-        // A certificate file replaced in place (a renewal) reloads as if the document changed.
-        let referenced = stamps(&files);
-        if now == last && referenced == file_stamps {
-            continue;
-        }
-        let files_changed = referenced != file_stamps;
-        file_stamps = referenced;
-        last = now;
-        let text = digest(std::fs::read(&path).ok());
-        if text == last_text && !files_changed {
-            continue;
-        }
-        last_text = text;
-        let file = path.display();
-        match load(&path) {
-            Err(e) => log::error!("{e}; keeping the last good resources"),
-            Ok(raw) => match gateway.apply_resources(raw) {
-                Ok(summary) => {
-                    log::info!("{file}: reloaded: {summary}");
-                    files = gateway.resources.load().certs.files.clone();
-                    file_stamps = stamps(&files);
-                }
-                Err(issues) => {
-                    for issue in issues {
-                        log::error!("{file}: {issue}");
-                    }
-                    log::error!("{file}: invalid, keeping the last good resources");
-                }
-            },
-        }
-    });
-    if let Err(e) = spawned {
-        log::error!("cannot watch {}: {e}", gateway.prefix.resources_file().display());
-    }
 }

@@ -2,11 +2,10 @@
 //! with stream plugins (preread, connect, log).
 //!
 //! Follow a connection: `dataplane::server` (accept, on the same workers as HTTP) → `tcp::serve`
-//! (SNI from `sni` on TLS listeners, `router` match, plugins, connect with retries) → `copy`
+//! (SNI from `sni` on TLS listeners, `tables::stream_router` match, plugins, connect with retries) → `copy`
 //! (relay with half-close and idle timeout, or TLS termination then copy). UDP: `udp::serve`.
 
 pub mod copy;
-pub mod router;
 pub mod sni;
 pub mod tcp;
 pub mod udp;

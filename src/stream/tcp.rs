@@ -13,14 +13,14 @@ use tokio_rustls::TlsAcceptor;
 use weir_plugin::{StreamCtx, StreamFlow};
 
 use super::copy::{copy_idle, relay, Relayed};
-use super::router::StreamChain;
 use super::sni::{client_hello_sni, Hello, MAX_HELLO};
-use crate::dataplane::server::{within, HANDSHAKE_TIMEOUT};
-use crate::dataplane::upstream::{fnv1a, CompiledUpstream, InFlight};
+use crate::deadline::{within, HANDSHAKE_TIMEOUT};
 use crate::health::checker::Source as ReportSource;
 use crate::health::state::Report;
 use crate::health::HealthRegistry;
 use crate::state::Gateway;
+use crate::tables::stream_router::StreamChain;
+use crate::tables::upstream::{fnv1a, CompiledUpstream, InFlight};
 
 /// How long a client on a TLS stream listener may take to send its ClientHello.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);

@@ -17,8 +17,8 @@ use tokio::time::Instant;
 use weir_plugin::StreamCtx;
 
 use super::tcp::preread;
-use crate::dataplane::upstream::fnv1a;
 use crate::state::Gateway;
+use crate::tables::upstream::fnv1a;
 
 /// Sessions one UDP listener keeps at once.
 pub const MAX_SESSIONS: usize = 10_000;

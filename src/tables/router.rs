@@ -12,11 +12,11 @@
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use crate::dataplane::upstream::CompiledUpstream;
 use crate::fastmap::FastMap;
 use crate::resources::cidr::Cidr;
 use crate::resources::model::{HttpMethod, Route};
-use crate::resources::snapshot::PluginChain;
+use crate::tables::snapshot::PluginChain;
+use crate::tables::upstream::CompiledUpstream;
 
 /// A host filter.
 #[derive(Debug, Clone)]

@@ -14,14 +14,14 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use weir_plugin::{BuildContext, ConsumerRef, PluginInstance, SharedState};
 
-use super::model::*;
 use crate::config::unknown_plugin;
-use crate::dataplane::certs::CertTable;
-use crate::dataplane::router::{CompiledRoute, RouteTable};
-use crate::dataplane::upstream::CompiledUpstream;
 use crate::fastmap::FastMap;
 use crate::plugins::{EnabledSet, PluginEntry};
-use crate::stream::router::{BoundStreamPlugin, CompiledStreamRoute, StreamChain, StreamTable};
+use crate::resources::model::*;
+use crate::tables::certs::CertTable;
+use crate::tables::router::{CompiledRoute, RouteTable};
+use crate::tables::stream_router::{BoundStreamPlugin, CompiledStreamRoute, StreamChain, StreamTable};
+use crate::tables::upstream::CompiledUpstream;
 use crate::validate::{CompiledSchema, Issue};
 
 /// The top level of a resource document.
@@ -564,7 +564,7 @@ impl Builder<'_> {
             }
         }
         if let Some(sni) = &r.sni {
-            if let Err(e) = crate::dataplane::certs::check_sni(sni) {
+            if let Err(e) = crate::tables::certs::check_sni(sni) {
                 self.issue(o, "sni", &e);
             }
         }

@@ -12,7 +12,6 @@ use std::time::Duration;
 use http::HeaderValue;
 use parking_lot::Mutex;
 
-use super::client::{PoolKey, PoolSettings};
 use crate::health::checker::Checker;
 use crate::health::HealthRegistry;
 use crate::resources::model::{parse_node_key, secs, HashOn, LbType, Nodes, PassHost, Scheme, Upstream};
@@ -290,6 +289,28 @@ pub fn reconcile_checkers(registry: &HealthRegistry, upstreams: &[Arc<CompiledUp
             let _ = u.checker.set(checker);
         }
     }
+}
+
+/// Which connections may serve a request: same address, same TLS identity.
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+pub struct PoolKey {
+    /// Address to connect to.
+    pub addr: SocketAddr,
+    /// `(server name, verify)` for TLS.
+    pub tls: Option<(Arc<str>, bool)>,
+    /// HTTP/2 (gRPC upstreams) rather than HTTP/1.1.
+    pub h2: bool,
+}
+
+/// `keepalive_pool` of an upstream.
+#[derive(Clone, Copy, Debug)]
+pub struct PoolSettings {
+    /// Idle connections kept per key.
+    pub size: usize,
+    /// How long an idle connection is kept.
+    pub idle_timeout: Duration,
+    /// Requests one connection serves before it is closed.
+    pub requests: u32,
 }
 
 #[cfg(test)]

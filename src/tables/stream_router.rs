@@ -12,9 +12,9 @@ use std::sync::Arc;
 use weir_plugin::cidr::Cidr;
 use weir_plugin::StreamInstance;
 
-use crate::dataplane::upstream::CompiledUpstream;
 use crate::plugins::StreamEntry;
 use crate::resources::model::StreamRoute;
+use crate::tables::upstream::CompiledUpstream;
 
 /// A stream plugin configuration bound to its runtime instance.
 #[derive(Clone)]
