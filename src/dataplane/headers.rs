@@ -21,24 +21,46 @@ pub fn is_hop_by_hop(name: &HeaderName) -> bool {
 }
 
 /// Removes hop-by-hop headers, including those named by `Connection`. One pass over the
-/// headers when there is nothing to remove (the common case).
+/// headers when there is nothing to remove (the common case for requests); no allocation for
+/// the common response (`Connection: keep-alive`).
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     if !headers.keys().any(is_hop_by_hop) {
         return;
     }
-    let named: Vec<HeaderName> = headers
-        .get_all(CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
-        .collect();
-    for n in named {
-        headers.remove(n);
+    // Headers that Connection names are hop-by-hop too. One Connection line is read where it
+    // lies once taken out; several are copied first (their tokens remove other headers).
+    match headers.get_all(CONNECTION).iter().take(2).count() {
+        0 => {}
+        1 => {
+            if let Some(v) = headers.remove(CONNECTION) {
+                remove_named(headers, &v);
+            }
+        }
+        _ => {
+            let lines: Vec<HeaderValue> = headers.get_all(CONNECTION).iter().cloned().collect();
+            headers.remove(CONNECTION);
+            for v in &lines {
+                remove_named(headers, v);
+            }
+        }
     }
-    let hop: Vec<HeaderName> = headers.keys().filter(|k| is_hop_by_hop(k)).cloned().collect();
-    for n in hop {
-        headers.remove(n);
+    if headers.keys().any(is_hop_by_hop) {
+        let hop: Vec<HeaderName> = headers.keys().filter(|k| is_hop_by_hop(k)).cloned().collect();
+        for n in hop {
+            headers.remove(n);
+        }
+    }
+}
+
+/// Removes the headers one `Connection` line names (a token that is no header name names none).
+fn remove_named(headers: &mut HeaderMap, connection: &HeaderValue) {
+    let Ok(tokens) = connection.to_str() else { return };
+    for token in tokens.split(',').map(str::trim).filter(|t| !t.is_empty()) {
+        // The usual tokens name headers the fixed list removes anyway: no lookup for them.
+        if ["keep-alive", "upgrade", "te"].iter().any(|n| token.eq_ignore_ascii_case(n)) {
+            continue;
+        }
+        headers.remove(token);
     }
 }
 
@@ -78,6 +100,19 @@ mod tests {
         strip_hop_by_hop(&mut h);
         assert_eq!(h.len(), 1);
         assert!(h.contains_key("x-keep"));
+    }
+
+    #[test]
+    fn every_connection_line_counts_and_odd_tokens_are_harmless() {
+        let mut h = HeaderMap::new();
+        h.append("connection", HeaderValue::from_static("close"));
+        h.append("connection", HeaderValue::from_static(" x-one ,, not a name, X-TWO"));
+        h.insert("x-one", HeaderValue::from_static("1"));
+        h.insert("x-two", HeaderValue::from_static("2"));
+        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        h.insert("x-keep", HeaderValue::from_static("1"));
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.keys().map(|k| k.as_str()).collect::<Vec<_>>(), ["x-keep"]);
     }
 
     #[test]
