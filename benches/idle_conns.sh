@@ -50,8 +50,10 @@ measure() { # name port pid
 import socket, sys, time
 port, n, pid = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 def rss():
+    # Anonymous memory only: code pages of the binary that a first park or wake touches are
+    # resident once, not per connection (and read a different amount with each build's layout).
     for line in open(f"/proc/{pid}/status"):
-        if line.startswith("VmRSS:"):
+        if line.startswith("RssAnon:"):
             return int(line.split()[1])
 def hold(k):
     socks = []
@@ -64,7 +66,8 @@ def hold(k):
         socks.append(s)
     return socks
 warm = hold(200)
-time.sleep(0.5)
+# Long enough for the warm connections to park (1 s), so that code path has run before.
+time.sleep(2.5)
 before = rss()
 socks = hold(n)
 time.sleep(float(__import__("os").environ.get("SETTLE", "15")))
