@@ -312,10 +312,7 @@ async fn accept_loop(
         let counted = OpenConn::new(open.clone(), worker.stats.clone());
         let (gateway, worker, stopped) = (gateway.clone(), worker.clone(), stopped.clone());
         let kind = kind.clone();
-        tokio::task::spawn_local(async move {
-            let _counted = counted;
-            serve(stream, kind, info, gateway, worker, stopped).await;
-        });
+        tokio::task::spawn_local(serve(stream, kind, info, gateway, worker, stopped, counted));
     }
 }
 
@@ -378,15 +375,22 @@ async fn serve(
     gateway: Arc<Gateway>,
     worker: Rc<Worker>,
     stopped: watch::Receiver<bool>,
+    counted: OpenConn,
 ) {
+    // Counted open until the task ends, however it ends (the future is the task: no wrapper
+    // holding a second copy of every argument).
+    let _counted = counted;
     let peer = info.peer;
     // The task lives as long as its connection, idle or not, and is as large as its largest
-    // state: HTTP/2 and TLS are boxed, so that an idle HTTP/1.1 connection keeps a small task.
+    // state: HTTP/2, TLS and h2c detection are boxed, so an idle HTTP/1.1 connection keeps a
+    // small task.
     match kind {
         Kind::Plain { h2c: false } => serve_h1(stream, info, gateway, worker, stopped).await,
         Kind::Plain { h2c: true } => {
+            // Boxed, like HTTP/2 and TLS: 1.5 KB of detection state would otherwise be part of
+            // every HTTP/1.1 connection's task.
             let detected = within(HEADER_TIMEOUT, "protocol detection", opens_with_h2_preface(&stream));
-            match reading(&worker.stats, detected).await {
+            match Box::pin(reading(&worker.stats, detected)).await {
                 Ok(true) => Box::pin(serve_h2(stream, info, gateway, worker, stopped)).await,
                 Ok(false) => serve_h1(stream, info, gateway, worker, stopped).await,
                 Err(why) => log::debug!("client {peer}: {why}"),
@@ -569,27 +573,30 @@ async fn serve_h1<S>(
             Ok::<_, Infallible>(resp.map(|body| Tracked { body, _busy: busy }))
         }
     });
-    let mut builder = http1::Builder::new();
-    builder.timer(TokioTimer::new()).header_read_timeout(HEADER_TIMEOUT).max_buf_size(64 << 10);
+    // What lives across the parked wait is the task's size for as long as the client stays:
+    // the builder is made per hyper connection and hyper's `Parts` are taken apart at once.
     loop {
+        let mut builder = http1::Builder::new();
+        builder.timer(TokioTimer::new()).header_read_timeout(HEADER_TIMEOUT).max_buf_size(64 << 10);
         // Upgrades: a WebSocket route hands the connection over to a tunnel (`tunnel`). Boxed:
         // the server's state is freed while the connection is parked.
         let mut conn = Box::new(builder.serve_connection(TokioIo::new(io), service).with_upgrades());
+        drop(builder);
         if let Err(e) = until_stopped(std::pin::Pin::new(&mut *conn), stopped.clone(), None).await {
             // The client's doing (reset, timeout, malformed input): never at error level.
             log::debug!("client {peer}: {e}");
             return;
         }
-        // `None`: the connection was upgraded and belongs to its tunnel.
-        let Some(parts) = conn.into_parts() else { return };
-        io = parts.io.into_inner();
-        service = parts.service;
+        // `None`: the connection was upgraded and belongs to its tunnel. hyper parks only with
+        // an empty read buffer (bytes of a partial head would have been its error); it is
+        // dropped here, with its allocation.
+        (io, service) = match conn.into_parts() {
+            Some(parts) => (parts.io.into_inner(), parts.service),
+            None => return,
+        };
         if !io.parked() {
             return;
         }
-        // hyper parks only with an empty read buffer (bytes of a partial head would have been
-        // its error); dropping `parts` frees that buffer's allocation too.
-        drop(parts.read_buf);
         // Parked: no server state and no buffer until the client sends again. The whole idle
         // time stays bounded by HEADER_TIMEOUT (nginx's keepalive_timeout).
         let _parked = Raised::new(&stats.parked);
