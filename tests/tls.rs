@@ -392,6 +392,34 @@ fn certificate_rotation_under_load_fails_no_request() {
     assert_eq!(kept.cn(), "v1");
 }
 
+#[test]
+fn a_session_resumes_on_every_tls_listener() {
+    let up = Upstream::start("u");
+    let pair = cert("shared", &["resume.example.com"]);
+    let p = Prefix::new("", "", "");
+    let second = common::free_port();
+    // Two listeners with different configurations (HTTP/2 offered or not) share one session
+    // cache and one ticket key schedule.
+    p.write_config(
+        &format!(
+            "  ssl:\n    listen:\n      - {{ip: 127.0.0.1, port: {}}}\n      - {{ip: 127.0.0.1, port: {second}, enable_http2: false}}\n",
+            p.tls_port
+        ),
+        "",
+    );
+    p.write_resources(&format!("{}ssls:\n{}", route_to(&up), ssl_entry("1", &["resume.example.com"], &pair)));
+    let w = Weir::start(&p);
+    w.wait_ready(p.node());
+    let resuming = client::config(true);
+    let mut first = client::Conn::open(&resuming, p.tls(), "resume.example.com").expect("first listener");
+    // The request makes the server's ticket arrive before the next connection.
+    assert_eq!(first.get("resume.example.com"), Ok(200));
+    let other = SocketAddr::from(([127, 0, 0, 1], second));
+    let mut again = client::Conn::open(&resuming, other, "resume.example.com").expect("second listener");
+    assert_eq!(again.tls.conn.handshake_kind(), Some(rustls::HandshakeKind::Resumed));
+    assert_eq!(again.get("resume.example.com"), Ok(200));
+}
+
 // ---- HTTP/2 attacks, with raw frames on the cleartext HTTP/2 listener ----
 
 fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
