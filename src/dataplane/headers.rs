@@ -12,12 +12,23 @@ static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host"
 static X_FORWARDED_PORT: HeaderName = HeaderName::from_static("x-forwarded-port");
 static X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
 
-/// Whether `name` is hop-by-hop (RFC 9110 §7.6.1), or `proxy-connection`, a non-standard one
-/// clients still send.
+/// The hop-by-hop headers (RFC 9110 §7.6.1), and `proxy-connection`, a non-standard one clients
+/// still send.
+static HOP_BY_HOP: [&HeaderName; 9] = [
+    &CONNECTION,
+    &KEEP_ALIVE,
+    &PROXY_AUTHENTICATE,
+    &PROXY_AUTHORIZATION,
+    &TE,
+    &TRAILER,
+    &TRANSFER_ENCODING,
+    &UPGRADE,
+    &PROXY_CONNECTION,
+];
+
+/// Whether `name` is one of [`HOP_BY_HOP`].
 pub fn is_hop_by_hop(name: &HeaderName) -> bool {
-    [&CONNECTION, &KEEP_ALIVE, &PROXY_AUTHENTICATE, &PROXY_AUTHORIZATION, &TE, &TRAILER, &TRANSFER_ENCODING, &UPGRADE]
-        .contains(&name)
-        || *name == PROXY_CONNECTION
+    HOP_BY_HOP.contains(&name)
 }
 
 /// Removes hop-by-hop headers, including those named by `Connection`. One pass over the
@@ -56,8 +67,8 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
 fn remove_named(headers: &mut HeaderMap, connection: &HeaderValue) {
     let Ok(tokens) = connection.to_str() else { return };
     for token in tokens.split(',').map(str::trim).filter(|t| !t.is_empty()) {
-        // The usual tokens name headers the fixed list removes anyway: no lookup for them.
-        if ["keep-alive", "upgrade", "te"].iter().any(|n| token.eq_ignore_ascii_case(n)) {
+        // Headers of the fixed list (keep-alive, upgrade, te: the usual tokens) go anyway.
+        if HOP_BY_HOP.iter().any(|n| token.eq_ignore_ascii_case(n.as_str())) {
             continue;
         }
         headers.remove(token);

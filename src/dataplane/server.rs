@@ -574,14 +574,19 @@ async fn serve_h1<S>(
         }
     });
     // What lives across the parked wait is the task's size for as long as the client stays:
-    // the builder is made per hyper connection and hyper's `Parts` are taken apart at once.
+    // no builder is kept, and hyper's `Parts` are taken apart at once.
     loop {
-        let mut builder = http1::Builder::new();
-        builder.timer(TokioTimer::new()).header_read_timeout(HEADER_TIMEOUT).max_buf_size(64 << 10);
         // Upgrades: a WebSocket route hands the connection over to a tunnel (`tunnel`). Boxed:
-        // the server's state is freed while the connection is parked.
-        let mut conn = Box::new(builder.serve_connection(TokioIo::new(io), service).with_upgrades());
-        drop(builder);
+        // the server's state is freed while the connection is parked. The builder is a
+        // temporary of this statement.
+        let mut conn = Box::new(
+            http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_TIMEOUT)
+                .max_buf_size(64 << 10)
+                .serve_connection(TokioIo::new(io), service)
+                .with_upgrades(),
+        );
         if let Err(e) = until_stopped(std::pin::Pin::new(&mut *conn), stopped.clone(), None).await {
             // The client's doing (reset, timeout, malformed input): never at error level.
             log::debug!("client {peer}: {e}");
