@@ -112,6 +112,79 @@ pub fn request_stream(data: &[u8]) {
     assert_eq!(frame(data, step), whole, "split into {step}-byte reads");
 }
 
+/// Reads one upstream response from `data` fed in `step`-byte reads: the head's summary and
+/// the body bytes, or the error; `None` when the bytes end first.
+fn read_response(data: &[u8], step: usize) -> Option<Result<(String, Vec<u8>), String>> {
+    use crate::dataplane::h1codec::{parse_response, BodyLen, Chunked, Decoded};
+    let mut buf = bytes::BytesMut::new();
+    let mut fed = 0;
+    let mut feed = |buf: &mut bytes::BytesMut| {
+        let end = (fed + step).min(data.len());
+        buf.extend_from_slice(&data[fed..end]);
+        let more = end > fed;
+        fed = end;
+        more
+    };
+    let head = loop {
+        match parse_response(&mut buf, false) {
+            Ok(Some(head)) => break head,
+            Ok(None) => {
+                if !feed(&mut buf) {
+                    return None;
+                }
+            }
+            Err(e) => return Some(Err(e.0)),
+        }
+    };
+    let mut fields: Vec<String> = head.headers.iter().map(|(k, v)| format!("{k}: {v:?}")).collect();
+    fields.sort();
+    let summary = format!("{} {:?} {:?} {} {fields:?}", head.status, head.version, head.body, head.keep_alive);
+    let mut body = Vec::new();
+    match head.body {
+        BodyLen::Empty => {}
+        BodyLen::Length(n) => {
+            while feed(&mut buf) {}
+            let n = usize::try_from(n).unwrap_or(usize::MAX).min(buf.len());
+            body.extend_from_slice(&buf[..n]);
+        }
+        BodyLen::ToEof => {
+            while feed(&mut buf) {}
+            body.extend_from_slice(&buf);
+        }
+        BodyLen::Chunked => {
+            let mut dec = Chunked::default();
+            loop {
+                match dec.decode(&mut buf) {
+                    Ok(Decoded::Data(d)) => body.extend_from_slice(&d),
+                    Ok(Decoded::Done) => break,
+                    Ok(Decoded::NeedMore) => {
+                        if !feed(&mut buf) {
+                            return None;
+                        }
+                    }
+                    Err(e) => return Some(Err(e.0)),
+                }
+            }
+        }
+    }
+    Some(Ok((summary, body)))
+}
+
+/// The upstream response reader (`dataplane::h1codec`): never panics, reads a head and a body
+/// the same whether the bytes come at once or in small reads, and never yields more body than
+/// there were bytes. Hop-by-hop fields never reach the header map.
+pub fn upstream_response(data: &[u8]) {
+    let whole = read_response(data, data.len().max(1));
+    let step = 1 + usize::from(data.first().copied().unwrap_or(0) % 13);
+    assert_eq!(read_response(data, step), whole, "split into {step}-byte reads");
+    if let Some(Ok((summary, body))) = &whole {
+        assert!(body.len() <= data.len());
+        for hop in ["\"connection:", "\"transfer-encoding:", "\"keep-alive:", "\"upgrade:"] {
+            assert!(!summary.contains(hop), "{hop} reached the map: {summary}");
+        }
+    }
+}
+
 /// The ClientHello reader of TLS stream listeners: never panics, never reads past the first
 /// record, gives the same answer for the bytes with anything appended, and a prefix of a hello
 /// it reads never yields a different server name.

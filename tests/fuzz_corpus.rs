@@ -54,3 +54,8 @@ fn client_hello_sni() {
 fn access_log_line() {
     each_input("access_log_line", weir::fuzzing::access_log_line);
 }
+
+#[test]
+fn upstream_response() {
+    each_input("upstream_response", weir::fuzzing::upstream_response);
+}

@@ -16,7 +16,7 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
-use super::client::{Conn, Pool};
+use super::upstream_conn::H1Body;
 
 /// An upstream request body.
 pub enum ProxyBody {
@@ -173,14 +173,48 @@ impl<F: OnFinish + Unpin> Body for ResponseBody<F> {
     }
 }
 
-/// The upstream's response body on its way to the client. Its connection goes back to the pool
-/// when the body has been read to the end; a body abandoned half-way closes it.
+/// An upstream's response body: from an HTTP/1.1 connection of our own (which goes back to the
+/// pool when the body has been read to the end; a body abandoned half-way closes it), or from
+/// hyper (HTTP/2, and the handshake answer of a WebSocket tunnel).
+pub enum Inbound {
+    /// HTTP/1.1.
+    H1(H1Body),
+    /// HTTP/2 or a tunnel's connection.
+    Hyper(Incoming),
+}
+
+impl Body for Inbound {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match self.get_mut() {
+            Inbound::H1(b) => Pin::new(b).poll_frame(cx).map_err(|e| Box::new(e) as BoxError),
+            Inbound::Hyper(b) => Pin::new(b).poll_frame(cx).map_err(|e| Box::new(e) as BoxError),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            Inbound::H1(b) => b.is_end_stream(),
+            Inbound::Hyper(b) => b.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            Inbound::H1(b) => b.size_hint(),
+            Inbound::Hyper(b) => b.size_hint(),
+        }
+    }
+}
+
+/// The upstream's response body on its way to the client.
 pub struct UpstreamBody<F: OnFinish> {
-    inner: Incoming,
+    inner: Inbound,
     /// Content-Length to announce (none: chunked), when no body filter changes the body.
     len: Option<u64>,
     hooks: F,
-    conn: Option<(Conn, Rc<Pool>)>,
     done: bool,
     /// Body bytes handed to the client so far (told to `hooks` when the body is dropped).
     sent: u64,
@@ -193,22 +227,18 @@ impl<F: OnFinish> Drop for UpstreamBody<F> {
 }
 
 impl<F: OnFinish> UpstreamBody<F> {
-    /// Wraps `inner`; `len` is the upstream's Content-Length; `conn` goes back to the pool at
-    /// the end (none for multiplexed HTTP/2 connections, which stay shared).
-    pub fn new(inner: Incoming, len: Option<u64>, hooks: F, conn: Option<(Conn, Rc<Pool>)>) -> Self {
+    /// Wraps `inner`; `len` is the upstream's Content-Length.
+    pub fn new(inner: Inbound, len: Option<u64>, hooks: F) -> Self {
         let len = len.filter(|_| !hooks.filters_body());
-        UpstreamBody { inner, len, hooks, conn, done: false, sent: 0 }
+        UpstreamBody { inner, len, hooks, done: false, sent: 0 }
     }
 
-    /// The upstream body was read to the end: its connection can serve another request.
+    /// The upstream body was read to the end.
     fn finished(&mut self) {
         if !self.done {
             self.hooks.upstream_done();
         }
         self.done = true;
-        if let Some((conn, pool)) = self.conn.take() {
-            pool.release(conn);
-        }
     }
 }
 
@@ -237,10 +267,7 @@ impl<F: OnFinish + Unpin> Body for UpstreamBody<F> {
                     }
                     return Poll::Ready(None);
                 }
-                Poll::Ready(Some(Err(e))) => {
-                    this.conn = None;
-                    return Poll::Ready(Some(Err(Box::new(e))));
-                }
+                Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(e))),
                 Poll::Ready(Some(Ok(frame))) => {
                     let mut data = match frame.into_data() {
                         Ok(data) => data,
@@ -252,7 +279,7 @@ impl<F: OnFinish + Unpin> Body for UpstreamBody<F> {
                         this.hooks.chunk(&mut data, false);
                     } else if this.inner.is_end_stream() {
                         // The last bytes of a body of known length: the server will not ask for
-                        // more, so the connection goes back to the pool now.
+                        // more (the connection went back to the pool with them).
                         this.finished();
                     }
                     if data.is_empty() {

@@ -1,16 +1,14 @@
-//! Upstream connections: connect (TCP, then TLS) under `timeout.connect`, HTTP/1.1 over hyper's
-//! connection API, nginx's send and read timeouts enforced on the socket itself, and a per-worker
-//! LIFO pool that honours `keepalive_pool` (`size`, `idle_timeout`, `requests`).
-//!
-//! Timeouts follow nginx: `send` bounds each write that makes no progress (`proxy_send_timeout`),
-//! `read` bounds each wait for bytes from the upstream, the response head included, once the
-//! request has been handed over (`proxy_read_timeout`); neither is a budget for the whole
-//! exchange. While the request body waits on a slow client, no read timer runs.
+//! Upstream connections: connect (TCP, then TLS) under `timeout.connect`, and a per-worker LIFO
+//! pool of HTTP/1.1 connections that honours `keepalive_pool` (`size`, `idle_timeout`,
+//! `requests`); one shared HTTP/2 connection per gRPC node (hyper's). The HTTP/1.1 exchange
+//! itself, with nginx's send and read timeouts, is `upstream_conn`'s.
 //!
 //! Whether any byte of a request reached the upstream is reported with every failure
 //! ([`SendError::sent`]), so that the caller never retries a non-idempotent request that an
 //! upstream may already have acted on. A pooled connection found closed before the request was
-//! written gives the request back and the next connection is tried.
+//! written gives the request back and the next connection is tried; an idempotent request with
+//! a replayable body whose pooled connection was closed under it (no byte of an answer came) is
+//! sent once more on a new connection, as nginx does for its cached connections.
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -23,17 +21,17 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use hyper::body::Incoming;
-use hyper::client::conn::http1::{self, SendRequest};
 use hyper::client::conn::http2;
 use hyper_util::rt::TokioIo;
 use rustls::pki_types::ServerName;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
-use tokio::time::Sleep;
 use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
 
 use super::body::ProxyBody;
+use super::h1codec::ResponseHead;
+use super::upstream_conn::{Conn, H1Body, RequestHead};
 use crate::tables::upstream::{PoolKey, PoolSettings, Timeouts};
 
 /// A failed exchange.
@@ -44,39 +42,8 @@ pub struct SendError {
     pub timeout: bool,
     /// What happened, for the log.
     pub reason: String,
-    /// The request, when it was never handed to a connection (it can be sent elsewhere as is).
-    pub request: Option<http::Request<ProxyBody>>,
-}
-
-/// State shared between a connection's socket wrapper and the request using it.
-struct IoState {
-    /// A request is in flight.
-    active: Cell<bool>,
-    /// Bumped when a request starts or ends, so that a timer armed before re-arms.
-    epoch: Cell<u32>,
-    send: Cell<Duration>,
-    read: Cell<Duration>,
-    idle: Duration,
-    /// Set while the request body waits on the client (no read timer then).
-    client_stalled: RefCell<Option<Rc<Cell<bool>>>>,
-}
-
-impl IoState {
-    fn begin(&self, t: &Timeouts, stalled: Option<Rc<Cell<bool>>>) {
-        self.send.set(t.send);
-        self.read.set(t.read);
-        *self.client_stalled.borrow_mut() = stalled;
-        self.active.set(true);
-        self.epoch.set(self.epoch.get().wrapping_add(1));
-    }
-    fn end(&self) {
-        self.active.set(false);
-        self.client_stalled.borrow_mut().take();
-        self.epoch.set(self.epoch.get().wrapping_add(1));
-    }
-    fn stalled(&self) -> bool {
-        self.client_stalled.borrow().as_ref().is_some_and(|s| s.get())
-    }
+    /// The request body, when none of the request was written (it can be sent elsewhere).
+    pub body: Option<ProxyBody>,
 }
 
 /// A connected socket, plain or TLS.
@@ -144,171 +111,9 @@ impl<F: Future + 'static> hyper::rt::Executor<F> for LocalExec {
     }
 }
 
-/// A timer armed on first use and reused, never reallocated, afterwards.
-///
-/// Arming records a deadline; the tokio sleep is only moved when it would wake the task too
-/// late. A sleep left from an earlier, earlier-ending wait wakes the task before the deadline,
-/// and is then moved on to it: a request's timeouts cost a clock read, not a timer-wheel update
-/// (callgrind: three resets per proxied request before).
-struct Timer {
-    sleep: Option<Pin<Box<Sleep>>>,
-    /// The epoch it was armed in (None: disarmed).
-    armed: Option<u32>,
-    /// When the armed wait ends (meaningful while armed).
-    deadline: tokio::time::Instant,
-}
-
-impl Timer {
-    fn new() -> Self {
-        Timer { sleep: None, armed: None, deadline: tokio::time::Instant::now() }
-    }
-    fn disarm(&mut self) {
-        self.armed = None;
-    }
-    /// Moves an armed timer's deadline to `after` from now (the sleep, set no later, still
-    /// wakes the task in time even if nobody polls it before then).
-    fn restart(&mut self, after: Duration) {
-        if self.armed.is_some() {
-            self.set_deadline(tokio::time::Instant::now() + after);
-        }
-    }
-    fn set_deadline(&mut self, deadline: tokio::time::Instant) {
-        self.deadline = deadline;
-        match &mut self.sleep {
-            Some(s) if s.deadline() <= deadline => {}
-            Some(s) => s.as_mut().reset(deadline),
-            None => self.sleep = Some(Box::pin(tokio::time::sleep_until(deadline))),
-        }
-    }
-    /// Arms (unless armed in this epoch) and polls; true when the time is up.
-    fn expired(&mut self, cx: &mut Context<'_>, epoch: u32, after: Duration) -> bool {
-        if self.armed != Some(epoch) {
-            self.set_deadline(tokio::time::Instant::now() + after);
-            self.armed = Some(epoch);
-        }
-        let deadline = self.deadline;
-        let Some(sleep) = self.sleep.as_mut() else { return false };
-        if sleep.as_mut().poll(cx).is_pending() {
-            return false;
-        }
-        if tokio::time::Instant::now() < deadline {
-            // Woken for an older, earlier deadline: wait on for this one.
-            sleep.as_mut().reset(deadline);
-            if sleep.as_mut().poll(cx).is_pending() {
-                return false;
-            }
-        }
-        self.armed = None;
-        true
-    }
-}
-
-/// The socket of an upstream connection with nginx's send/read timeouts and the pool's idle
-/// timeout.
-struct TimedIo {
-    stream: Stream,
-    state: Rc<IoState>,
-    read_timer: Timer,
-    write_timer: Timer,
-}
-
-fn timed_out(what: &str) -> io::Error {
-    io::Error::new(io::ErrorKind::TimedOut, what.to_owned())
-}
-
-impl AsyncRead for TimedIo {
-    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        let polled = Pin::new(&mut this.stream).poll_read(cx, buf);
-        if polled.is_ready() {
-            this.read_timer.disarm();
-            return polled;
-        }
-        let state = &this.state;
-        let epoch = state.epoch.get();
-        if !state.active.get() {
-            // Idle in the pool: close once the idle timeout passes (EOF ends the connection).
-            if this.read_timer.expired(cx, epoch, state.idle) {
-                return Poll::Ready(Ok(()));
-            }
-        } else if state.stalled() {
-            this.read_timer.disarm();
-        } else if this.read_timer.expired(cx, epoch, state.read.get()) {
-            return Poll::Ready(Err(timed_out("upstream read timed out")));
-        }
-        Poll::Pending
-    }
-}
-
-impl TimedIo {
-    /// `wrote`: bytes were written (a flush that had nothing to do is not progress).
-    fn write_progress<T>(
-        &mut self,
-        cx: &mut Context<'_>,
-        polled: Poll<io::Result<T>>,
-        wrote: impl Fn(&T) -> bool,
-    ) -> Poll<io::Result<T>> {
-        if let Poll::Ready(r) = &polled {
-            self.write_timer.disarm();
-            if r.as_ref().is_ok_and(wrote) && self.state.active.get() {
-                // Progress on the request restarts the wait for the answer.
-                self.read_timer.restart(self.state.read.get());
-            }
-            return polled;
-        }
-        if self.write_timer.expired(cx, self.state.epoch.get(), self.state.send.get()) {
-            return Poll::Ready(Err(timed_out("upstream send timed out")));
-        }
-        Poll::Pending
-    }
-}
-
-impl AsyncWrite for TimedIo {
-    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        let this = self.get_mut();
-        let polled = Pin::new(&mut this.stream).poll_write(cx, buf);
-        this.write_progress(cx, polled, |n| *n > 0)
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        let this = self.get_mut();
-        let polled = Pin::new(&mut this.stream).poll_write_vectored(cx, bufs);
-        this.write_progress(cx, polled, |n| *n > 0)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.stream.is_write_vectored()
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        let polled = Pin::new(&mut this.stream).poll_flush(cx);
-        this.write_progress(cx, polled, |_| false)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().stream).poll_shutdown(cx)
-    }
-}
-
-/// A connection serving one request; hand it back with [`Pool::release`] once the response is
-/// fully read.
-pub struct Conn {
-    key: PoolKey,
-    sender: SendRequest<ProxyBody>,
-    state: Rc<IoState>,
-    served: u32,
-    settings: PoolSettings,
-}
-
+/// An idle connection in the pool.
 struct Idle {
-    sender: SendRequest<ProxyBody>,
-    state: Rc<IoState>,
-    served: u32,
+    conn: Box<Conn>,
     since: Instant,
 }
 
@@ -341,6 +146,8 @@ pub struct Pool {
     h2: RefCell<FastMap<PoolKey, http2::SendRequest<ProxyBody>>>,
     /// Connectors by `(verify, h2)`.
     tls: RefCell<[Option<TlsConnector>; 4]>,
+    /// The idle sweeper runs (it stops when the pool is empty).
+    sweeping: Cell<bool>,
 }
 
 /// Whether an error (or one of its causes) is a timeout.
@@ -380,31 +187,56 @@ impl Pool {
     }
 
     /// The most recently used idle connection of `key` that is still usable.
-    fn checkout(&self, key: &PoolKey, settings: &PoolSettings) -> Option<Idle> {
+    fn checkout(&self, key: &PoolKey, settings: &PoolSettings) -> Option<Box<Conn>> {
         let mut idle = self.idle.borrow_mut();
         let list = idle.get_mut(key)?;
-        while let Some(c) = list.pop() {
-            if !c.sender.is_closed() && c.since.elapsed() < settings.idle_timeout {
-                return Some(c);
+        while let Some(mut c) = list.pop() {
+            if c.since.elapsed() < settings.idle_timeout && c.conn.is_open() {
+                c.conn.settings = *settings;
+                return Some(c.conn);
             }
         }
         None
     }
 
-    /// Returns a connection whose response was read to the end.
-    pub fn release(&self, conn: Conn) {
-        conn.state.end();
-        let served = conn.served + 1;
-        if served >= conn.settings.requests || conn.sender.is_closed() || conn.settings.size == 0 {
+    /// Takes back a connection whose response was read to the end.
+    pub fn release(pool: &Rc<Pool>, mut conn: Box<Conn>) {
+        conn.served += 1;
+        let settings = conn.settings;
+        if conn.served >= settings.requests || !conn.reusable() || settings.size == 0 {
             return;
         }
-        let mut idle = self.idle.borrow_mut();
-        let list = idle.entry(conn.key).or_default();
-        if list.len() >= conn.settings.size {
+        let mut idle = pool.idle.borrow_mut();
+        let since = Instant::now();
+        let list = match idle.get_mut(&conn.key) {
+            Some(list) => list,
+            None => idle.entry(conn.key.clone()).or_default(),
+        };
+        if list.len() >= settings.size {
             // Full: the least recently used connection goes (nginx's upstream keepalive).
             list.remove(0);
         }
-        list.push(Idle { sender: conn.sender, state: conn.state, served, since: Instant::now() });
+        list.push(Idle { conn, since });
+        drop(idle);
+        if !pool.sweeping.replace(true) {
+            let weak = Rc::downgrade(pool);
+            tokio::task::spawn_local(sweep(weak));
+        }
+    }
+
+    /// Closes idle connections past their idle timeout or closed by the upstream; false once
+    /// none is left.
+    fn sweep(&self) -> bool {
+        let mut idle = self.idle.borrow_mut();
+        idle.retain(|_, list| {
+            list.retain_mut(|c| c.since.elapsed() < c.conn.settings.idle_timeout && c.conn.is_open());
+            !list.is_empty()
+        });
+        let any = !idle.is_empty();
+        if !any {
+            self.sweeping.set(false);
+        }
+        any
     }
 
     async fn connect(&self, key: &PoolKey) -> io::Result<Stream> {
@@ -442,7 +274,7 @@ impl Pool {
         let mut sender = match shared {
             Some(s) => s,
             None => {
-                let fail = |reason: String, timeout: bool| SendError { sent: false, timeout, reason, request: None };
+                let fail = |reason: String, timeout: bool| SendError { sent: false, timeout, reason, body: None };
                 let stream = match tokio::time::timeout(t.connect, self.connect(key)).await {
                     Ok(Ok(s)) => s,
                     Ok(Err(e)) => return Err(fail(format!("connect failed: {e}"), false)),
@@ -469,66 +301,59 @@ impl Pool {
         };
         if let Err(e) = sender.ready().await {
             self.h2.borrow_mut().remove(key);
-            return Err(SendError { sent: false, timeout: false, reason: describe(&e), request: None });
+            return Err(SendError { sent: false, timeout: false, reason: describe(&e), body: None });
         }
         match tokio::time::timeout(t.read, sender.send_request(req)).await {
             Ok(Ok(resp)) => Ok(resp),
-            Ok(Err(e)) => Err(SendError { sent: true, timeout: is_timeout(&e), reason: describe(&e), request: None }),
+            Ok(Err(e)) => Err(SendError { sent: true, timeout: is_timeout(&e), reason: describe(&e), body: None }),
             Err(_) => Err(SendError {
                 sent: true,
                 timeout: true,
                 reason: format!("no response head within {:?}", t.read),
-                request: None,
+                body: None,
             }),
         }
     }
 
-    /// Sends `req` on a pooled connection of `key`, or on a new one. `stalled` is set while the
-    /// request body waits on the client.
+    /// Sends a request on a pooled connection of `key`, or on a new one, and reads the response
+    /// head; its body streams from the connection. `stalled` is set while the request body waits
+    /// on the client. `replay`: the request may be sent again when a pooled connection turns
+    /// out to be closed under it (an idempotent request).
+    #[allow(clippy::too_many_arguments)]
     pub async fn send(
-        &self,
+        pool: &Rc<Pool>,
         key: &PoolKey,
         settings: PoolSettings,
         t: &Timeouts,
-        mut req: http::Request<ProxyBody>,
+        head: &RequestHead<'_>,
+        mut body: ProxyBody,
         stalled: Option<Rc<Cell<bool>>>,
-    ) -> Result<(http::Response<Incoming>, Conn), SendError> {
-        while let Some(mut idle) = self.checkout(key, &settings) {
-            idle.state.begin(t, stalled.clone());
-            match idle.sender.try_send_request(req).await {
-                Ok(resp) => {
-                    let conn = Conn {
-                        key: key.clone(),
-                        sender: idle.sender,
-                        state: idle.state,
-                        served: idle.served,
-                        settings,
-                    };
-                    return Ok((resp, conn));
+        replay: bool,
+    ) -> Result<http::Response<H1Body>, SendError> {
+        let replayable = replay && !matches!(body, ProxyBody::Client { .. });
+        while let Some(mut conn) = pool.checkout(key, &settings) {
+            let copy = if replayable { Some(clone_body(&body)) } else { None };
+            match conn.exchange(head, body, t, stalled.clone()).await {
+                Ok(answer) => return Ok(response(conn, pool, answer)),
+                // Closed before the request was written: nothing was sent, try the next one.
+                Err(SendError { body: Some(back), .. }) => body = back,
+                // Closed under the request before any answer: once more on a new connection.
+                Err(e) if !e.timeout && !conn.heard() && copy.is_some() => {
+                    body = copy.unwrap_or(ProxyBody::Empty);
+                    log::debug!("pooled connection to {} closed under a request: {}", key.addr, e.reason);
+                    break;
                 }
-                Err(mut e) => match e.take_message() {
-                    // Closed before the request was written: nothing was sent, try the next one.
-                    Some(back) => req = back,
-                    None => {
-                        let err = e.into_error();
-                        return Err(SendError {
-                            sent: true,
-                            timeout: is_timeout(&err),
-                            reason: describe(&err),
-                            request: None,
-                        });
-                    }
-                },
+                Err(e) => return Err(e),
             }
         }
-        let stream = match tokio::time::timeout(t.connect, self.connect(key)).await {
+        let stream = match tokio::time::timeout(t.connect, pool.connect(key)).await {
             Ok(Ok(s)) => s,
             Ok(Err(e)) => {
                 return Err(SendError {
                     sent: false,
                     timeout: e.kind() == io::ErrorKind::TimedOut,
                     reason: format!("connect failed: {e}"),
-                    request: Some(req),
+                    body: Some(body),
                 })
             }
             Err(_) => {
@@ -536,89 +361,43 @@ impl Pool {
                     sent: false,
                     timeout: true,
                     reason: format!("connect timed out after {:?}", t.connect),
-                    request: Some(req),
+                    body: Some(body),
                 })
             }
         };
-        let state = Rc::new(IoState {
-            active: Cell::new(false),
-            epoch: Cell::new(0),
-            send: Cell::new(t.send),
-            read: Cell::new(t.read),
-            idle: settings.idle_timeout,
-            client_stalled: RefCell::new(None),
-        });
-        let io = TimedIo { stream, state: state.clone(), read_timer: Timer::new(), write_timer: Timer::new() };
-        let (mut sender, connection) = match http1::Builder::new().handshake(TokioIo::new(io)).await {
-            Ok(pair) => pair,
-            Err(e) => return Err(SendError { sent: false, timeout: false, reason: describe(&e), request: Some(req) }),
-        };
-        actix_web::rt::spawn(async move {
-            if let Err(e) = connection.await {
-                log::debug!("upstream connection closed: {e}");
-            }
-        });
-        state.begin(t, stalled);
-        match sender.try_send_request(req).await {
-            Ok(resp) => Ok((resp, Conn { key: key.clone(), sender, state, served: 0, settings })),
-            Err(mut e) => {
-                let back = e.take_message();
-                let err = e.into_error();
-                Err(SendError {
-                    sent: back.is_none(),
-                    timeout: is_timeout(&err),
-                    reason: describe(&err),
-                    request: back,
-                })
-            }
-        }
+        let mut conn = Conn::new(stream, key.clone(), settings);
+        let answer = conn.exchange(head, body, t, stalled).await?;
+        Ok(response(conn, pool, answer))
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::Timer;
-    use std::time::Duration;
-
-    /// Polls `timer` (epoch `epoch`, wait `after`) until it fires; how long that took.
-    async fn fires_after(timer: &mut Timer, epoch: u32, after: Duration) -> Duration {
-        let started = tokio::time::Instant::now();
-        std::future::poll_fn(|cx| {
-            if timer.expired(cx, epoch, after) {
-                std::task::Poll::Ready(())
-            } else {
-                std::task::Poll::Pending
-            }
-        })
-        .await;
-        started.elapsed()
+/// A second copy of a replayable body.
+fn clone_body(body: &ProxyBody) -> ProxyBody {
+    match body {
+        ProxyBody::Full(b) => ProxyBody::Full(b.clone()),
+        _ => ProxyBody::Empty,
     }
+}
 
-    #[test]
-    fn a_later_wait_is_not_cut_short_by_an_earlier_sleep() {
-        let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().expect("runtime");
-        rt.block_on(async {
-            let mut t = Timer::new();
-            // Armed for 200 ms, then done early: the sleep stays set for 200 ms from then.
-            let noop = std::task::Waker::noop();
-            assert!(!t.expired(&mut std::task::Context::from_waker(noop), 1, Duration::from_millis(200)));
-            t.disarm();
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            // A new wait of 300 ms must last 300 ms, although the old sleep ends after 100.
-            let waited = fires_after(&mut t, 2, Duration::from_millis(300)).await;
-            assert!(waited >= Duration::from_millis(300), "fired after {waited:?}");
-            // A shorter wait than what is left of the sleep moves the sleep earlier.
-            let mut context = std::task::Context::from_waker(noop);
-            assert!(!t.expired(&mut context, 3, Duration::from_secs(60)));
-            t.disarm();
-            let waited = fires_after(&mut t, 4, Duration::from_millis(50)).await;
-            assert!(waited < Duration::from_secs(5), "fired after {waited:?}");
-            // Restarting moves an armed wait's end later.
-            assert!(!t.expired(&mut context, 5, Duration::from_millis(100)));
-            tokio::time::sleep(Duration::from_millis(60)).await;
-            t.restart(Duration::from_millis(200));
-            let waited = fires_after(&mut t, 5, Duration::from_millis(100)).await;
-            assert!(waited >= Duration::from_millis(190), "fired after {waited:?}");
-        });
+/// The response of `head`, its body read from `conn`.
+fn response(conn: Box<Conn>, pool: &Rc<Pool>, head: ResponseHead) -> http::Response<H1Body> {
+    let body = H1Body::new(conn, pool.clone(), head.body);
+    let mut resp = http::Response::new(body);
+    *resp.status_mut() = head.status;
+    *resp.version_mut() = head.version;
+    *resp.headers_mut() = head.headers;
+    resp
+}
+
+/// Runs the pool's sweeper every second while it holds idle connections.
+async fn sweep(pool: std::rc::Weak<Pool>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        match pool.upgrade() {
+            Some(p) if p.sweep() => {}
+            _ => return,
+        }
     }
 }

@@ -64,7 +64,7 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
 }
 
 /// Removes the headers one `Connection` line names (a token that is no header name names none).
-fn remove_named(headers: &mut HeaderMap, connection: &HeaderValue) {
+pub fn remove_named(headers: &mut HeaderMap, connection: &HeaderValue) {
     let Ok(tokens) = connection.to_str() else { return };
     for token in tokens.split(',').map(str::trim).filter(|t| !t.is_empty()) {
         // Headers of the fixed list (keep-alive, upgrade, te: the usual tokens) go anyway.
@@ -75,27 +75,72 @@ fn remove_named(headers: &mut HeaderMap, connection: &HeaderValue) {
     }
 }
 
-/// Sets `X-Forwarded-For` (appended), `X-Forwarded-Proto`, `X-Forwarded-Host`, `X-Forwarded-Port`
-/// and `X-Real-IP`.
-pub fn set_forwarded(headers: &mut HeaderMap, client_ip: &str, scheme: &str, host: Option<&HeaderValue>, port: u16) {
-    let ip = HeaderValue::from_str(client_ip).ok();
-    let xff = match headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
-        Some(prev) if !prev.is_empty() => HeaderValue::from_str(&format!("{prev}, {client_ip}")).ok(),
-        _ => ip.clone(),
-    };
-    if let Some(v) = xff {
-        headers.insert(X_FORWARDED_FOR.clone(), v);
-    }
-    if let Some(v) = ip {
-        headers.insert(X_REAL_IP.clone(), v);
-    }
-    headers
-        .insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static(if scheme == "https" { "https" } else { "http" }));
-    if let Some(h) = host {
-        headers.insert(X_FORWARDED_HOST.clone(), h.clone());
-    }
-    headers.insert(X_FORWARDED_PORT.clone(), HeaderValue::from(port));
+/// The proxy headers of an upstream request (`X-Forwarded-For`, appended to the client's,
+/// `X-Forwarded-Proto`, `X-Forwarded-Host`, `X-Forwarded-Port`, `X-Real-IP`), worked out once
+/// per request. An HTTP/1.1 upstream request writes them as it encodes its head (the client's
+/// header map is not touched: no copy, no insertion); HTTP/2 and tunnel requests get them in
+/// their map ([`ProxyHeaders::apply`]).
+pub struct ProxyHeaders {
+    /// The X-Forwarded-For value (the client's own first, when it sent one).
+    xff: HeaderValue,
+    real_ip: HeaderValue,
+    proto: HeaderValue,
+    host: Option<HeaderValue>,
+    port: HeaderValue,
 }
+
+impl ProxyHeaders {
+    /// The headers for a client at `client_ip`, on `scheme`, that sent `host`, to local `port`.
+    pub fn new(headers: &HeaderMap, client_ip: &str, scheme: &str, host: Option<&HeaderValue>, port: u16) -> Self {
+        let real_ip = HeaderValue::from_str(client_ip).unwrap_or(HeaderValue::from_static(""));
+        let xff = match headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
+            Some(prev) if !prev.is_empty() => {
+                HeaderValue::from_str(&format!("{prev}, {client_ip}")).unwrap_or_else(|_| real_ip.clone())
+            }
+            _ => real_ip.clone(),
+        };
+        let proto = HeaderValue::from_static(if scheme == "https" { "https" } else { "http" });
+        ProxyHeaders { xff, real_ip, proto, host: host.cloned(), port: HeaderValue::from(port) }
+    }
+
+    /// The header lines, and the Host line when `host` replaces the client's.
+    pub fn lines<'a>(&'a self, host: Option<&'a HeaderValue>) -> ([(&'static HeaderName, &'a [u8]); 6], usize) {
+        let mut lines: [(&'static HeaderName, &'a [u8]); 6] = [
+            (&X_FORWARDED_FOR, self.xff.as_bytes()),
+            (&X_REAL_IP, self.real_ip.as_bytes()),
+            (&X_FORWARDED_PROTO, self.proto.as_bytes()),
+            (&X_FORWARDED_PORT, self.port.as_bytes()),
+            (&X_FORWARDED_HOST, b""),
+            (&HOST_NAME, b""),
+        ];
+        let mut n = 4;
+        if let Some(h) = &self.host {
+            lines[n] = (&X_FORWARDED_HOST, h.as_bytes());
+            n += 1;
+        }
+        if let Some(h) = host {
+            lines[n] = (&HOST_NAME, h.as_bytes());
+            n += 1;
+        }
+        (lines, n)
+    }
+
+    /// Sets them in `headers` (and the Host header to `host`, when given).
+    pub fn apply(&self, headers: &mut HeaderMap, host: Option<&HeaderValue>) {
+        headers.insert(X_FORWARDED_FOR.clone(), self.xff.clone());
+        headers.insert(X_REAL_IP.clone(), self.real_ip.clone());
+        headers.insert(X_FORWARDED_PROTO.clone(), self.proto.clone());
+        headers.insert(X_FORWARDED_PORT.clone(), self.port.clone());
+        if let Some(h) = &self.host {
+            headers.insert(X_FORWARDED_HOST.clone(), h.clone());
+        }
+        if let Some(h) = host {
+            headers.insert(HOST_NAME.clone(), h.clone());
+        }
+    }
+}
+
+static HOST_NAME: HeaderName = http::header::HOST;
 
 #[cfg(test)]
 mod tests {
@@ -130,7 +175,12 @@ mod tests {
     fn forwarded_for_is_appended() {
         let mut h = HeaderMap::new();
         h.insert("x-forwarded-for", HeaderValue::from_static("1.1.1.1"));
-        set_forwarded(&mut h, "2.2.2.2", "http", Some(&HeaderValue::from_static("ex.com")), 9080);
+        let proxy = ProxyHeaders::new(&h, "2.2.2.2", "http", Some(&HeaderValue::from_static("ex.com")), 9080);
+        let (lines, n) = proxy.lines(None);
+        assert_eq!(n, 5);
+        assert_eq!(lines[0], (&X_FORWARDED_FOR, &b"1.1.1.1, 2.2.2.2"[..]));
+        proxy.apply(&mut h, Some(&HeaderValue::from_static("node")));
+        assert_eq!(h["host"], "node");
         assert_eq!(h["x-forwarded-for"], "1.1.1.1, 2.2.2.2");
         assert_eq!(h["x-real-ip"], "2.2.2.2");
         assert_eq!(h["x-forwarded-host"], "ex.com");

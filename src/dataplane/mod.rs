@@ -3,20 +3,22 @@
 //!
 //! Follow a request: `server` (accept; TLS with `resolver` over `tables::certs`; HTTP/1.1 or
 //! HTTP/2) → `guard` + `framing` (strict HTTP/1.1 framing) → `proxy::handle` (`normalize`,
-//! `tables::router`, plugin phases) → `tables::upstream` (balancer) → `client` (pool, timeouts;
-//! HTTP/2 for gRPC) or `tunnel` (WebSocket) → `body` (streaming back, log phase). The tables
+//! `tables::router`, plugin phases) → `tables::upstream` (balancer) → `client` (pool; HTTP/2 for
+//! gRPC) and `upstream_conn` (HTTP/1.1 exchange, timeouts; bytes by `h1codec`) or `tunnel` (WebSocket) → `body` (streaming back, log phase). The tables
 //! come from the current snapshot (`crate::tables`); nothing here builds them.
 
 pub mod body;
 pub mod client;
 pub mod framing;
 pub mod guard;
+pub mod h1codec;
 pub mod headers;
 pub mod normalize;
 pub mod proxy;
 pub mod resolver;
 pub mod server;
 pub mod tunnel;
+pub mod upstream_conn;
 
 /// Seconds in-flight requests get to finish on SIGTERM.
 pub const SHUTDOWN_GRACE_SECS: u64 = 30;

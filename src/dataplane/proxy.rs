@@ -14,10 +14,11 @@ use hyper::body::Incoming;
 use serde_json::json;
 use weir_plugin::{Flow, PluginResponse, RequestCtx, ResponseHead};
 
-use super::body::{OnFinish, ProxyBody, ResponseBody, UpstreamBody};
-use super::client::{Conn, Pool};
-use super::headers::{set_forwarded, strip_hop_by_hop};
+use super::body::{Inbound, OnFinish, ProxyBody, ResponseBody, UpstreamBody};
+use super::client::Pool;
+use super::headers::{strip_hop_by_hop, ProxyHeaders};
 use super::normalize::{normalize, PathRules};
+use super::upstream_conn::RequestHead;
 use crate::health::checker::Source as ReportSource;
 use crate::health::state::Report;
 use crate::health::HealthRegistry;
@@ -505,8 +506,8 @@ async fn forward(
     let started = Instant::now();
     fin.upstream_started = Some(started);
     let hash = hash_key(&fin.ctx, &upstream);
-    set_forwarded(
-        &mut fin.ctx.headers,
+    let proxy_headers = ProxyHeaders::new(
+        &fin.ctx.headers,
         &fin.ctx.remote_ip,
         fin.ctx.scheme,
         original_host.as_ref(),
@@ -548,61 +549,73 @@ async fn forward(
         tried.push(idx);
         let node = &upstream.nodes[idx];
         fin.ctx.upstream_addrs.push(node.addr);
-        // The last attempt moves the headers out, unless a plugin reads them after the request;
-        // the access log keeps only those its format reads.
-        let keep_all = attempt + 1 < max_attempts || fin.late_headers;
-        let mut headers = if keep_all {
-            fin.ctx.headers.clone()
-        } else {
-            let all = std::mem::take(&mut fin.ctx.headers);
-            if let Some(kept) = crate::access_log::headers_kept(&all) {
-                fin.ctx.headers = kept;
-            }
-            all
+        let host = match upstream.pass_host {
+            PassHost::Pass if fin.ctx.headers.contains_key(http::header::HOST) => None,
+            PassHost::Pass | PassHost::Node => Some(&node.host_header),
+            PassHost::Rewrite => Some(upstream.upstream_host.as_ref().unwrap_or(&node.host_header)),
         };
-        match upstream.pass_host {
-            PassHost::Pass if headers.contains_key(http::header::HOST) => {}
-            PassHost::Pass | PassHost::Node => {
-                headers.insert(http::header::HOST, node.host_header.clone());
-            }
-            PassHost::Rewrite => {
-                let host = upstream.upstream_host.clone().unwrap_or_else(|| node.host_header.clone());
-                headers.insert(http::header::HOST, host);
-            }
-        }
-        let mut request = http::Request::new(body);
-        *request.method_mut() = fin.ctx.method.clone();
-        *request.uri_mut() = http::Uri::from(target.clone());
-        if let Some(t) = &tunnel {
-            headers.insert(http::header::CONNECTION, HeaderValue::from_static("upgrade"));
-            headers.insert(http::header::UPGRADE, t.token.clone());
-        }
-        if node.pool_key.h2 {
-            // HTTP/2 carries the host in `:authority`, and gRPC servers want `te: trailers`.
-            match h2_uri(node.pool_key.tls.is_some(), headers.remove(http::header::HOST), &target) {
-                Ok(uri) => *request.uri_mut() = uri,
-                Err(e) => return gateway_error(StatusCode::BAD_GATEWAY, &e, fin),
-            }
-            headers.insert(http::header::TE, HeaderValue::from_static("trailers"));
-        }
-        *request.headers_mut() = headers;
         // The WebSocket and HTTP/2 exchanges are boxed: their futures are large and rare, and
         // inline they would make every HTTP/1.1 request's future (moved on each request) larger.
-        let exchange = if tunnel.is_some() {
-            Box::pin(super::tunnel::handshake(&worker.pool, &node.pool_key, &upstream.timeouts, request))
-                .await
-                .map(|r| (r, None))
-        } else if node.pool_key.h2 {
-            Box::pin(worker.pool.send_h2(&node.pool_key, &upstream.timeouts, request)).await.map(|r| (r, None))
+        let exchange = if tunnel.is_some() || node.pool_key.h2 {
+            // The last attempt moves the headers out, unless a plugin reads them after the
+            // request; the access log keeps only those its format reads.
+            let mut headers = if attempt + 1 < max_attempts || fin.late_headers {
+                fin.ctx.headers.clone()
+            } else {
+                let all = std::mem::take(&mut fin.ctx.headers);
+                if let Some(kept) = crate::access_log::headers_kept(&all) {
+                    fin.ctx.headers = kept;
+                }
+                all
+            };
+            proxy_headers.apply(&mut headers, host);
+            let mut request = http::Request::new(body);
+            *request.method_mut() = fin.ctx.method.clone();
+            *request.uri_mut() = http::Uri::from(target.clone());
+            if let Some(t) = &tunnel {
+                headers.insert(http::header::CONNECTION, HeaderValue::from_static("upgrade"));
+                headers.insert(http::header::UPGRADE, t.token.clone());
+            }
+            if node.pool_key.h2 {
+                // HTTP/2 carries the host in `:authority`, and gRPC servers want `te: trailers`.
+                match h2_uri(node.pool_key.tls.is_some(), headers.remove(http::header::HOST), &target) {
+                    Ok(uri) => *request.uri_mut() = uri,
+                    Err(e) => return gateway_error(StatusCode::BAD_GATEWAY, &e, fin),
+                }
+                headers.insert(http::header::TE, HeaderValue::from_static("trailers"));
+            }
+            *request.headers_mut() = headers;
+            let answer = if tunnel.is_some() {
+                Box::pin(super::tunnel::handshake(&worker.pool, &node.pool_key, &upstream.timeouts, request)).await
+            } else {
+                Box::pin(worker.pool.send_h2(&node.pool_key, &upstream.timeouts, request)).await
+            };
+            answer.map(|r| r.map(Inbound::Hyper))
         } else {
-            worker
-                .pool
-                .send(&node.pool_key, upstream.pool, &upstream.timeouts, request, stalled.clone())
-                .await
-                .map(|(r, c)| (r, Some(c)))
+            // HTTP/1.1: the head is written from the client's header map as it is, with the
+            // proxy headers and Host set as it is encoded (no copy of the map per attempt).
+            let (set, n) = proxy_headers.lines(host);
+            let head = RequestHead {
+                method: &fin.ctx.method,
+                target: target.as_str(),
+                headers: &fin.ctx.headers,
+                set: &set[..n],
+            };
+            Pool::send(
+                &worker.pool,
+                &node.pool_key,
+                upstream.pool,
+                &upstream.timeouts,
+                &head,
+                body,
+                stalled.clone(),
+                idempotent,
+            )
+            .await
+            .map(|r| r.map(Inbound::H1))
         };
         match exchange {
-            Ok((resp, conn)) => {
+            Ok(resp) => {
                 fin.ctx.upstream_time = Some(started.elapsed());
                 if let Some(c) = &checker {
                     c.report_status(node.addr, resp.status().as_u16());
@@ -610,7 +623,7 @@ async fn forward(
                 if let (Some(t), StatusCode::SWITCHING_PROTOCOLS) = (tunnel.take(), resp.status()) {
                     return upgraded(resp, t.client, fin, inflight, upstream.timeouts.read);
                 }
-                return respond(resp, conn.map(|c| (c, worker.pool.clone())), fin, inflight);
+                return respond(resp, fin, inflight);
             }
             Err(e) => {
                 log::warn!("upstream {} of route {:?}: {}", node.addr, fin.ctx.route_id, e.reason);
@@ -618,9 +631,9 @@ async fn forward(
                 let report = if e.timeout { Report::Timeout } else { Report::TcpFailure };
                 let why = if e.timeout { "timeout: no response" } else { "tcp failure" };
                 pending = Some((node.addr, report, format!("{why}: {}", e.reason)));
-                if let (Some(back), Source::Stream(slot)) = (e.request, &mut source) {
+                if let (Some(back), Source::Stream(slot)) = (e.body, &mut source) {
                     // Never sent: the streamed body is intact and may go to the next node.
-                    *slot = Some(back.into_body());
+                    *slot = Some(back);
                 }
                 if e.sent && !idempotent {
                     // The node may have acted on it: never send a non-idempotent request twice.
@@ -694,7 +707,7 @@ fn grpc_status(status: StatusCode, msg: &str) -> PluginResponse {
 /// header filters), then copy bytes both ways on the worker until either side closes or the
 /// tunnel idles for `timeout.read`. The log phase runs when the tunnel ends.
 fn upgraded(
-    mut resp: http::Response<Incoming>,
+    mut resp: http::Response<Inbound>,
     client: hyper::upgrade::OnUpgrade,
     mut finish: Box<Finish>,
     inflight: Option<InFlight>,
@@ -730,12 +743,7 @@ fn upgraded(
     out
 }
 
-fn respond(
-    resp: http::Response<hyper::body::Incoming>,
-    conn: Option<(Conn, Rc<Pool>)>,
-    mut finish: Box<Finish>,
-    inflight: Option<InFlight>,
-) -> Response {
+fn respond(resp: http::Response<Inbound>, mut finish: Box<Finish>, inflight: Option<InFlight>) -> Response {
     let (parts, incoming) = resp.into_parts();
     let len = parts
         .headers
@@ -758,10 +766,9 @@ fn respond(
         || finish.ctx.method == Method::HEAD;
     finish._inflight = inflight;
     if no_body {
-        use http_body::Body as _;
-        if let (true, Some((conn, pool))) = (incoming.is_end_stream(), conn) {
-            pool.release(conn);
-        }
+        // A bodiless HTTP/1.1 answer already gave its connection back to the pool; one that
+        // came with a body anyway is closed with `incoming`.
+        drop(incoming);
         // The upstream's Content-Length stays (HEAD announces the length of what GET returns).
         let mut resp = http::Response::new(ResponseBody::Full(None));
         *resp.status_mut() = head.status;
@@ -769,5 +776,5 @@ fn respond(
         drop(finish);
         return resp;
     }
-    with_head(head, ResponseBody::Upstream(UpstreamBody::new(incoming, len, finish, conn)))
+    with_head(head, ResponseBody::Upstream(UpstreamBody::new(incoming, len, finish)))
 }

@@ -26,12 +26,14 @@ pub async fn handshake(
         Ok(s) => s,
         Err(reason) => {
             let timeout = reason.contains("timed out");
-            return Err(SendError { sent: false, timeout, reason, request: Some(req) });
+            return Err(SendError { sent: false, timeout, reason, body: Some(req.into_body()) });
         }
     };
     let (mut sender, connection) = match http1::Builder::new().handshake(TokioIo::new(stream)).await {
         Ok(pair) => pair,
-        Err(e) => return Err(SendError { sent: false, timeout: false, reason: e.to_string(), request: Some(req) }),
+        Err(e) => {
+            return Err(SendError { sent: false, timeout: false, reason: e.to_string(), body: Some(req.into_body()) })
+        }
     };
     tokio::task::spawn_local(async move {
         if let Err(e) = connection.with_upgrades().await {
@@ -40,12 +42,12 @@ pub async fn handshake(
     });
     match tokio::time::timeout(t.read, sender.send_request(req)).await {
         Ok(Ok(resp)) => Ok(resp),
-        Ok(Err(e)) => Err(SendError { sent: true, timeout: false, reason: e.to_string(), request: None }),
+        Ok(Err(e)) => Err(SendError { sent: true, timeout: false, reason: e.to_string(), body: None }),
         Err(_) => Err(SendError {
             sent: true,
             timeout: true,
             reason: format!("no handshake answer within {:?}", t.read),
-            request: None,
+            body: None,
         }),
     }
 }

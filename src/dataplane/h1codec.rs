@@ -1,0 +1,593 @@
+//! HTTP/1.1 towards upstreams, as bytes (RFC 9112): the request head Weir writes, the response
+//! head it reads, and the chunked body decoder. No IO here: `upstream_conn` drives it, and the
+//! `upstream_response` fuzz target runs it over arbitrary bytes.
+//!
+//! Reading is strict where a lenient reader could be made to disagree with the client about
+//! where a response ends: line ends are CRLF, chunk sizes are bounded hex, Content-Length
+//! values must agree, and a response that is framed by both Transfer-Encoding and
+//! Content-Length is read as chunked and its connection is not reused.
+
+use bytes::{Bytes, BytesMut};
+use http::header::{HeaderMap, HeaderName, HeaderValue, CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
+use http::{Method, StatusCode, Version};
+
+use super::headers::{is_hop_by_hop, remove_named};
+
+/// Longest response head read (status line and header fields), as nginx's larger
+/// `proxy_buffer_size` settings allow; longer is a 502.
+pub const MAX_HEAD: usize = 64 * 1024;
+/// Most header fields in a response head.
+pub const MAX_HEADERS: usize = 100;
+/// Longest chunk-size line, and most trailer bytes, of a chunked body.
+const MAX_CHUNK_LINE: usize = 4096;
+const MAX_TRAILERS: usize = 64 * 1024;
+
+/// How the request body is framed on the wire.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RequestBody {
+    /// No body (`content-length: 0` when the client sent one).
+    None,
+    /// `content-length: n`.
+    Length(u64),
+    /// `transfer-encoding: chunked`.
+    Chunked,
+}
+
+/// Writes the request head into `out` (cleared first). Fields of `headers` named in `set` are
+/// replaced by `set`'s lines; framing fields are replaced by what `body` says, so that the
+/// upstream reads exactly the body Weir sends.
+pub fn encode_request(
+    out: &mut Vec<u8>,
+    method: &Method,
+    target: &str,
+    headers: &HeaderMap,
+    set: &[(&HeaderName, &[u8])],
+    body: RequestBody,
+) {
+    out.clear();
+    out.extend_from_slice(method.as_str().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(target.as_bytes());
+    out.extend_from_slice(b" HTTP/1.1\r\n");
+    let mut had_length = false;
+    for (name, value) in headers {
+        if name == CONTENT_LENGTH {
+            had_length = true;
+            continue;
+        }
+        if name == TRANSFER_ENCODING || set.iter().any(|(n, _)| *n == name) {
+            continue;
+        }
+        push_field(out, name, value.as_bytes());
+    }
+    for (name, value) in set {
+        push_field(out, name, value);
+    }
+    match body {
+        RequestBody::None if had_length => out.extend_from_slice(b"content-length: 0\r\n"),
+        RequestBody::None => {}
+        RequestBody::Length(n) => {
+            out.extend_from_slice(b"content-length: ");
+            push_decimal(out, n);
+            out.extend_from_slice(b"\r\n");
+        }
+        RequestBody::Chunked => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+fn push_field(out: &mut Vec<u8>, name: &HeaderName, value: &[u8]) {
+    let name = name.as_str().as_bytes();
+    out.reserve(name.len() + value.len() + 4);
+    out.extend_from_slice(name);
+    out.extend_from_slice(b": ");
+    out.extend_from_slice(value);
+    out.extend_from_slice(b"\r\n");
+}
+
+fn push_decimal(out: &mut Vec<u8>, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[i..]);
+}
+
+/// The size line that starts a chunk of `len` bytes.
+pub fn chunk_line(len: usize) -> ChunkLine {
+    let mut bytes = [0u8; 18];
+    let mut n = len as u64;
+    let mut i = 16;
+    loop {
+        i -= 1;
+        bytes[i] = b"0123456789abcdef"[(n & 0xf) as usize];
+        n >>= 4;
+        if n == 0 {
+            break;
+        }
+    }
+    bytes[16] = b'\r';
+    bytes[17] = b'\n';
+    ChunkLine { bytes, start: i }
+}
+
+/// A chunk-size line (at most 16 hex digits and CRLF).
+pub struct ChunkLine {
+    bytes: [u8; 18],
+    start: usize,
+}
+
+impl ChunkLine {
+    /// Its bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes[self.start..]
+    }
+}
+
+/// How the response body ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BodyLen {
+    /// No body (HEAD, 1xx, 204, 304, or a zero length).
+    Empty,
+    /// Exactly this many bytes.
+    Length(u64),
+    /// Chunked.
+    Chunked,
+    /// Until the upstream closes the connection.
+    ToEof,
+}
+
+/// A response head.
+#[derive(Debug)]
+pub struct ResponseHead {
+    pub status: StatusCode,
+    pub version: Version,
+    pub headers: HeaderMap,
+    pub body: BodyLen,
+    /// The connection may carry another request once the body has been read.
+    pub keep_alive: bool,
+}
+
+/// Why a response could not be read.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Malformed(pub String);
+
+impl std::fmt::Display for Malformed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+fn malformed(what: impl Into<String>) -> Malformed {
+    Malformed(what.into())
+}
+
+/// Reads a response head from the front of `buf` and removes it (and any interim 1xx
+/// responses before it). `None`: more bytes are needed. `head_request`: the request was HEAD,
+/// so the response has no body whatever its headers say.
+pub fn parse_response(buf: &mut BytesMut, head_request: bool) -> Result<Option<ResponseHead>, Malformed> {
+    parse_response_with(buf, head_request, &mut Vec::new())
+}
+
+/// [`parse_response`] with a scratch vector kept by the caller (no allocation per response).
+pub fn parse_response_with(
+    buf: &mut BytesMut,
+    head_request: bool,
+    spans: &mut Vec<[usize; 4]>,
+) -> Result<Option<ResponseHead>, Malformed> {
+    let config = httparse::ParserConfig::default();
+    loop {
+        let mut fields = [const { std::mem::MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
+        let mut resp = httparse::Response::new(&mut []);
+        let len = match config.parse_response_with_uninit_headers(&mut resp, buf, &mut fields) {
+            Ok(httparse::Status::Complete(len)) => len,
+            Ok(httparse::Status::Partial) if buf.len() > MAX_HEAD => {
+                return Err(malformed(format!("response head longer than {MAX_HEAD} bytes")))
+            }
+            Ok(httparse::Status::Partial) => return Ok(None),
+            Err(httparse::Error::TooManyHeaders) => {
+                return Err(malformed(format!("more than {MAX_HEADERS} response header fields")))
+            }
+            Err(e) => return Err(malformed(format!("invalid response head: {e}"))),
+        };
+        if len > MAX_HEAD {
+            return Err(malformed(format!("response head longer than {MAX_HEAD} bytes")));
+        }
+        let code = resp.code.unwrap_or(0);
+        let status = StatusCode::from_u16(code).map_err(|_| malformed(format!("invalid status {code}")))?;
+        if status.is_informational() {
+            if status == StatusCode::SWITCHING_PROTOCOLS {
+                return Err(malformed("101 Switching Protocols to a request that did not ask for it"));
+            }
+            // 100 Continue, 103 Early Hints: interim, skipped (as nginx does).
+            let _ = buf.split_to(len);
+            continue;
+        }
+        let version = if resp.version == Some(0) { Version::HTTP_10 } else { Version::HTTP_11 };
+        // Offsets of each field, taken before the buffer is split: values are slices of it.
+        let base = buf.as_ptr() as usize;
+        spans.clear();
+        spans.extend(resp.headers.iter().map(|h| {
+            let name = h.name.as_ptr() as usize - base;
+            let value = h.value.as_ptr() as usize - base;
+            [name, name + h.name.len(), value, value + h.value.len()]
+        }));
+        let bytes = buf.split_to(len).freeze();
+        let mut fields = Fields::default();
+        let mut headers = HeaderMap::with_capacity(spans.len());
+        for &[ns, ne, vs, ve] in spans.iter() {
+            let name = HeaderName::from_bytes(&bytes[ns..ne])
+                .map_err(|_| malformed(format!("invalid header name {:?}", String::from_utf8_lossy(&bytes[ns..ne]))))?;
+            let value = HeaderValue::from_maybe_shared(bytes.slice(vs..ve))
+                .map_err(|_| malformed(format!("invalid value of header {name}")))?;
+            // Hop-by-hop fields are read here and never reach the map (the client gets its own).
+            if name == CONNECTION {
+                fields.connection(&value);
+            } else if name == TRANSFER_ENCODING {
+                fields.transfer_encoding = Some(value);
+            } else if name == CONTENT_LENGTH {
+                fields.content_length(&value)?;
+                headers.append(name, value);
+            } else if !is_hop_by_hop(&name) {
+                headers.append(name, value);
+            }
+        }
+        for line in &fields.named {
+            remove_named(&mut headers, line);
+        }
+        return Ok(Some(framing(status, version, headers, fields, head_request)));
+    }
+}
+
+/// What the framing fields of a response head say.
+#[derive(Default)]
+struct Fields {
+    close: bool,
+    keep_alive: bool,
+    /// Connection lines that name other fields (removed as hop-by-hop).
+    named: Vec<HeaderValue>,
+    /// The last Transfer-Encoding line.
+    transfer_encoding: Option<HeaderValue>,
+    content_length: Option<u64>,
+}
+
+impl Fields {
+    fn connection(&mut self, value: &HeaderValue) {
+        let mut names_others = false;
+        for token in value.as_bytes().split(|b| *b == b',').map(<[u8]>::trim_ascii) {
+            if token.eq_ignore_ascii_case(b"close") {
+                self.close = true;
+            } else if token.eq_ignore_ascii_case(b"keep-alive") {
+                self.keep_alive = true;
+            } else if !token.is_empty() {
+                names_others = true;
+            }
+        }
+        if names_others {
+            self.named.push(value.clone());
+        }
+    }
+
+    /// Every line and list member of Content-Length must be the same number.
+    fn content_length(&mut self, value: &HeaderValue) -> Result<(), Malformed> {
+        for member in value.as_bytes().split(|b| *b == b',') {
+            let digits = member.trim_ascii();
+            if digits.is_empty() || digits.len() > 19 || !digits.iter().all(u8::is_ascii_digit) {
+                return Err(malformed("invalid Content-Length"));
+            }
+            let n = digits.iter().fold(0u64, |n, d| n * 10 + u64::from(d - b'0'));
+            if self.content_length.is_some_and(|f| f != n) {
+                return Err(malformed("conflicting Content-Length values"));
+            }
+            self.content_length = Some(n);
+        }
+        Ok(())
+    }
+}
+
+/// The body length and reuse of a response (RFC 9112 §6.3).
+fn framing(
+    status: StatusCode,
+    version: Version,
+    mut headers: HeaderMap,
+    fields: Fields,
+    head_request: bool,
+) -> ResponseHead {
+    let mut keep_alive = if version == Version::HTTP_11 { !fields.close } else { fields.keep_alive && !fields.close };
+    let bodiless = head_request || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED;
+    let body = if bodiless {
+        BodyLen::Empty
+    } else if let Some(te) = &fields.transfer_encoding {
+        // Transfer-Encoding overrides Content-Length, which goes: the client must not see a length
+        // that disagrees with what it gets. The connection is not reused after such a response.
+        if headers.remove(CONTENT_LENGTH).is_some() {
+            keep_alive = false;
+        }
+        let last_coding = te.as_bytes().rsplit(|b| *b == b',').next().unwrap_or(b"").trim_ascii();
+        if version == Version::HTTP_11 && last_coding.eq_ignore_ascii_case(b"chunked") {
+            BodyLen::Chunked
+        } else {
+            keep_alive = false;
+            BodyLen::ToEof
+        }
+    } else {
+        match fields.content_length {
+            Some(0) => BodyLen::Empty,
+            Some(len) => BodyLen::Length(len),
+            None => {
+                keep_alive = false;
+                BodyLen::ToEof
+            }
+        }
+    };
+    ResponseHead { status, version, headers, body, keep_alive }
+}
+
+/// Where a chunked body's decoder is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ChunkState {
+    /// Before a chunk-size line.
+    Size,
+    /// Inside a chunk, with this many bytes left.
+    Data(u64),
+    /// After a chunk's data: its CRLF.
+    DataEnd,
+    /// After the last chunk: trailer fields, `seen` bytes of them so far, then an empty line.
+    Trailers(usize),
+    /// The body ended.
+    Done,
+}
+
+/// What the decoder produced.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Decoded {
+    /// Body bytes.
+    Data(Bytes),
+    /// The buffer ends inside the framing: read more.
+    NeedMore,
+    /// The body ended (trailers are read and dropped).
+    Done,
+}
+
+/// A chunked body decoder that hands out the chunks' data as slices of the read buffer.
+#[derive(Debug)]
+pub struct Chunked {
+    state: ChunkState,
+}
+
+impl Default for Chunked {
+    fn default() -> Self {
+        Chunked { state: ChunkState::Size }
+    }
+}
+
+/// The next line of `buf` without its CRLF, and the length to consume; `None` when the line is
+/// not complete yet. A bare LF is refused.
+fn line(buf: &[u8], limit: usize) -> Result<Option<(&[u8], usize)>, Malformed> {
+    match buf.iter().position(|b| *b == b'\n') {
+        Some(i) => match buf[..i].strip_suffix(b"\r") {
+            Some(l) => Ok(Some((l, i + 1))),
+            None => Err(malformed("chunked body: line not ended by CRLF")),
+        },
+        None if buf.len() > limit => Err(malformed("chunked body: line too long")),
+        None => Ok(None),
+    }
+}
+
+impl Chunked {
+    /// Decodes from the front of `buf`, removing what it used.
+    pub fn decode(&mut self, buf: &mut BytesMut) -> Result<Decoded, Malformed> {
+        loop {
+            match self.state {
+                ChunkState::Done => return Ok(Decoded::Done),
+                ChunkState::Size => {
+                    let Some((l, used)) = line(buf, MAX_CHUNK_LINE)? else { return Ok(Decoded::NeedMore) };
+                    // chunk-size [ BWS ";" extensions ]: the extensions are ignored.
+                    let size_part = match l.iter().position(|b| *b == b';') {
+                        Some(i) => l[..i].trim_ascii_end(),
+                        None => l,
+                    };
+                    if size_part.is_empty() || size_part.len() > 16 || !size_part.iter().all(u8::is_ascii_hexdigit) {
+                        return Err(malformed("chunked body: invalid chunk size"));
+                    }
+                    let size = size_part.iter().fold(0u64, |n, d| {
+                        let v = match d {
+                            b'0'..=b'9' => d - b'0',
+                            b'a'..=b'f' => d - b'a' + 10,
+                            _ => d - b'A' + 10,
+                        };
+                        (n << 4) | u64::from(v)
+                    });
+                    let _ = buf.split_to(used);
+                    self.state = if size == 0 { ChunkState::Trailers(0) } else { ChunkState::Data(size) };
+                }
+                ChunkState::Data(left) => {
+                    if buf.is_empty() {
+                        return Ok(Decoded::NeedMore);
+                    }
+                    let n = usize::try_from(left).unwrap_or(usize::MAX).min(buf.len());
+                    let data = buf.split_to(n).freeze();
+                    let left = left - n as u64;
+                    self.state = if left == 0 { ChunkState::DataEnd } else { ChunkState::Data(left) };
+                    return Ok(Decoded::Data(data));
+                }
+                ChunkState::DataEnd => {
+                    if buf.len() < 2 {
+                        if buf.first().is_some_and(|b| *b != b'\r') {
+                            return Err(malformed("chunked body: chunk data not followed by CRLF"));
+                        }
+                        return Ok(Decoded::NeedMore);
+                    }
+                    if &buf[..2] != b"\r\n" {
+                        return Err(malformed("chunked body: chunk data not followed by CRLF"));
+                    }
+                    let _ = buf.split_to(2);
+                    self.state = ChunkState::Size;
+                }
+                ChunkState::Trailers(seen) => {
+                    let Some((l, used)) = line(buf, MAX_TRAILERS.saturating_sub(seen))? else {
+                        return Ok(Decoded::NeedMore);
+                    };
+                    let empty = l.is_empty();
+                    let _ = buf.split_to(used);
+                    if empty {
+                        self.state = ChunkState::Done;
+                    } else if seen + used > MAX_TRAILERS {
+                        return Err(malformed("chunked body: trailers too long"));
+                    } else {
+                        self.state = ChunkState::Trailers(seen + used);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Whether the body has ended.
+    pub fn is_done(&self) -> bool {
+        self.state == ChunkState::Done
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str, head: bool) -> Result<Option<ResponseHead>, Malformed> {
+        parse_response(&mut BytesMut::from(text), head)
+    }
+
+    #[test]
+    fn request_framing_replaces_the_clients() {
+        let mut h = HeaderMap::new();
+        h.insert("host", HeaderValue::from_static("a"));
+        h.insert("content-length", HeaderValue::from_static("99"));
+        h.insert("transfer-encoding", HeaderValue::from_static("chunked"));
+        let mut out = Vec::new();
+        encode_request(&mut out, &Method::POST, "/x?y", &h, &[], RequestBody::Length(12));
+        assert_eq!(out, b"POST /x?y HTTP/1.1\r\nhost: a\r\ncontent-length: 12\r\n\r\n");
+        encode_request(&mut out, &Method::POST, "/", &h, &[], RequestBody::Chunked);
+        assert_eq!(out, b"POST / HTTP/1.1\r\nhost: a\r\ntransfer-encoding: chunked\r\n\r\n");
+        encode_request(&mut out, &Method::POST, "/", &h, &[], RequestBody::None);
+        assert_eq!(out, b"POST / HTTP/1.1\r\nhost: a\r\ncontent-length: 0\r\n\r\n");
+        h.remove("content-length");
+        h.append("x-f", HeaderValue::from_static("1"));
+        h.append("x-f", HeaderValue::from_static("2"));
+        let xf = HeaderName::from_static("x-f");
+        encode_request(&mut out, &Method::GET, "/", &h, &[(&xf, b"3"), (&http::header::HOST, b"b")], RequestBody::None);
+        assert_eq!(out, b"GET / HTTP/1.1\r\nx-f: 3\r\nhost: b\r\n\r\n");
+        assert_eq!(chunk_line(0x1a2b).as_bytes(), b"1a2b\r\n");
+    }
+
+    #[test]
+    fn response_framing() {
+        let mut buf =
+            BytesMut::from("HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 3\r\nX: y\r\n\r\nabc");
+        let head = parse_response(&mut buf, false).expect("valid").expect("complete");
+        assert_eq!(head.status, StatusCode::OK);
+        assert_eq!(head.body, BodyLen::Length(3));
+        assert!(head.keep_alive);
+        assert_eq!(head.headers["x"], "y");
+        assert_eq!(&buf[..], b"abc");
+        // Hop-by-hop fields, and those Connection names, never reach the map.
+        let head = parse(
+            "HTTP/1.1 200 OK\r\nConnection: keep-alive, x-private\r\nKeep-Alive: timeout=5\r\nX-Private: 1\r\n\
+             Upgrade: h2c\r\nX-Kept: 1\r\nContent-Length: 0\r\n\r\n",
+            false,
+        )
+        .unwrap()
+        .unwrap();
+        let mut kept = head.headers.keys().map(HeaderName::as_str).collect::<Vec<_>>();
+        kept.sort_unstable();
+        assert_eq!(kept, ["content-length", "x-kept"]);
+
+        assert!(parse("HTTP/1.1 200 OK\r\nContent-Length: 3\r\n", false).expect("partial").is_none());
+        let head = parse("HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\n", true).expect("ok").expect("complete");
+        assert_eq!(head.body, BodyLen::Empty);
+        let head = parse("HTTP/1.1 304 Not Modified\r\nContent-Length: 3\r\n\r\n", false).unwrap().unwrap();
+        assert_eq!(head.body, BodyLen::Empty);
+        let head = parse("HTTP/1.1 200 OK\r\n\r\n", false).unwrap().unwrap();
+        assert_eq!((head.body, head.keep_alive), (BodyLen::ToEof, false));
+        let head = parse("HTTP/1.0 200 OK\r\nContent-Length: 1\r\n\r\n", false).unwrap().unwrap();
+        assert!(!head.keep_alive);
+        let head =
+            parse("HTTP/1.0 200 OK\r\nConnection: Keep-Alive\r\nContent-Length: 1\r\n\r\n", false).unwrap().unwrap();
+        assert!(head.keep_alive);
+        let head = parse("HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 1\r\n\r\n", false).unwrap().unwrap();
+        assert!(!head.keep_alive);
+        // Both framings: chunked wins, the length goes, the connection is not reused.
+        let head = parse("HTTP/1.1 200 OK\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n", false)
+            .unwrap()
+            .unwrap();
+        assert_eq!((head.body, head.keep_alive), (BodyLen::Chunked, false));
+        assert!(!head.headers.contains_key("content-length"));
+        let head = parse("HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n", false).unwrap().unwrap();
+        assert_eq!(head.body, BodyLen::ToEof);
+        let head =
+            parse("HTTP/1.1 200 OK\r\nContent-Length: 4, 4\r\nContent-Length: 4\r\n\r\n", false).unwrap().unwrap();
+        assert_eq!(head.body, BodyLen::Length(4));
+    }
+
+    #[test]
+    fn malformed_responses_are_refused() {
+        for bad in [
+            "HTTP/1.1 200 OK\r\nContent-Length: 4\r\nContent-Length: 5\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nContent-Length: 1e3\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nContent-Length: 99999999999999999999\r\n\r\n",
+            "HTTP/1.1 101 Switching Protocols\r\n\r\n",
+            "HTTP/1.1 2000 OK\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nBad Name: x\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nX: a\u{1}b\r\n\r\n",
+        ] {
+            assert!(parse(bad, false).is_err(), "{bad:?}");
+        }
+        let long = format!("HTTP/1.1 200 OK\r\nX: {}", "a".repeat(MAX_HEAD));
+        assert!(parse(&long, false).is_err());
+        let many: String = (0..=MAX_HEADERS).map(|i| format!("x{i}: y\r\n")).collect();
+        assert!(parse(&format!("HTTP/1.1 200 OK\r\n{many}\r\n"), false).is_err());
+    }
+
+    fn dechunk(input: &[u8], step: usize) -> Result<Vec<u8>, Malformed> {
+        let mut dec = Chunked::default();
+        let mut buf = BytesMut::new();
+        let mut out = Vec::new();
+        let mut fed = 0;
+        loop {
+            match dec.decode(&mut buf)? {
+                Decoded::Data(d) => out.extend_from_slice(&d),
+                Decoded::Done => return Ok(out),
+                Decoded::NeedMore if fed < input.len() => {
+                    let end = (fed + step).min(input.len());
+                    buf.extend_from_slice(&input[fed..end]);
+                    fed = end;
+                }
+                Decoded::NeedMore => return Err(malformed("cut short")),
+            }
+        }
+    }
+
+    #[test]
+    fn chunked_bodies_decode_whatever_the_read_sizes() {
+        let body = b"5\r\nhello\r\nA;ext=1\r\n0123456789\r\n0\r\nx-t: 1\r\n\r\n";
+        for step in [1, 2, 3, 7, body.len()] {
+            assert_eq!(dechunk(body, step).expect("valid"), b"hello0123456789", "step {step}");
+        }
+        for bad in [
+            &b"5\nhello\r\n0\r\n\r\n"[..],
+            b"5\r\nhelloX\r\n0\r\n\r\n",
+            b"g\r\n",
+            b"\r\n",
+            b"11111111111111111\r\n",
+            b"-1\r\n",
+            b"5\r\nhello\r\n0\r\n\r",
+        ] {
+            assert!(dechunk(bad, 1).is_err(), "{:?}", String::from_utf8_lossy(bad));
+        }
+    }
+}

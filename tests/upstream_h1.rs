@@ -1,0 +1,192 @@
+//! The HTTP/1.1 client side of the proxy against upstreams that answer in every legal (and some
+//! illegal) shape: chunked and read-to-close bodies, interim 1xx answers, hop-by-hop fields,
+//! conflicting framing, answers before the request body is sent, and pooled connections the
+//! upstream closes. Real binary, real sockets; the upstream is a scripted TCP server.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+
+/// A scripted upstream: answers each request by its path; counts connections and requests.
+struct Scripted {
+    addr: SocketAddr,
+    connections: Arc<AtomicUsize>,
+    requests: Arc<AtomicUsize>,
+}
+
+/// Reads a request head: (path, content-length), or None at the end of the connection.
+fn read_head(r: &mut BufReader<TcpStream>) -> Option<(String, usize)> {
+    let mut line = String::new();
+    if r.read_line(&mut line).ok()? == 0 {
+        return None;
+    }
+    let path = line.split(' ').nth(1)?.to_owned();
+    let mut len = 0;
+    loop {
+        let mut h = String::new();
+        if r.read_line(&mut h).ok()? == 0 {
+            return None;
+        }
+        if h == "\r\n" {
+            return Some((path, len));
+        }
+        if let Some(v) = h.to_ascii_lowercase().strip_prefix("content-length:") {
+            len = v.trim().parse().unwrap_or(0);
+        }
+    }
+}
+
+/// The answer to `path`, and whether the connection closes after it.
+fn answer(path: &str) -> (&'static [u8], bool) {
+    match path {
+        "/chunked" => (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6;x=y\r\n world\r\n0\r\nT: 1\r\n\r\n", false),
+        "/eof" => (b"HTTP/1.1 200 OK\r\n\r\nuntil the end", true),
+        "/interim" => (b"HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", false),
+        "/conflict" => (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\nok", true),
+        "/hop" => (
+            b"HTTP/1.1 200 OK\r\nConnection: keep-alive, x-private\r\nX-Private: 1\r\nKeep-Alive: timeout=5\r\nX-Kept: 1\r\nContent-Length: 2\r\n\r\nok",
+            false,
+        ),
+        "/both" => (b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n", false),
+        "/early" => (b"HTTP/1.1 413 Payload Too Large\r\nContent-Length: 4\r\nConnection: close\r\n\r\nnope", true),
+        "/closing" => (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", true),
+        _ => (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", false),
+    }
+}
+
+impl Scripted {
+    fn start() -> Scripted {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let (connections, requests) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let (c, q) = (connections.clone(), requests.clone());
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(s) = conn else { return };
+                c.fetch_add(1, Ordering::SeqCst);
+                let q = q.clone();
+                std::thread::spawn(move || {
+                    let mut w = s.try_clone().expect("clone");
+                    let mut r = BufReader::new(s);
+                    while let Some((path, len)) = read_head(&mut r) {
+                        q.fetch_add(1, Ordering::SeqCst);
+                        if path != "/early" {
+                            let mut body = vec![0u8; len];
+                            if r.read_exact(&mut body).is_err() {
+                                return;
+                            }
+                        }
+                        let (bytes, close) = answer(&path);
+                        if path == "/early" {
+                            // Answered without reading the body; then a lingering close, as
+                            // servers do, so that the answer is not lost to a reset.
+                            let _ = w.write_all(bytes);
+                            let _ = w.shutdown(std::net::Shutdown::Write);
+                            let _ = r.get_ref().set_read_timeout(Some(Duration::from_secs(2)));
+                            let mut sink = [0u8; 65536];
+                            while matches!(r.read(&mut sink), Ok(n) if n > 0) {}
+                            return;
+                        }
+                        if w.write_all(bytes).is_err() || close {
+                            // The upstream's side closes (for /closing, a while after answering,
+                            // as a keep-alive timeout would).
+                            if path == "/closing" {
+                                std::thread::sleep(Duration::from_millis(200));
+                            }
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        Scripted { addr, connections, requests }
+    }
+}
+
+fn gateway(up: &Scripted) -> (Prefix, Weir) {
+    start(&format!(
+        r#"{{"routes": [{{"id": "1", "uri": "/*", "upstream": {{"type": "roundrobin", "nodes": {{"{}": 1}}, "retries": 0}}}}]}}"#,
+        up.addr
+    ))
+}
+
+#[test]
+fn every_response_framing_reaches_the_client_whole() {
+    let up = Scripted::start();
+    let (p, _w) = gateway(&up);
+    let r = get(p.node(), "/chunked");
+    assert_eq!((r.status, r.text()), (200, "hello world".to_owned()));
+    let r = get(p.node(), "/eof");
+    assert_eq!((r.status, r.text()), (200, "until the end".to_owned()));
+    let r = get(p.node(), "/interim");
+    assert_eq!((r.status, r.text()), (200, "ok".to_owned()));
+    let r = get(p.node(), "/hop");
+    assert_eq!((r.status, r.text()), (200, "ok".to_owned()));
+    assert_eq!(r.header("x-kept"), Some("1"));
+    assert_eq!(r.header("x-private"), None, "a field the upstream's Connection names is hop-by-hop");
+    assert_eq!(r.header("keep-alive"), None);
+    // Chunked wins over Content-Length, which the client must not see.
+    let r = get(p.node(), "/both");
+    assert_eq!((r.status, r.text()), (200, "abc".to_owned()));
+    assert_ne!(r.header("content-length"), Some("100"));
+    // Conflicting lengths: the response is refused, not guessed at.
+    let r = get(p.node(), "/conflict");
+    assert_eq!(r.status, 502, "{}", r.text());
+}
+
+#[test]
+fn keepalive_connections_are_reused_and_a_closed_one_is_replaced() {
+    let up = Scripted::start();
+    let (p, _w) = gateway(&up);
+    for _ in 0..5 {
+        assert_eq!(get(p.node(), "/ok").status, 200);
+    }
+    assert_eq!(up.connections.load(Ordering::SeqCst), 1, "five requests, one upstream connection");
+    // The upstream closes its side after answering: the pooled connection is found closed
+    // and the next request goes out on a new one, without an error.
+    assert_eq!(get(p.node(), "/closing").status, 200);
+    std::thread::sleep(Duration::from_millis(400));
+    for _ in 0..3 {
+        let r = get(p.node(), "/ok");
+        assert_eq!((r.status, r.text()), (200, "ok".to_owned()));
+    }
+    assert_eq!(up.connections.load(Ordering::SeqCst), 2);
+    assert_eq!(up.requests.load(Ordering::SeqCst), 9);
+}
+
+#[test]
+fn an_answer_before_the_body_is_sent_is_passed_on() {
+    let up = Scripted::start();
+    let (p, _w) = gateway(&up);
+    let mut s = TcpStream::connect(p.node()).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    let size = 8 << 20;
+    let head = format!("POST /early HTTP/1.1\r\nHost: x\r\nContent-Length: {size}\r\n\r\n");
+    s.write_all(head.as_bytes()).expect("head");
+    // The body goes out from another thread: the gateway stops reading it once answered.
+    let mut w = s.try_clone().expect("clone");
+    std::thread::spawn(move || {
+        let chunk = vec![b'x'; 64 << 10];
+        for _ in 0..(size / chunk.len()) {
+            if w.write_all(&chunk).is_err() {
+                return;
+            }
+        }
+    });
+    let mut raw = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !raw.windows(4).any(|w| w == b"nope") {
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => raw.extend_from_slice(&buf[..n]),
+        }
+    }
+    let r = parse_response(&raw);
+    assert_eq!((r.status, r.text()), (413, "nope".to_owned()));
+}
