@@ -18,6 +18,8 @@ struct Scripted {
     addr: SocketAddr,
     connections: Arc<AtomicUsize>,
     requests: Arc<AtomicUsize>,
+    /// Connections the gateway closed.
+    closed: Arc<AtomicUsize>,
 }
 
 /// Reads a request head: (path, content-length), or None at the end of the connection.
@@ -65,12 +67,13 @@ impl Scripted {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
         let addr = listener.local_addr().expect("addr");
         let (connections, requests) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-        let (c, q) = (connections.clone(), requests.clone());
+        let closed = Arc::new(AtomicUsize::new(0));
+        let (c, q, e) = (connections.clone(), requests.clone(), closed.clone());
         std::thread::spawn(move || {
             for conn in listener.incoming() {
                 let Ok(s) = conn else { return };
                 c.fetch_add(1, Ordering::SeqCst);
-                let q = q.clone();
+                let (q, e) = (q.clone(), e.clone());
                 std::thread::spawn(move || {
                     let mut w = s.try_clone().expect("clone");
                     let mut r = BufReader::new(s);
@@ -102,16 +105,21 @@ impl Scripted {
                             return;
                         }
                     }
+                    e.fetch_add(1, Ordering::SeqCst);
                 });
             }
         });
-        Scripted { addr, connections, requests }
+        Scripted { addr, connections, requests, closed }
     }
 }
 
 fn gateway(up: &Scripted) -> (Prefix, Weir) {
+    gateway_with(up, "{}")
+}
+
+fn gateway_with(up: &Scripted, pool: &str) -> (Prefix, Weir) {
     start(&format!(
-        r#"{{"routes": [{{"id": "1", "uri": "/*", "upstream": {{"type": "roundrobin", "nodes": {{"{}": 1}}, "retries": 0}}}}]}}"#,
+        r#"{{"routes": [{{"id": "1", "uri": "/*", "upstream": {{"type": "roundrobin", "nodes": {{"{}": 1}}, "retries": 0, "keepalive_pool": {pool}}}}}]}}"#,
         up.addr
     ))
 }
@@ -189,4 +197,23 @@ fn an_answer_before_the_body_is_sent_is_passed_on() {
     }
     let r = parse_response(&raw);
     assert_eq!((r.status, r.text()), (413, "nope".to_owned()));
+}
+
+#[test]
+fn keepalive_pool_idle_timeout_and_requests_are_enforced() {
+    let up = Scripted::start();
+    let (p, _w) = gateway_with(&up, r#"{"size": 4, "idle_timeout": 1, "requests": 2}"#);
+    for _ in 0..3 {
+        assert_eq!(get(p.node(), "/ok").status, 200);
+    }
+    // Two requests per connection: the first is closed after its second request.
+    assert_eq!(up.connections.load(Ordering::SeqCst), 2);
+    assert!(eventually(Duration::from_millis(500), || up.closed.load(Ordering::SeqCst) == 1));
+    let idle_since = std::time::Instant::now();
+    // The second one idles, and is closed once idle_timeout (1 s, enforced once a second) passes.
+    assert!(
+        eventually(Duration::from_secs(5), || up.closed.load(Ordering::SeqCst) == 2),
+        "the idle connection was not closed after idle_timeout"
+    );
+    assert!(idle_since.elapsed() >= Duration::from_millis(400), "closed after {:?}", idle_since.elapsed());
 }

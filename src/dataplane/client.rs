@@ -1,6 +1,6 @@
 //! Upstream connections: connect (TCP, then TLS) under `timeout.connect`, and a per-worker LIFO
-//! pool of HTTP/1.1 connections that honours `keepalive_pool` (`size`, `idle_timeout`,
-//! `requests`); one shared HTTP/2 connection per gRPC node (hyper's). The HTTP/1.1 exchange
+//! pool of HTTP/1.1 connections that honours `keepalive_pool` (`size`, `idle_timeout` to the
+//! second, `requests`); one shared HTTP/2 connection per gRPC node (hyper's). The HTTP/1.1 exchange
 //! itself, with nginx's send and read timeouts, is `upstream_conn`'s.
 //!
 //! Whether any byte of a request reached the upstream is reported with every failure
@@ -114,6 +114,9 @@ impl<F: Future + 'static> hyper::rt::Executor<F> for LocalExec {
 /// An idle connection in the pool.
 struct Idle {
     conn: Box<Conn>,
+    /// When it went idle, by the pool's coarse clock (up to a second early). The sweeper
+    /// enforces `idle_timeout` once a second: a connection is closed up to a second early, or
+    /// reused up to a second past it.
     since: Instant,
 }
 
@@ -148,6 +151,9 @@ pub struct Pool {
     tls: RefCell<[Option<TlsConnector>; 4]>,
     /// The idle sweeper runs (it stops when the pool is empty).
     sweeping: Cell<bool>,
+    /// The time of the sweeper's last round, while it runs: when connections are released, a
+    /// coarse clock (idle timeouts are enforced to the second) that costs no clock read.
+    now: Cell<Option<Instant>>,
 }
 
 /// Whether an error (or one of its causes) is a timeout.
@@ -190,8 +196,9 @@ impl Pool {
     fn checkout(&self, key: &PoolKey, settings: &PoolSettings) -> Option<Box<Conn>> {
         let mut idle = self.idle.borrow_mut();
         let list = idle.get_mut(key)?;
+        // The idle timeout is the sweeper's to enforce (once a second): no clock read here.
         while let Some(mut c) = list.pop() {
-            if c.since.elapsed() < settings.idle_timeout && c.conn.is_open() {
+            if c.conn.is_open() {
                 c.conn.settings = *settings;
                 return Some(c.conn);
             }
@@ -206,8 +213,15 @@ impl Pool {
         if conn.served >= settings.requests || !conn.reusable() || settings.size == 0 {
             return;
         }
+        let since = match (pool.sweeping.get(), pool.now.get()) {
+            (true, Some(now)) => now,
+            _ => {
+                let now = Instant::now();
+                pool.now.set(Some(now));
+                now
+            }
+        };
         let mut idle = pool.idle.borrow_mut();
-        let since = Instant::now();
         let list = match idle.get_mut(&conn.key) {
             Some(list) => list,
             None => idle.entry(conn.key.clone()).or_default(),
@@ -227,9 +241,11 @@ impl Pool {
     /// Closes idle connections past their idle timeout or closed by the upstream; false once
     /// none is left.
     fn sweep(&self) -> bool {
+        let now = Instant::now();
+        self.now.set(Some(now));
         let mut idle = self.idle.borrow_mut();
         idle.retain(|_, list| {
-            list.retain_mut(|c| c.since.elapsed() < c.conn.settings.idle_timeout && c.conn.is_open());
+            list.retain_mut(|c| now.duration_since(c.since) < c.conn.settings.idle_timeout && c.conn.is_open());
             !list.is_empty()
         });
         let any = !idle.is_empty();

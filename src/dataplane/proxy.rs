@@ -1,5 +1,6 @@
 //! The request path: match a route, run the plugin phases, pick a node, forward, stream back.
 
+use std::borrow::Cow;
 use std::cell::Cell;
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -513,11 +514,19 @@ async fn forward(
         original_host.as_ref(),
         fin.ctx.local_addr.port(),
     );
-    let target: http::uri::PathAndQuery = {
-        let t =
-            if fin.ctx.query.is_empty() { fin.ctx.path.clone() } else { format!("{}?{}", fin.ctx.path, fin.ctx.query) };
-        match t.parse() {
-            Ok(t) => t,
+    // The request target as forwarded: the normalized path and the query. Used as it is when
+    // every byte is one `http` accepts unescaped (the usual case: no copy, no parse); anything
+    // else goes through `PathAndQuery`, which refuses what cannot be sent.
+    let target: Cow<'_, str> = if fin.ctx.query.is_empty() {
+        Cow::Borrowed(&fin.ctx.path)
+    } else {
+        Cow::Owned(format!("{}?{}", fin.ctx.path, fin.ctx.query))
+    };
+    let target: Cow<'_, str> = if plain_target(&fin.ctx.path) {
+        target
+    } else {
+        match target.parse::<http::uri::PathAndQuery>() {
+            Ok(t) => Cow::Owned(t.as_str().to_owned()),
             Err(e) => return error_response(StatusCode::BAD_REQUEST, &format!("400 Bad Request: invalid path: {e}")),
         }
     };
@@ -571,7 +580,10 @@ async fn forward(
             proxy_headers.apply(&mut headers, host);
             let mut request = http::Request::new(body);
             *request.method_mut() = fin.ctx.method.clone();
-            *request.uri_mut() = http::Uri::from(target.clone());
+            match http::Uri::try_from(&*target) {
+                Ok(uri) => *request.uri_mut() = uri,
+                Err(e) => return gateway_error(StatusCode::BAD_GATEWAY, &format!("invalid upstream target: {e}"), fin),
+            }
             if let Some(t) = &tunnel {
                 headers.insert(http::header::CONNECTION, HeaderValue::from_static("upgrade"));
                 headers.insert(http::header::UPGRADE, t.token.clone());
@@ -595,12 +607,8 @@ async fn forward(
             // HTTP/1.1: the head is written from the client's header map as it is, with the
             // proxy headers and Host set as it is encoded (no copy of the map per attempt).
             let (set, n) = proxy_headers.lines(host);
-            let head = RequestHead {
-                method: &fin.ctx.method,
-                target: target.as_str(),
-                headers: &fin.ctx.headers,
-                set: &set[..n],
-            };
+            let head =
+                RequestHead { method: &fin.ctx.method, target: &target, headers: &fin.ctx.headers, set: &set[..n] };
             Pool::send(
                 &worker.pool,
                 &node.pool_key,
@@ -651,14 +659,21 @@ async fn forward(
 }
 
 /// The absolute URI of a request to an HTTP/2 upstream (`:scheme`, `:authority`, `:path`).
-fn h2_uri(tls: bool, host: Option<HeaderValue>, target: &http::uri::PathAndQuery) -> Result<http::Uri, String> {
+/// Whether every byte of a path is one `http::uri::PathAndQuery` takes as it is (RFC 3986
+/// `pchar` and `/`, and the `"`, `{`, `}` that clients send unescaped).
+fn plain_target(path: &str) -> bool {
+    path.bytes()
+        .all(|b| matches!(b, 0x21 | 0x24..=0x3B | 0x3D | 0x40..=0x5F | 0x61..=0x7A | 0x7C | 0x7E | b'"' | b'{' | b'}'))
+}
+
+fn h2_uri(tls: bool, host: Option<HeaderValue>, target: &str) -> Result<http::Uri, String> {
     let host = host.ok_or("no host for the upstream request")?;
     let authority =
         http::uri::Authority::try_from(host.as_bytes()).map_err(|e| format!("invalid upstream host: {e}"))?;
     http::Uri::builder()
         .scheme(if tls { "https" } else { "http" })
         .authority(authority)
-        .path_and_query(target.clone())
+        .path_and_query(target)
         .build()
         .map_err(|e| format!("invalid upstream URI: {e}"))
 }
