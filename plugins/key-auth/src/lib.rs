@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use schemars::JsonSchema;
 use serde::Deserialize;
-use weir_plugin::http::StatusCode;
+use weir_plugin::http::{HeaderName, StatusCode};
 use weir_plugin::{
     register_plugin, schema_of, BuildContext, Consumer, ConsumerRef, Flow, Plugin, PluginInstance, PluginResponse,
     RequestCtx, SharedState, Value,
@@ -102,6 +102,8 @@ pub struct KeyAuth;
 
 struct Instance {
     conf: Conf,
+    /// `conf.header`, parsed once.
+    header: HeaderName,
     index: Option<Arc<KeyIndex>>,
 }
 
@@ -116,11 +118,11 @@ impl PluginInstance for Instance {
     /// Authentication runs in the rewrite phase, as in APISIX, so that the consumer is known to
     /// every plugin after it (its priority, 2500, puts it before proxy-rewrite and limit-count).
     fn rewrite(&self, ctx: &mut RequestCtx) -> Flow {
-        let from_header = ctx.header(&self.conf.header).map(str::to_owned);
-        let key = match from_header {
+        // The key is looked up where it lies in the request: no copy of it.
+        let key = match ctx.headers.get(&self.header).and_then(|v| v.to_str().ok()) {
             Some(k) => k,
             None => match ctx.arg(&self.conf.query) {
-                Some(k) if !k.is_empty() => k.to_owned(),
+                Some(k) if !k.is_empty() => k,
                 _ => return reject("Missing API key in request"),
             },
         };
@@ -129,7 +131,7 @@ impl PluginInstance for Instance {
         };
         ctx.consumer = Some(Consumer { username: user });
         if self.conf.hide_credentials {
-            ctx.headers.remove(self.conf.header.as_str());
+            ctx.headers.remove(&self.header);
             let name = &self.conf.query;
             let kept: Vec<&str> =
                 ctx.query.split('&').filter(|kv| kv.split('=').next() != Some(name.as_str())).collect();
@@ -161,7 +163,9 @@ impl Plugin for KeyAuth {
     fn build(&self, conf: &Value, ctx: &BuildContext<'_>) -> Result<Arc<dyn PluginInstance>, String> {
         let conf: Conf = weir_plugin::parse_conf(conf)?;
         let index = ctx.shared.and_then(|s| s.clone().downcast::<KeyIndex>().ok());
-        Ok(Arc::new(Instance { conf, index }))
+        let header = HeaderName::from_bytes(conf.header.as_bytes())
+            .map_err(|_| format!("header: {:?} is not a valid header name", conf.header))?;
+        Ok(Arc::new(Instance { conf, header, index }))
     }
 }
 

@@ -142,14 +142,16 @@ struct Instance {
     scope: Arc<str>,
     scope_id: u64,
     store: Store,
-    limit_header: HeaderValue,
+    outcome: Outcome,
 }
 
 const LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
 const REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
 const RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
 
-/// What the rejected or accepted request gets, once the store has counted it.
+/// What the rejected or accepted request gets, once the store has counted it (made once per
+/// configuration).
+#[derive(Clone)]
 struct Outcome {
     show_headers: bool,
     limit_header: HeaderValue,
@@ -171,17 +173,6 @@ impl Outcome {
     }
 }
 
-impl Instance {
-    fn outcome(&self) -> Outcome {
-        Outcome {
-            show_headers: self.conf.show_limit_quota_header,
-            limit_header: self.limit_header.clone(),
-            rejected: StatusCode::from_u16(self.conf.rejected_code).unwrap_or(StatusCode::SERVICE_UNAVAILABLE),
-            message: Arc::from(self.conf.rejected_msg.as_deref().unwrap_or("rate limit exceeded")),
-        }
-    }
-}
-
 impl PluginInstance for Instance {
     fn reads_request_headers_late(&self) -> bool {
         false
@@ -195,7 +186,7 @@ impl PluginInstance for Instance {
         match &self.store {
             Store::Local(local) => {
                 let v = local.incoming(self.scope_id, &key, self.conf.count, window);
-                let outcome = self.outcome();
+                let outcome = &self.outcome;
                 if outcome.show_headers {
                     ctx.response_headers.extend(outcome.headers(v));
                 }
@@ -208,7 +199,7 @@ impl PluginInstance for Instance {
             Store::Shared(store) => {
                 let store = store.clone();
                 let key = store.key(&self.scope, &key);
-                let (limit, degrade, outcome) = (self.conf.count, self.conf.allow_degradation, self.outcome());
+                let (limit, degrade, outcome) = (self.conf.count, self.conf.allow_degradation, self.outcome.clone());
                 Flow::Defer(Box::pin(async move {
                     match store.incoming(&key, limit, window).await {
                         Ok(v) => {
@@ -283,7 +274,13 @@ impl Plugin for LimitCount {
             }
         };
         let scope_id = fnv1a64(scope.as_bytes());
-        Ok(Arc::new(Instance { limit_header: HeaderValue::from(parsed.count), conf: parsed, scope, scope_id, store }))
+        let outcome = Outcome {
+            show_headers: parsed.show_limit_quota_header,
+            limit_header: HeaderValue::from(parsed.count),
+            rejected: StatusCode::from_u16(parsed.rejected_code).unwrap_or(StatusCode::SERVICE_UNAVAILABLE),
+            message: Arc::from(parsed.rejected_msg.as_deref().unwrap_or("rate limit exceeded")),
+        };
+        Ok(Arc::new(Instance { conf: parsed, scope, scope_id, store, outcome }))
     }
 }
 

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use regex::Regex;
 use schemars::JsonSchema;
 use serde::Deserialize;
-use weir_plugin::http::{HeaderValue, Method};
+use weir_plugin::http::{HeaderName, HeaderValue, Method};
 use weir_plugin::{
     register_plugin, schema_of, BuildContext, Flow, HeaderOps, NamedHeaderOps, Plugin, PluginInstance, RequestCtx,
     Value,
@@ -57,8 +57,41 @@ struct Instance {
     regex: Option<(Regex, String)>,
     host: Option<HeaderValue>,
     method: Option<Method>,
-    /// Values are templates (`$variables`), expanded per request.
-    headers: NamedHeaderOps,
+    remove: Vec<HeaderName>,
+    set: Vec<(HeaderName, FieldValue)>,
+    add: Vec<(HeaderName, FieldValue)>,
+}
+
+/// A header value to write: made once when it has no `$variable`, expanded per request
+/// otherwise.
+enum FieldValue {
+    Fixed(HeaderValue),
+    Template(String),
+}
+
+impl FieldValue {
+    fn new(name: &HeaderName, text: String) -> Result<Self, String> {
+        if text.contains('$') {
+            return Ok(FieldValue::Template(text));
+        }
+        HeaderValue::from_str(&text).map(FieldValue::Fixed).map_err(|_| format!("headers: invalid value of `{name}`"))
+    }
+
+    fn value(&self, ctx: &RequestCtx) -> Option<HeaderValue> {
+        match self {
+            FieldValue::Fixed(v) => Some(v.clone()),
+            FieldValue::Template(t) => HeaderValue::from_str(&interpolate(t, ctx)).ok(),
+        }
+    }
+}
+
+fn field_values(ops: Vec<(HeaderName, String)>) -> Result<Vec<(HeaderName, FieldValue)>, String> {
+    ops.into_iter()
+        .map(|(name, text)| {
+            let value = FieldValue::new(&name, text)?;
+            Ok((name, value))
+        })
+        .collect()
 }
 
 /// Substitutes `$name` (letters, digits, `_`) with variables of the request.
@@ -108,16 +141,16 @@ impl PluginInstance for Instance {
         if let Some(h) = &self.host {
             ctx.headers.insert(weir_plugin::http::header::HOST, h.clone());
         }
-        for name in &self.headers.remove {
+        for name in &self.remove {
             ctx.headers.remove(name);
         }
-        for (name, v) in &self.headers.set {
-            if let Ok(v) = HeaderValue::from_str(&interpolate(v, ctx)) {
+        for (name, v) in &self.set {
+            if let Some(v) = v.value(ctx) {
                 ctx.headers.insert(name.clone(), v);
             }
         }
-        for (name, v) in &self.headers.add {
-            if let Ok(v) = HeaderValue::from_str(&interpolate(v, ctx)) {
+        for (name, v) in &self.add {
+            if let Some(v) = v.value(ctx) {
                 ctx.headers.append(name.clone(), v);
             }
         }
@@ -144,7 +177,7 @@ impl Plugin for ProxyRewrite {
             }
             None => None,
         };
-        let headers = c.headers.unwrap_or_default().named()?;
+        let NamedHeaderOps { add, set, remove } = c.headers.unwrap_or_default().named()?;
         Ok(Arc::new(Instance {
             uri: c.uri,
             regex,
@@ -158,7 +191,9 @@ impl Plugin for ProxyRewrite {
                 RewriteMethod::HEAD => Method::HEAD,
                 RewriteMethod::OPTIONS => Method::OPTIONS,
             }),
-            headers,
+            remove,
+            set: field_values(set)?,
+            add: field_values(add)?,
         }))
     }
 }
