@@ -77,44 +77,64 @@ pub fn remove_named(headers: &mut HeaderMap, connection: &HeaderValue) {
 
 /// The proxy headers of an upstream request (`X-Forwarded-For`, appended to the client's,
 /// `X-Forwarded-Proto`, `X-Forwarded-Host`, `X-Forwarded-Port`, `X-Real-IP`), worked out once
-/// per request. An HTTP/1.1 upstream request writes them as it encodes its head (the client's
-/// header map is not touched: no copy, no insertion); HTTP/2 and tunnel requests get them in
-/// their map ([`ProxyHeaders::apply`]).
-pub struct ProxyHeaders {
-    /// The X-Forwarded-For value (the client's own first, when it sent one).
-    xff: HeaderValue,
-    real_ip: HeaderValue,
-    proto: HeaderValue,
-    host: Option<HeaderValue>,
-    port: HeaderValue,
+/// per request and kept as bytes. An HTTP/1.1 upstream request writes them as it encodes its
+/// head (the client's header map is not touched, and nothing is allocated unless the client sent
+/// an `X-Forwarded-For`); HTTP/2 and tunnel requests get them in their map
+/// ([`ProxyHeaders::apply`]).
+pub struct ProxyHeaders<'a> {
+    /// The X-Forwarded-For value, when the client sent one to append to.
+    xff: Option<String>,
+    ip: std::sync::Arc<str>,
+    proto: &'static str,
+    host: Option<&'a HeaderValue>,
+    port: [u8; 5],
+    port_from: usize,
 }
 
-impl ProxyHeaders {
+impl<'a> ProxyHeaders<'a> {
     /// The headers for a client at `client_ip`, on `scheme`, that sent `host`, to local `port`.
-    pub fn new(headers: &HeaderMap, client_ip: &str, scheme: &str, host: Option<&HeaderValue>, port: u16) -> Self {
-        let real_ip = HeaderValue::from_str(client_ip).unwrap_or(HeaderValue::from_static(""));
+    pub fn new(
+        headers: &HeaderMap,
+        client_ip: &std::sync::Arc<str>,
+        scheme: &str,
+        host: Option<&'a HeaderValue>,
+        port: u16,
+    ) -> Self {
         let xff = match headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
-            Some(prev) if !prev.is_empty() => {
-                HeaderValue::from_str(&format!("{prev}, {client_ip}")).unwrap_or_else(|_| real_ip.clone())
-            }
-            _ => real_ip.clone(),
+            Some(prev) if !prev.is_empty() => Some(format!("{prev}, {client_ip}")),
+            _ => None,
         };
-        let proto = HeaderValue::from_static(if scheme == "https" { "https" } else { "http" });
-        ProxyHeaders { xff, real_ip, proto, host: host.cloned(), port: HeaderValue::from(port) }
+        let mut digits = [0u8; 5];
+        let mut from = digits.len();
+        let mut n = port;
+        loop {
+            from -= 1;
+            digits[from] = b'0' + (n % 10) as u8;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
+        }
+        let proto = if scheme == "https" { "https" } else { "http" };
+        ProxyHeaders { xff, ip: client_ip.clone(), proto, host, port: digits, port_from: from }
+    }
+
+    fn xff(&self) -> &[u8] {
+        self.xff.as_deref().unwrap_or(&self.ip).as_bytes()
     }
 
     /// The header lines, and the Host line when `host` replaces the client's.
-    pub fn lines<'a>(&'a self, host: Option<&'a HeaderValue>) -> ([(&'static HeaderName, &'a [u8]); 6], usize) {
-        let mut lines: [(&'static HeaderName, &'a [u8]); 6] = [
-            (&X_FORWARDED_FOR, self.xff.as_bytes()),
-            (&X_REAL_IP, self.real_ip.as_bytes()),
+    pub fn lines<'s>(&'s self, host: Option<&'s HeaderValue>) -> ([(&'static HeaderName, &'s [u8]); 6], usize) {
+        let mut lines: [(&'static HeaderName, &'s [u8]); 6] = [
+            (&X_FORWARDED_FOR, self.xff()),
+            (&X_REAL_IP, self.ip.as_bytes()),
             (&X_FORWARDED_PROTO, self.proto.as_bytes()),
-            (&X_FORWARDED_PORT, self.port.as_bytes()),
+            (&X_FORWARDED_PORT, &self.port[self.port_from..]),
             (&X_FORWARDED_HOST, b""),
             (&HOST_NAME, b""),
         ];
         let mut n = 4;
-        if let Some(h) = &self.host {
+        if let Some(h) = self.host {
             lines[n] = (&X_FORWARDED_HOST, h.as_bytes());
             n += 1;
         }
@@ -125,17 +145,14 @@ impl ProxyHeaders {
         (lines, n)
     }
 
-    /// Sets them in `headers` (and the Host header to `host`, when given).
+    /// Sets them in `headers` (and the Host header to `host`, when given). Values that are not
+    /// valid header values (none of these can be) are left out.
     pub fn apply(&self, headers: &mut HeaderMap, host: Option<&HeaderValue>) {
-        headers.insert(X_FORWARDED_FOR.clone(), self.xff.clone());
-        headers.insert(X_REAL_IP.clone(), self.real_ip.clone());
-        headers.insert(X_FORWARDED_PROTO.clone(), self.proto.clone());
-        headers.insert(X_FORWARDED_PORT.clone(), self.port.clone());
-        if let Some(h) = &self.host {
-            headers.insert(X_FORWARDED_HOST.clone(), h.clone());
-        }
-        if let Some(h) = host {
-            headers.insert(HOST_NAME.clone(), h.clone());
+        let (lines, n) = self.lines(host);
+        for (name, value) in &lines[..n] {
+            if let Ok(v) = HeaderValue::from_bytes(value) {
+                headers.insert(HeaderName::clone(name), v);
+            }
         }
     }
 }
@@ -175,10 +192,23 @@ mod tests {
     fn forwarded_for_is_appended() {
         let mut h = HeaderMap::new();
         h.insert("x-forwarded-for", HeaderValue::from_static("1.1.1.1"));
-        let proxy = ProxyHeaders::new(&h, "2.2.2.2", "http", Some(&HeaderValue::from_static("ex.com")), 9080);
+        let host = HeaderValue::from_static("ex.com");
+        let proxy = ProxyHeaders::new(&h, &std::sync::Arc::from("2.2.2.2"), "http", Some(&host), 9080);
         let (lines, n) = proxy.lines(None);
         assert_eq!(n, 5);
         assert_eq!(lines[0], (&X_FORWARDED_FOR, &b"1.1.1.1, 2.2.2.2"[..]));
+        assert_eq!(lines[3], (&X_FORWARDED_PORT, &b"9080"[..]));
+        let alone = ProxyHeaders::new(&HeaderMap::new(), &std::sync::Arc::from("2.2.2.2"), "https", None, 0);
+        let (lines, n) = alone.lines(None);
+        assert_eq!(
+            &lines[..n],
+            [
+                (&X_FORWARDED_FOR, &b"2.2.2.2"[..]),
+                (&X_REAL_IP, &b"2.2.2.2"[..]),
+                (&X_FORWARDED_PROTO, &b"https"[..]),
+                (&X_FORWARDED_PORT, &b"0"[..]),
+            ]
+        );
         proxy.apply(&mut h, Some(&HeaderValue::from_static("node")));
         assert_eq!(h["host"], "node");
         assert_eq!(h["x-forwarded-for"], "1.1.1.1, 2.2.2.2");

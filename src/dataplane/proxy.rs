@@ -256,6 +256,42 @@ async fn read_body(
     }))
 }
 
+/// The nodes a request has tried: held inline for the first few (no allocation per request).
+enum Tried {
+    Inline([usize; 4], usize),
+    Heap(Vec<usize>),
+}
+
+impl Default for Tried {
+    fn default() -> Self {
+        Tried::Inline([0; 4], 0)
+    }
+}
+
+impl Tried {
+    fn push(&mut self, node: usize) {
+        match self {
+            Tried::Inline(list, n) if *n < list.len() => {
+                list[*n] = node;
+                *n += 1;
+            }
+            Tried::Inline(list, n) => {
+                let mut all = list[..*n].to_vec();
+                all.push(node);
+                *self = Tried::Heap(all);
+            }
+            Tried::Heap(all) => all.push(node),
+        }
+    }
+
+    fn as_slice(&self) -> &[usize] {
+        match self {
+            Tried::Inline(list, n) => &list[..*n],
+            Tried::Heap(all) => all,
+        }
+    }
+}
+
 /// Where the upstream request body comes from.
 enum Source {
     Empty,
@@ -534,7 +570,7 @@ async fn forward(
         Source::Stream(Some(ProxyBody::Client { stalled, .. })) => Some(stalled.clone()),
         _ => None,
     };
-    let mut tried: Vec<usize> = Vec::with_capacity(2);
+    let mut tried = Tried::default();
     let mut last_timeout = false;
     // A failed attempt is reported to the health checker when it is retried (as the reference says).
     let mut pending: Option<(SocketAddr, Report, String)> = None;
@@ -551,7 +587,7 @@ async fn forward(
                 None => break,
             },
         };
-        let Some((idx, inflight)) = upstream.pick_node(checker.as_deref(), hash, &tried) else { break };
+        let Some((idx, inflight)) = upstream.pick_node(checker.as_deref(), hash, tried.as_slice()) else { break };
         if let (Some(c), Some((addr, report, why))) = (&checker, pending.take()) {
             c.report(addr, report, ReportSource::Passive, &why);
         }
