@@ -11,7 +11,7 @@ use bytes::{Bytes, BytesMut};
 use http::header::{HeaderMap, HeaderName, HeaderValue, CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
 use http::{Method, StatusCode, Version};
 
-use super::headers::{is_hop_by_hop, remove_named};
+use super::headers::{is_hop_by_hop, remove_named, Decimal};
 
 /// Longest response head read (status line and header fields), as nginx's larger
 /// `proxy_buffer_size` settings allow; longer is a 502.
@@ -85,18 +85,8 @@ fn push_field(out: &mut Vec<u8>, name: &HeaderName, value: &[u8]) {
     out.extend_from_slice(b"\r\n");
 }
 
-fn push_decimal(out: &mut Vec<u8>, mut n: u64) {
-    let mut digits = [0u8; 20];
-    let mut i = digits.len();
-    loop {
-        i -= 1;
-        digits[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    out.extend_from_slice(&digits[i..]);
+fn push_decimal(out: &mut Vec<u8>, n: u64) {
+    out.extend_from_slice(Decimal::new(n).as_bytes());
 }
 
 /// The size line that starts a chunk of `len` bytes.

@@ -87,8 +87,7 @@ pub struct ProxyHeaders<'a> {
     ip: std::sync::Arc<str>,
     proto: &'static str,
     host: Option<&'a HeaderValue>,
-    port: [u8; 5],
-    port_from: usize,
+    port: Decimal,
 }
 
 impl<'a> ProxyHeaders<'a> {
@@ -104,19 +103,8 @@ impl<'a> ProxyHeaders<'a> {
             Some(prev) if !prev.is_empty() => Some(format!("{prev}, {client_ip}")),
             _ => None,
         };
-        let mut digits = [0u8; 5];
-        let mut from = digits.len();
-        let mut n = port;
-        loop {
-            from -= 1;
-            digits[from] = b'0' + (n % 10) as u8;
-            n /= 10;
-            if n == 0 {
-                break;
-            }
-        }
         let proto = if scheme == "https" { "https" } else { "http" };
-        ProxyHeaders { xff, ip: client_ip.clone(), proto, host, port: digits, port_from: from }
+        ProxyHeaders { xff, ip: client_ip.clone(), proto, host, port: Decimal::new(u64::from(port)) }
     }
 
     fn xff(&self) -> &[u8] {
@@ -129,7 +117,7 @@ impl<'a> ProxyHeaders<'a> {
             (&X_FORWARDED_FOR, self.xff()),
             (&X_REAL_IP, self.ip.as_bytes()),
             (&X_FORWARDED_PROTO, self.proto.as_bytes()),
-            (&X_FORWARDED_PORT, &self.port[self.port_from..]),
+            (&X_FORWARDED_PORT, self.port.as_bytes()),
             (&X_FORWARDED_HOST, b""),
             (&HOST_NAME, b""),
         ];
@@ -158,6 +146,35 @@ impl<'a> ProxyHeaders<'a> {
 }
 
 static HOST_NAME: HeaderName = http::header::HOST;
+
+/// A number's decimal digits, on the stack (header values without an allocation).
+#[derive(Clone, Copy)]
+pub struct Decimal {
+    digits: [u8; 20],
+    from: usize,
+}
+
+impl Decimal {
+    /// The digits of `n`.
+    pub fn new(mut n: u64) -> Self {
+        let mut digits = [0u8; 20];
+        let mut from = digits.len();
+        loop {
+            from -= 1;
+            digits[from] = b'0' + (n % 10) as u8;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
+        }
+        Decimal { digits, from }
+    }
+
+    /// Them, as ASCII.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.digits[self.from..]
+    }
+}
 
 #[cfg(test)]
 mod tests {
