@@ -13,9 +13,12 @@ pub struct LocalStore {
     inner: Mutex<LocalInner>,
 }
 
+/// Windows by scope, then by key: a lookup borrows the key (no copy of it per request).
 #[derive(Default)]
 struct LocalInner {
-    windows: HashMap<(u64, String), (Instant, u64)>,
+    windows: HashMap<u64, HashMap<String, (Instant, u64)>>,
+    /// Keys across all scopes.
+    count: usize,
     swept: Option<Instant>,
 }
 
@@ -25,13 +28,24 @@ impl LocalStore {
         let now = Instant::now();
         let mut inner = self.inner.lock();
         // Drop expired windows now and then so that the map stays bounded by live keys.
-        if inner.windows.len() > 10_000 && inner.swept.is_none_or(|t| now.duration_since(t) > window) {
-            inner.windows.retain(|_, (start, _)| now.duration_since(*start) < window);
+        if inner.count > 10_000 && inner.swept.is_none_or(|t| now.duration_since(t) > window) {
+            let mut count = 0;
+            inner.windows.retain(|_, keys| {
+                keys.retain(|_, (start, _)| now.duration_since(*start) < window);
+                count += keys.len();
+                !keys.is_empty()
+            });
+            inner.count = count;
             inner.swept = Some(now);
         }
-        let slot = match inner.windows.get_mut(&(scope, key.to_owned())) {
+        let inner = &mut *inner;
+        let keys = inner.windows.entry(scope).or_default();
+        let slot = match keys.get_mut(key) {
             Some(s) => s,
-            None => inner.windows.entry((scope, key.to_owned())).or_insert((now, 0)),
+            None => {
+                inner.count += 1;
+                keys.entry(key.to_owned()).or_insert((now, 0))
+            }
         };
         if now.duration_since(slot.0) >= window {
             *slot = (now, 0);
