@@ -34,6 +34,13 @@ const READ_CHUNK: usize = 4096;
 /// client sending requests back to back never parks.
 pub const PARK_AFTER: Duration = Duration::from_secs(1);
 
+/// How long a client may take to send a request head (nginx's `client_header_timeout`): counted
+/// in park periods in which no request began, none was in flight and nothing was going out, so
+/// it costs no timer of its own (hyper's header timer cost a timer-wheel entry per request).
+/// Precise to a period; a parked wait is bounded by the server (`serve_h1`).
+pub const HEAD_TIMEOUT: Duration = super::HEADER_TIMEOUT;
+const HEAD_WAIT_PERIODS: u32 = (HEAD_TIMEOUT.as_secs() / PARK_AFTER.as_secs()) as u32;
+
 /// What the server shares with the connection's socket: requests in flight, and requests begun
 /// (to tell a connection that stayed idle from one that was busy in between).
 #[derive(Default)]
@@ -83,6 +90,8 @@ pub struct Guarded<S> {
     write_blocked: bool,
     /// Bytes written and not yet flushed.
     unflushed: bool,
+    /// Park periods in a row in which the client owed a request head (see [`HEAD_TIMEOUT`]).
+    head_wait: u32,
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin> Guarded<S> {
@@ -102,6 +111,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Guarded<S> {
             parked: false,
             write_blocked: false,
             unflushed: false,
+            head_wait: 0,
         }
     }
 
@@ -151,20 +161,33 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Guarded<S> {
     fn poll_park(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let begun = self.activity.begun.load(Ordering::Relaxed);
         let idle = self.idle();
+        let quiet = self.activity.in_flight.load(Ordering::Relaxed) == 0 && !self.write_blocked && !self.unflushed;
         let Some((sleep, armed_at)) = &mut self.park_timer else {
             let mut sleep = Box::pin(tokio::time::sleep(PARK_AFTER));
             let _ = sleep.as_mut().poll(cx);
             self.park_timer = Some((sleep, begun));
             return Poll::Pending;
         };
-        if sleep.as_mut().poll(cx).is_pending() {
+        // The sleep was polled, its waker registered, when it was last armed: the timer wakes
+        // this task when it fires, and until then a look at its state is enough.
+        if !sleep.is_elapsed() {
             return Poll::Pending;
         }
         if *armed_at == begun && idle {
             // Idle for a whole period.
             self.park_timer = None;
             self.parked = true;
+            self.head_wait = 0;
             return Poll::Ready(Ok(()));
+        }
+        // A whole period with no request begun or in flight and nothing going out: the client
+        // owes a request head (a partial one is held, or bytes are waiting to be read).
+        self.head_wait = if *armed_at == begun && quiet { self.head_wait + 1 } else { 0 };
+        if self.head_wait >= HEAD_WAIT_PERIODS {
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("no complete request head within {} s", HEAD_TIMEOUT.as_secs()),
+            )));
         }
         // Busy in between, or still: look again a period from now (one timer reset per period,
         // not one per request).
@@ -291,7 +314,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for Guarded<S> {
             // SAFETY: the read initialized `n` bytes of the spare capacity.
             unsafe { this.held.set_len(len + n) };
             match polled {
-                Poll::Pending => return Poll::Pending,
+                // An incomplete head: the park timer counts how long it takes.
+                Poll::Pending => return this.poll_park(cx),
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
                 Poll::Ready(Ok(())) if n == 0 => {
                     // End of the client's stream: what is held is an incomplete head.
@@ -353,5 +377,68 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for Guarded<S> {
             }
         }
         Pin::new(&mut this.stream).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    fn guarded(server: tokio::io::DuplexStream) -> Guarded<tokio::io::DuplexStream> {
+        Guarded::new(server, SocketAddr::from(([127, 0, 0, 1], 1)), Arc::new(Activity::default()))
+    }
+
+    /// Reads until the guard answers with an error; how long that took.
+    async fn time_to_error(g: &mut Guarded<tokio::io::DuplexStream>) -> (io::Error, Duration) {
+        let started = tokio::time::Instant::now();
+        let mut buf = [0u8; 256];
+        loop {
+            match g.read(&mut buf).await {
+                Ok(0) => panic!("the guard showed the end of the stream instead of a timeout"),
+                Ok(_) => {}
+                Err(e) => return (e, started.elapsed()),
+            }
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_incomplete_head_ends_the_connection_after_the_head_timeout() {
+        let (mut client, server) = tokio::io::duplex(4096);
+        let mut g = guarded(server);
+        client.write_all(b"GET / HTTP/1.1\r\nHost: a\r\n").await.expect("write");
+        let (err, waited) = time_to_error(&mut g).await;
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut, "{err}");
+        assert!(waited >= HEAD_TIMEOUT - PARK_AFTER && waited <= HEAD_TIMEOUT + 2 * PARK_AFTER, "{waited:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_head_sent_a_byte_at_a_time_is_bounded_all_the_same() {
+        let (mut client, server) = tokio::io::duplex(4096);
+        let mut g = guarded(server);
+        let trickle = tokio::spawn(async move {
+            let _ = client.write_all(b"GET / HTTP/1.1\r\nX-Slow: ").await;
+            for _ in 0..30 {
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                if client.write_all(b"a").await.is_err() {
+                    return;
+                }
+            }
+        });
+        let (err, waited) = time_to_error(&mut g).await;
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut, "{err}");
+        assert!(waited <= HEAD_TIMEOUT + 2 * PARK_AFTER, "{waited:?}");
+        trickle.abort();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_idle_connection_parks_after_a_period() {
+        let (_client, server) = tokio::io::duplex(4096);
+        let mut g = guarded(server);
+        let started = tokio::time::Instant::now();
+        let mut buf = [0u8; 16];
+        assert_eq!(g.read(&mut buf).await.expect("parks"), 0);
+        assert!(g.parked());
+        assert!(started.elapsed() >= PARK_AFTER && started.elapsed() <= 3 * PARK_AFTER, "{:?}", started.elapsed());
     }
 }

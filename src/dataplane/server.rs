@@ -40,9 +40,7 @@ use crate::metrics::{bump, Raised, WorkerStats};
 use crate::state::Gateway;
 use crate::stream::tcp::StreamWorker;
 
-/// How long a connection may take to send a request head, and how long it may stay idle between
-/// requests (nginx's `client_header_timeout`).
-pub const HEADER_TIMEOUT: Duration = Duration::from_secs(60);
+use super::HEADER_TIMEOUT;
 /// How long a connection on an h2c listener may take to send enough bytes to tell HTTP/2 from
 /// HTTP/1.1 (24 at most).
 pub const PREFACE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -581,8 +579,9 @@ async fn serve_h1<S>(
         // temporary of this statement.
         let mut conn = Box::new(
             http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(HEADER_TIMEOUT)
+                // The head timeout is the guard's (`guard::HEAD_TIMEOUT`), without a timer per
+                // request.
+                .header_read_timeout(None)
                 .max_buf_size(64 << 10)
                 .serve_connection(TokioIo::new(io), service)
                 .with_upgrades(),
