@@ -245,7 +245,14 @@ impl Pool {
         self.now.set(Some(now));
         let mut idle = self.idle.borrow_mut();
         idle.retain(|_, list| {
-            list.retain_mut(|c| now.duration_since(c.since) < c.conn.settings.idle_timeout && c.conn.is_open());
+            list.retain_mut(|c| {
+                let keep = now.duration_since(c.since) < c.conn.settings.idle_timeout && c.conn.is_open();
+                if keep {
+                    // Idle for up to a second: its read buffer goes (memory follows requests).
+                    c.conn.shed();
+                }
+                keep
+            });
             !list.is_empty()
         });
         let any = !idle.is_empty();
