@@ -136,6 +136,9 @@ fn read_response(data: &[u8], step: usize) -> Option<Result<(String, Vec<u8>), S
             Err(e) => return Some(Err(e.0)),
         }
     };
+    for hop in ["connection", "transfer-encoding", "keep-alive", "upgrade", "te", "trailer"] {
+        assert!(!head.headers.contains_key(hop), "hop-by-hop field {hop} reached the map");
+    }
     let mut fields: Vec<String> = head.headers.iter().map(|(k, v)| format!("{k}: {v:?}")).collect();
     fields.sort();
     let summary = format!("{} {:?} {:?} {} {fields:?}", head.status, head.version, head.body, head.keep_alive);
@@ -177,11 +180,8 @@ pub fn upstream_response(data: &[u8]) {
     let whole = read_response(data, data.len().max(1));
     let step = 1 + usize::from(data.first().copied().unwrap_or(0) % 13);
     assert_eq!(read_response(data, step), whole, "split into {step}-byte reads");
-    if let Some(Ok((summary, body))) = &whole {
+    if let Some(Ok((_, body))) = &whole {
         assert!(body.len() <= data.len());
-        for hop in ["\"connection:", "\"transfer-encoding:", "\"keep-alive:", "\"upgrade:"] {
-            assert!(!summary.contains(hop), "{hop} reached the map: {summary}");
-        }
     }
 }
 
