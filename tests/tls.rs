@@ -147,16 +147,9 @@ fn http2_over_tls_and_cleartext_prior_knowledge() {
     let pair = cert("h2", &["h2.example.com"]);
     let resources = format!("{}ssls:\n{}", route_to(&up), ssl_entry("1", &["h2.example.com"], &pair));
     let p = Prefix::new("", "", &resources);
-    let h2c_port = common::free_port();
     p.write_config("", "");
     // A second plain listener with cleartext HTTP/2 next to HTTP/1.1.
-    let config = std::fs::read_to_string(p.dir.join("conf/config.yaml")).expect("read config");
-    let config = config.replacen(
-        "  node_listen:\n",
-        &format!("  node_listen:\n    - {{ip: 127.0.0.1, port: {h2c_port}, enable_http2: true}}\n"),
-        1,
-    );
-    p.write("conf/config.yaml", &config);
+    let h2c_port = p.add_h2c_listener();
     let w = Weir::start(&p);
     w.wait_ready(p.node());
     let h2c = SocketAddr::from(([127, 0, 0, 1], h2c_port));

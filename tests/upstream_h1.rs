@@ -217,3 +217,31 @@ fn keepalive_pool_idle_timeout_and_requests_are_enforced() {
     );
     assert!(idle_since.elapsed() >= Duration::from_millis(400), "closed after {:?}", idle_since.elapsed());
 }
+
+#[test]
+fn trailers_of_a_chunked_body_reach_an_http2_client() {
+    if std::process::Command::new("curl").arg("--version").output().is_err() {
+        return skip("trailers_of_a_chunked_body_reach_an_http2_client", "curl is not installed");
+    }
+    let up = Scripted::start();
+    let p = Prefix::new(
+        "",
+        "",
+        &format!(r#"{{"routes": [{{"id": "1", "uri": "/*", "upstream": {{"nodes": {{"{}": 1}}}}}}]}}"#, up.addr),
+    );
+    // A cleartext HTTP/2 listener (HTTP/1.1 clients are sent trailers only when the response
+    // declares them, and `Trailer` is hop-by-hop).
+    let h2c_port = p.add_h2c_listener();
+    let w = Weir::start(&p);
+    let h2c = SocketAddr::from(([127, 0, 0, 1], h2c_port));
+    w.wait_ready(h2c);
+    let out = std::process::Command::new("curl")
+        .args(["-sS", "--max-time", "10", "--http2-prior-knowledge", "-D", "-"])
+        .arg(format!("http://{h2c}/chunked"))
+        .output()
+        .expect("run curl");
+    let text = String::from_utf8_lossy(&out.stdout).to_ascii_lowercase();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains("hello world"), "{text}");
+    assert!(text.contains("t: 1"), "the trailer did not reach the client:\n{text}");
+}

@@ -358,12 +358,27 @@ pub enum Decoded {
 #[derive(Debug)]
 pub struct Chunked {
     state: ChunkState,
+    /// Trailer fields read so far.
+    trailers: Option<HeaderMap>,
 }
 
 impl Default for Chunked {
     fn default() -> Self {
-        Chunked { state: ChunkState::Size }
+        Chunked { state: ChunkState::Size, trailers: None }
     }
+}
+
+/// One trailer field line (`name: value`); `None` for a field that is not passed on (hop-by-hop
+/// or framing fields, which mean nothing after the body).
+fn trailer_field(line: &[u8]) -> Result<Option<(HeaderName, HeaderValue)>, Malformed> {
+    let invalid = || malformed("chunked body: invalid trailer field");
+    let colon = line.iter().position(|b| *b == b':').ok_or_else(invalid)?;
+    let name = HeaderName::from_bytes(&line[..colon]).map_err(|_| invalid())?;
+    let value = HeaderValue::from_bytes(line[colon + 1..].trim_ascii()).map_err(|_| invalid())?;
+    if is_hop_by_hop(&name) || name == CONTENT_LENGTH {
+        return Ok(None);
+    }
+    Ok(Some((name, value)))
 }
 
 /// The next line of `buf` without its CRLF, and the length to consume; `None` when the line is
@@ -433,18 +448,27 @@ impl Chunked {
                     let Some((l, used)) = line(buf, MAX_TRAILERS.saturating_sub(seen))? else {
                         return Ok(Decoded::NeedMore);
                     };
-                    let empty = l.is_empty();
-                    let _ = buf.split_to(used);
-                    if empty {
+                    if l.is_empty() {
+                        let _ = buf.split_to(used);
                         self.state = ChunkState::Done;
-                    } else if seen + used > MAX_TRAILERS {
-                        return Err(malformed("chunked body: trailers too long"));
-                    } else {
-                        self.state = ChunkState::Trailers(seen + used);
+                        continue;
                     }
+                    if seen + used > MAX_TRAILERS {
+                        return Err(malformed("chunked body: trailers too long"));
+                    }
+                    if let Some((name, value)) = trailer_field(l)? {
+                        self.trailers.get_or_insert_with(HeaderMap::new).append(name, value);
+                    }
+                    let _ = buf.split_to(used);
+                    self.state = ChunkState::Trailers(seen + used);
                 }
             }
         }
+    }
+
+    /// The trailer fields, once the body has ended (at most once).
+    pub fn take_trailers(&mut self) -> Option<HeaderMap> {
+        self.trailers.take()
     }
 
     /// Whether the body has ended.
@@ -577,6 +601,14 @@ mod tests {
         for step in [1, 2, 3, 7, body.len()] {
             assert_eq!(dechunk(body, step).expect("valid"), b"hello0123456789", "step {step}");
         }
+        // Trailers are kept, except hop-by-hop and framing fields.
+        let mut dec = Chunked::default();
+        let mut buf = BytesMut::from(&b"0\r\ngrpc-status: 0\r\nConnection: x\r\nContent-Length: 9\r\n\r\n"[..]);
+        assert_eq!(dec.decode(&mut buf).expect("valid"), Decoded::Done);
+        let trailers = dec.take_trailers().expect("trailers");
+        assert_eq!(trailers.len(), 1);
+        assert_eq!(trailers["grpc-status"], "0");
+        assert!(dechunk(b"0\r\nno colon\r\n\r\n", 1).is_err());
         for bad in [
             &b"5\nhello\r\n0\r\n\r\n"[..],
             b"5\r\nhelloX\r\n0\r\n\r\n",

@@ -524,8 +524,9 @@ impl Body for H1Body {
                 Framing::Chunked(dec) => match dec.decode(&mut conn.rbuf) {
                     Ok(Decoded::Data(data)) => return Poll::Ready(Some(Ok(Frame::data(data)))),
                     Ok(Decoded::Done) => {
+                        let trailers = dec.take_trailers();
                         this.finish();
-                        return Poll::Ready(None);
+                        return Poll::Ready(trailers.map(|t| Ok(Frame::trailers(t))));
                     }
                     Ok(Decoded::NeedMore) => {}
                     Err(e) => return this.fail(io::Error::other(e.0)),

@@ -84,6 +84,20 @@ impl Prefix {
         self.write("conf/config.yaml", &text);
     }
 
+    /// Adds a cleartext HTTP/2 listener (prior knowledge, next to HTTP/1.1) to config.yaml; its
+    /// port.
+    pub fn add_h2c_listener(&self) -> u16 {
+        let port = free_port();
+        let config = std::fs::read_to_string(self.dir.join("conf/config.yaml")).expect("read config");
+        let config = config.replacen(
+            "  node_listen:\n",
+            &format!("  node_listen:\n    - {{ip: 127.0.0.1, port: {port}, enable_http2: true}}\n"),
+            1,
+        );
+        self.write("conf/config.yaml", &config);
+        port
+    }
+
     pub fn write_resources(&self, text: &str) {
         self.write("conf/resources.yaml", text);
     }
