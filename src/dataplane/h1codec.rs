@@ -358,8 +358,8 @@ pub enum Decoded {
 #[derive(Debug)]
 pub struct Chunked {
     state: ChunkState,
-    /// Trailer fields read so far.
-    trailers: Option<HeaderMap>,
+    /// Trailer fields read so far (boxed: rare, and the decoder lives in every chunked body).
+    trailers: Option<Box<HeaderMap>>,
 }
 
 impl Default for Chunked {
@@ -457,7 +457,7 @@ impl Chunked {
                         return Err(malformed("chunked body: trailers too long"));
                     }
                     if let Some((name, value)) = trailer_field(l)? {
-                        self.trailers.get_or_insert_with(HeaderMap::new).append(name, value);
+                        self.trailers.get_or_insert_with(Box::default).append(name, value);
                     }
                     let _ = buf.split_to(used);
                     self.state = ChunkState::Trailers(seen + used);
@@ -468,7 +468,7 @@ impl Chunked {
 
     /// The trailer fields, once the body has ended (at most once).
     pub fn take_trailers(&mut self) -> Option<HeaderMap> {
-        self.trailers.take()
+        self.trailers.take().map(|t| *t)
     }
 
     /// Whether the body has ended.
