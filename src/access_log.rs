@@ -223,7 +223,7 @@ pub fn format_line(format: &Format, ctx: &RequestCtx) -> String {
             };
             // Serializing plain fields cannot fail; an error would leave the line empty.
             if let Ok(text) = serde_json::to_string(&line) {
-                out.push_str(&text);
+                push_without_controls(&mut out, &text);
             }
         }),
         Format::Template(pieces) => {
@@ -246,6 +246,24 @@ pub fn format_line(format: &Format, ctx: &RequestCtx) -> String {
         }
     }
     out
+}
+
+/// Appends a JSON text with the control characters JSON leaves raw (DEL, and the C1 range
+/// U+0080-U+009F) written as `\u` escapes, so that no line carries a control character. A
+/// byte scan first: the common line has none of them.
+fn push_without_controls(out: &mut String, json: &str) {
+    use std::fmt::Write as _;
+    if !json.bytes().any(|b| b == 0x7f || b == 0xc2) {
+        out.push_str(json);
+        return;
+    }
+    for c in json.chars() {
+        if c.is_control() {
+            let _ = write!(out, "\\u{:04x}", u32::from(c));
+        } else {
+            out.push(c);
+        }
+    }
 }
 
 fn push_num(out: &mut String, n: u64) {
