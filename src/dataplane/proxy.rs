@@ -802,7 +802,11 @@ fn respond(resp: http::Response<Inbound>, mut finish: Box<Finish>, inflight: Opt
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     let mut head = ResponseHead { status: parts.status, headers: parts.headers };
-    strip_hop_by_hop(&mut head.headers);
+    // An HTTP/1.1 head arrives without hop-by-hop fields (`h1codec` leaves them out as it
+    // parses); only hyper's HTTP/2 answers still need the pass.
+    if let Inbound::Hyper(_) = incoming {
+        strip_hop_by_hop(&mut head.headers);
+    }
     for (k, v) in finish.ctx.response_headers.drain(..) {
         head.headers.append(k, v);
     }
