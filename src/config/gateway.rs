@@ -1,0 +1,322 @@
+//! The `gateway:` section of config.yaml: data-plane, TLS and stream listeners, the control
+//! server, the access and error logs, worker threads, path handling; with their defaults.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::{loopback, yes};
+
+/// `gateway:` section.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct GatewaySection {
+    /// Data-plane listeners: ports (on 0.0.0.0) or `{ip, port}`.
+    #[serde(default = "default_node_listen")]
+    #[schemars(length(min = 1))]
+    pub node_listen: Vec<Listen>,
+    /// Whether the control server runs.
+    #[serde(default = "yes")]
+    pub enable_control: bool,
+    /// Control server listener.
+    #[serde(default)]
+    pub control: Control,
+    /// Data-plane worker threads: `auto` (one per core) or a count.
+    #[serde(default)]
+    pub worker_processes: WorkerProcesses,
+    /// Merge repeated slashes of request paths before routing and forwarding (nginx
+    /// `merge_slashes`, default true).
+    #[serde(default = "yes")]
+    pub merge_slashes: bool,
+    /// What to do with an encoded slash (`%2F`) in a request path: `keep` it encoded, as part of
+    /// its segment (default), or `reject` the request with 400.
+    #[serde(default)]
+    pub escaped_slashes: EscapedSlashes,
+    /// The TLS listener (certificates come from `ssls` resources).
+    #[serde(default)]
+    pub ssl: SslSection,
+    /// TCP and UDP listeners of the stream proxy (`stream_routes`); off when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream_proxy: Option<StreamProxy>,
+    /// The access log; off when absent (the shipped conf/config.yaml turns it on).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub access_log: Option<AccessLogSection>,
+    /// Weir's own log; standard error when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error_log: Option<ErrorLogSection>,
+}
+
+/// `gateway.access_log:` section.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AccessLogSection {
+    /// Whether the access log is written (default true once the section is present).
+    #[serde(default = "yes")]
+    pub enable: bool,
+    /// The file, relative to the prefix directory unless absolute; reopened on SIGUSR1.
+    #[serde(default = "default_access_log_path")]
+    #[schemars(length(min = 1))]
+    pub path: String,
+    /// `combined` (nginx's), `json`, or a template of `$variables` and text.
+    #[serde(default = "default_access_log_format")]
+    #[schemars(length(min = 1))]
+    pub format: String,
+    /// Lines that may wait for the writer; when that many wait, further lines are dropped and
+    /// counted (`access_log_dropped_total`) instead of slowing requests.
+    #[serde(default = "default_access_log_buffer")]
+    #[schemars(range(min = 1, max = 1048576))]
+    pub buffer: usize,
+}
+
+fn default_access_log_path() -> String {
+    "logs/access.log".into()
+}
+fn default_access_log_format() -> String {
+    "combined".into()
+}
+fn default_access_log_buffer() -> usize {
+    16384
+}
+
+/// `gateway.error_log:` section.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ErrorLogSection {
+    /// The file, relative to the prefix directory unless absolute; reopened on SIGUSR1.
+    #[serde(default = "default_error_log_path")]
+    #[schemars(length(min = 1))]
+    pub path: String,
+}
+
+fn default_error_log_path() -> String {
+    "logs/error.log".into()
+}
+
+/// `gateway.stream_proxy:` section.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StreamProxy {
+    /// TCP listeners: ports (on 0.0.0.0) or `{ip, port, tls}`.
+    #[serde(default)]
+    pub tcp: Vec<StreamListen>,
+    /// UDP listeners: ports (on 0.0.0.0) or `{ip, port}`.
+    #[serde(default)]
+    pub udp: Vec<Listen>,
+}
+
+/// One TCP listener of the stream proxy.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
+#[serde(untagged)]
+pub enum StreamListen {
+    /// A port on all IPv4 addresses.
+    Port(#[schemars(range(min = 1))] u16),
+    /// An explicit address.
+    Addr(StreamListenAddr),
+}
+
+/// `{ip, port, tls}` stream listener.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct StreamListenAddr {
+    /// Address to bind (default 0.0.0.0).
+    #[serde(default = "any_ip")]
+    pub ip: IpAddr,
+    /// Port.
+    #[schemars(range(min = 1))]
+    pub port: u16,
+    /// Clients speak TLS: routes match on the SNI, and Weir terminates TLS with the `ssls`
+    /// certificates unless the route sets `tls_passthrough`.
+    #[serde(default)]
+    pub tls: bool,
+}
+
+impl StreamListen {
+    /// The socket address to bind.
+    pub fn addr(&self) -> SocketAddr {
+        match *self {
+            StreamListen::Port(port) => SocketAddr::new(any_ip(), port),
+            StreamListen::Addr(a) => SocketAddr::new(a.ip, a.port),
+        }
+    }
+    /// Whether clients speak TLS.
+    pub fn tls(&self) -> bool {
+        matches!(self, StreamListen::Addr(a) if a.tls)
+    }
+}
+
+/// `gateway.ssl:` section: where TLS is terminated.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SslSection {
+    /// Whether the TLS listener runs (default true).
+    #[serde(default = "yes")]
+    pub enable: bool,
+    /// TLS listeners: ports (on 0.0.0.0) or `{ip, port, enable_http2}`; HTTP/2 is offered by
+    /// ALPN unless `enable_http2: false`.
+    #[serde(default = "default_ssl_listen")]
+    #[schemars(length(min = 1))]
+    pub listen: Vec<Listen>,
+    /// The SNI whose certificate is used when a client sends no SNI or one no `ssls` entry
+    /// claims; without it such handshakes fail.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^[A-Za-z0-9.-]+$"))]
+    pub fallback_sni: Option<String>,
+}
+
+impl Default for SslSection {
+    fn default() -> Self {
+        SslSection { enable: true, listen: default_ssl_listen(), fallback_sni: None }
+    }
+}
+
+fn default_ssl_listen() -> Vec<Listen> {
+    vec![Listen::Port(9443)]
+}
+
+/// `gateway.escaped_slashes`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum EscapedSlashes {
+    /// `%2F` stays encoded and is data inside its segment (for matching and forwarding).
+    #[default]
+    Keep,
+    /// Requests whose path holds `%2F` answer 400.
+    Reject,
+}
+
+impl Default for GatewaySection {
+    fn default() -> Self {
+        GatewaySection {
+            node_listen: default_node_listen(),
+            enable_control: true,
+            control: Control::default(),
+            worker_processes: WorkerProcesses::default(),
+            merge_slashes: true,
+            escaped_slashes: EscapedSlashes::Keep,
+            ssl: SslSection::default(),
+            stream_proxy: None,
+            access_log: None,
+            error_log: None,
+        }
+    }
+}
+
+fn default_node_listen() -> Vec<Listen> {
+    vec![Listen::Port(9080)]
+}
+
+/// One data-plane listener.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
+#[serde(untagged)]
+pub enum Listen {
+    /// A port on all IPv4 addresses.
+    Port(#[schemars(range(min = 1))] u16),
+    /// An explicit address.
+    Addr(ListenAddr),
+}
+
+/// `{ip, port, enable_http2}` listener.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct ListenAddr {
+    /// Address to bind (default 0.0.0.0).
+    #[serde(default = "any_ip")]
+    pub ip: IpAddr,
+    /// Port.
+    #[schemars(range(min = 1))]
+    pub port: u16,
+    /// HTTP/2: on a plain listener, cleartext h2c with prior knowledge next to HTTP/1.1
+    /// (default false); on a TLS listener, offered by ALPN (default true).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enable_http2: Option<bool>,
+}
+
+fn any_ip() -> IpAddr {
+    IpAddr::V4(Ipv4Addr::UNSPECIFIED)
+}
+
+impl Listen {
+    /// The socket address to bind.
+    pub fn addr(&self) -> SocketAddr {
+        match *self {
+            Listen::Port(port) => SocketAddr::new(any_ip(), port),
+            Listen::Addr(a) => SocketAddr::new(a.ip, a.port),
+        }
+    }
+    /// Whether HTTP/2 is served, with `default` when the entry does not say.
+    pub fn http2(&self, default: bool) -> bool {
+        match *self {
+            Listen::Port(_) => default,
+            Listen::Addr(a) => a.enable_http2.unwrap_or(default),
+        }
+    }
+}
+
+/// `gateway.control:` section.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Control {
+    /// Listen address; must be loopback (127.0.0.0/8 or ::1).
+    #[serde(default = "loopback")]
+    pub ip: IpAddr,
+    /// Listen port.
+    #[serde(default = "control_port")]
+    #[schemars(range(min = 1))]
+    pub port: u16,
+    /// `radixtree_uri_with_parameter` enables `:name` parameters in plugin control URIs.
+    #[serde(default)]
+    pub router: Option<ControlRouter>,
+}
+
+impl Default for Control {
+    fn default() -> Self {
+        Control { ip: loopback(), port: control_port(), router: None }
+    }
+}
+
+fn control_port() -> u16 {
+    9090
+}
+
+/// Control router modes.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum ControlRouter {
+    // `:name` segments of plugin control URIs capture one path segment.
+    RadixtreeUriWithParameter,
+}
+
+/// `gateway.worker_processes`.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
+#[serde(untagged)]
+pub enum WorkerProcesses {
+    /// One worker per core.
+    Auto(AutoWord),
+    /// A fixed count.
+    Count(#[schemars(range(min = 1, max = 1024))] u16),
+}
+
+/// The word `auto`.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, JsonSchema, PartialEq, Eq, Default)]
+pub enum AutoWord {
+    #[default]
+    #[serde(rename = "auto")]
+    Auto,
+}
+
+impl Default for WorkerProcesses {
+    fn default() -> Self {
+        WorkerProcesses::Auto(AutoWord::Auto)
+    }
+}
+
+impl WorkerProcesses {
+    /// The number of workers to run.
+    pub fn count(&self) -> usize {
+        match *self {
+            WorkerProcesses::Count(n) => usize::from(n),
+            WorkerProcesses::Auto(_) => std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+        }
+    }
+}
