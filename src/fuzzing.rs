@@ -19,7 +19,7 @@ fn table() -> &'static RouteTable {
             .enumerate()
             .filter_map(|(i, (id, uri))| {
                 let route: Route = serde_json::from_value(serde_json::json!({"id": id, "uri": uri})).ok()?;
-                Some(Arc::new(CompiledRoute::new(Arc::new(route), None, Arc::from([]), None, i)))
+                Some(Arc::new(CompiledRoute::new(Arc::new(route), None, Default::default(), None, i)))
             })
             .collect();
         RouteTable::build(routes).0

@@ -5,10 +5,15 @@
 
 // Plugin crates chosen with cargo features. Each must be referenced, or the linker drops it and
 // its `inventory` registration with it.
+#![allow(unused_extern_crates)]
+#[cfg(feature = "basic-auth")]
+extern crate weir_plugin_basic_auth;
 #[cfg(feature = "example-plugin")]
 extern crate weir_plugin_example;
 #[cfg(feature = "file-logger")]
 extern crate weir_plugin_file_logger;
+#[cfg(feature = "forward-auth")]
+extern crate weir_plugin_forward_auth;
 #[cfg(feature = "ip-restriction")]
 extern crate weir_plugin_ip_restriction;
 #[cfg(feature = "key-auth")]

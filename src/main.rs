@@ -15,6 +15,7 @@ static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 /// pages are only returned when some thread allocates, so a gateway that goes quiet (idle
 /// keep-alive clients, parked connections) would keep its peak memory resident.
 #[cfg(all(feature = "jemalloc", not(target_env = "msvc")))]
+#[allow(unsafe_code)] // jemalloc reads its start-up options from this exported symbol
 #[export_name = "malloc_conf"]
 static MALLOC_CONF: ConfString = ConfString(c"background_thread:true".as_ptr());
 
@@ -25,6 +26,7 @@ struct ConfString(*const std::ffi::c_char);
 
 // SAFETY: the pointer is to a string literal: immutable and alive for the whole program.
 #[cfg(all(feature = "jemalloc", not(target_env = "msvc")))]
+#[allow(unsafe_code)]
 unsafe impl Sync for ConfString {}
 
 fn main() -> ExitCode {

@@ -1,6 +1,7 @@
 //! Memory accounting and reclamation (`POST /v1/gc`): jemalloc is the global allocator (feature
 //! `jemalloc`, on by default), so freed memory can be returned to the operating system on demand
 //! instead of waiting for decay. Without it, allocator figures read 0 and purging does nothing.
+#![allow(unsafe_code)] // each block says why it is sound (SAFETY)
 
 use schemars::JsonSchema;
 use serde::Serialize;

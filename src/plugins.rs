@@ -5,14 +5,14 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use serde_json::{json, Map, Value};
-use weir_plugin::{Plugin, StreamPlugin};
+use weir_plugin::{DynPlugin, StreamPlugin};
 
 use crate::validate::CompiledSchema;
 
 /// One compiled-in plugin with its schemas compiled.
 pub struct PluginEntry {
     /// The plugin.
-    pub plugin: Box<dyn Plugin>,
+    pub plugin: Box<dyn DynPlugin>,
     /// Its name.
     pub name: &'static str,
     /// Its priority.
@@ -28,7 +28,7 @@ pub struct PluginEntry {
 }
 
 impl PluginEntry {
-    fn new(plugin: Box<dyn Plugin>) -> Result<Self, String> {
+    fn new(plugin: Box<dyn DynPlugin>) -> Result<Self, String> {
         let name = plugin.name();
         let compile =
             |s: Value, what: &str| CompiledSchema::new(s).map_err(|e| format!("plugin `{name}`: {what}: {e}"));
@@ -115,7 +115,7 @@ impl Catalog {
     }
 
     /// A catalog of the given plugins (tests build their own).
-    pub fn from_plugins(plugins: Vec<Box<dyn Plugin>>) -> Result<Catalog, String> {
+    pub fn from_plugins(plugins: Vec<Box<dyn DynPlugin>>) -> Result<Catalog, String> {
         let mut entries = Vec::with_capacity(plugins.len());
         for p in plugins {
             let entry = PluginEntry::new(p)?;
@@ -220,20 +220,18 @@ impl EnabledSet {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use weir_plugin::{BuildContext, PluginInstance};
+    use weir_plugin::{BuildContext, Plugin, PluginInstance};
 
     struct Fake(&'static str, i32);
     impl Plugin for Fake {
+        type Conf = serde_json::Map<String, Value>;
         fn name(&self) -> &'static str {
             self.0
         }
         fn priority(&self) -> i32 {
             self.1
         }
-        fn schema(&self) -> Value {
-            json!({"type": "object"})
-        }
-        fn build(&self, _: &Value, _: &BuildContext<'_>) -> Result<Arc<dyn PluginInstance>, String> {
+        fn build(&self, _: Self::Conf, _: &BuildContext<'_>) -> Result<Arc<dyn PluginInstance>, String> {
             Err("not built in tests".into())
         }
     }

@@ -15,6 +15,7 @@ use crate::health::HealthRegistry;
 use crate::plugins::{Catalog, EnabledSet};
 use crate::resources::etcd::{self, ProviderStatus, Values};
 use crate::resources::yaml;
+use crate::tables::snapshot::Mode;
 use crate::tables::Snapshot;
 use crate::validate::Issue;
 
@@ -79,7 +80,8 @@ impl Gateway {
                 status = ProviderStatus::new("etcd");
                 match etcd::initial_read(&config.deployment.etcd, &config_prefix) {
                     Ok((values, revision)) => {
-                        let check = |d: &Value| Snapshot::build_at(d, &enabled, &prefix.dir).map(drop);
+                        let check =
+                            |d: &Value| Snapshot::build_mode(d, &enabled, &prefix.dir, Mode::Validate).map(drop);
                         // (The snapshot is built once more below, with the rest of start-up.)
                         let mut values = values;
                         let (doc, skipped) = etcd::valid_document(check, &mut values, &config_prefix, true);
@@ -132,8 +134,10 @@ impl Gateway {
     }
 
     /// Validates a resource document against the enabled plugins without publishing it.
+    /// Nothing real is built ([`Mode::Validate`]): no plugin opens a file or starts a thread,
+    /// and no cache of the running snapshot is touched.
     pub fn check_resources(&self, raw: &Value) -> Result<(), Vec<Issue>> {
-        Snapshot::build_at(raw, &self.enabled.load(), &self.prefix.dir).map(drop)
+        Snapshot::build_mode(raw, &self.enabled.load(), &self.prefix.dir, Mode::Validate).map(drop)
     }
 
     /// Validates a new resource document and, if valid, publishes it. Returns a summary.
@@ -151,8 +155,10 @@ impl Gateway {
     }
 
     /// Validates and builds a snapshot of `raw` against the enabled plugins (publishes nothing).
+    /// What is unchanged since the snapshot serving now is reused from it.
     pub fn build_snapshot(&self, raw: &Value) -> Result<Snapshot, Vec<Issue>> {
-        Snapshot::build_at(raw, &self.enabled.load(), &self.prefix.dir)
+        let current = self.resources.load();
+        Snapshot::build_mode(raw, &self.enabled.load(), &self.prefix.dir, Mode::Apply(Some(&current)))
     }
 
     /// Publishes a snapshot built from `raw` (the caller holds [`Gateway::hold_reloads`]); `None`

@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use common::upstream::Upstream;
 use common::{eventually, get, Prefix, Weir};
+use serde_json::json;
 
 struct Etcd {
     child: Option<Child>,
@@ -414,6 +415,26 @@ fn a_write_that_breaks_the_set_is_refused_and_never_empties_it() {
     assert_eq!(alice["value"]["plugins"]["key-auth"]["key"], "k1", "{alice}");
     assert_eq!(call("DELETE", "/apisix/admin/routes/1/plugins", ADMIN_KEY, "").status, 404);
     assert_eq!(call("GET", "/apisix/admin/routes/1", ADMIN_KEY, "").status, 200);
+}
+
+#[test]
+fn an_admin_api_validation_leaves_no_trace() {
+    let Some(etcd) = Etcd::start() else {
+        return common::skip("an_admin_api_validation_leaves_no_trace", "etcd/etcdctl are not installed");
+    };
+    let (p, _w, admin) = gateway_with_admin(&etcd);
+    let log = p.dir.join("validated-only.log");
+    // A route whose file-logger would open a file, refused for another reason (its upstream
+    // does not exist): the validation builds the plugin without opening anything.
+    let body = json!({
+        "uri": "/v",
+        "upstream_id": "missing",
+        "plugins": {"file-logger": {"path": log.to_string_lossy()}}
+    });
+    let r = admin_call(admin, "PUT", "/apisix/admin/routes/1", Some(ADMIN_KEY), &body.to_string());
+    assert_eq!(r.status, 400, "{}", r.text());
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!log.exists(), "a refused write opened {}", log.display());
 }
 
 #[test]

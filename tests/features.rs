@@ -11,6 +11,8 @@ fn schema_lists_exactly_the_compiled_plugins() {
     let compiled = [
         ("example-plugin", cfg!(feature = "example-plugin")),
         ("key-auth", cfg!(feature = "key-auth")),
+        ("basic-auth", cfg!(feature = "basic-auth")),
+        ("forward-auth", cfg!(feature = "forward-auth")),
         ("short-url", cfg!(feature = "short-url")),
         ("limit-count", cfg!(feature = "limit-count")),
         ("proxy-rewrite", cfg!(feature = "proxy-rewrite")),

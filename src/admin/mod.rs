@@ -455,6 +455,7 @@ fn users(values: &Values, admin: &Admin, kind: &str, id: &str) -> Vec<String> {
     let field = match kind {
         "upstreams" => "upstream_id",
         "services" => "service_id",
+        "consumer_groups" => "group_id",
         _ => return Vec::new(),
     };
     let mut found = Vec::new();

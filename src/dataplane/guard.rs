@@ -12,6 +12,7 @@
 //! so that it ends and frees its buffers; the socket stays open, held by [`Guarded`] alone, until
 //! the client sends again ([`Guarded::wait_parked`]) and a new server connection takes it up.
 //! An idle keep-alive client then costs a socket and this struct, not the server's 16 KiB.
+#![allow(unsafe_code)] // each block says why it is sound (SAFETY)
 
 use std::future::Future;
 use std::io;

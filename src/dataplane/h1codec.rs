@@ -6,6 +6,7 @@
 //! where a response ends: line ends are CRLF, chunk sizes are bounded hex, Content-Length
 //! values must agree, and a response that is framed by both Transfer-Encoding and
 //! Content-Length is read as chunked and its connection is not reused.
+#![allow(unsafe_code)] // each block says why it is sound (SAFETY)
 
 use bytes::{Bytes, BytesMut};
 use http::header::{HeaderMap, HeaderName, HeaderValue, CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};

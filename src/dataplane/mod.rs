@@ -14,6 +14,7 @@ pub mod guard;
 pub mod h1codec;
 pub mod headers;
 pub mod normalize;
+pub mod outbound;
 pub mod proxy;
 pub mod resolver;
 pub mod server;

@@ -44,6 +44,7 @@ fn singular(kind: &str) -> &str {
         "services" => "service",
         "upstreams" => "upstream",
         "consumers" => "consumer",
+        "consumer_groups" => "consumer_group",
         "global_rules" => "global_rule",
         "plugin_metadata" => "plugin_metadata",
         "ssls" => "ssl",

@@ -18,8 +18,17 @@ use crate::config::{EtcdSection, EtcdTls};
 use crate::validate::Issue;
 
 /// Resource kinds stored in etcd, as `<prefix>/<kind>/<id>` (the lists of resources.yaml).
-pub const KINDS: [&str; 8] =
-    ["routes", "services", "upstreams", "consumers", "global_rules", "plugin_metadata", "ssls", "stream_routes"];
+pub const KINDS: [&str; 9] = [
+    "routes",
+    "services",
+    "upstreams",
+    "consumers",
+    "consumer_groups",
+    "global_rules",
+    "plugin_metadata",
+    "ssls",
+    "stream_routes",
+];
 
 /// What `GET /v1/config_status` reports.
 #[derive(Debug, Clone, Serialize, JsonSchema)]

@@ -11,6 +11,7 @@
 
 pub mod certs;
 pub mod router;
+pub mod services;
 pub mod snapshot;
 pub mod stream_router;
 pub mod upstream;

@@ -343,7 +343,7 @@ mod tests {
             o.extend(e.clone());
         }
         let r: Route = serde_json::from_value(v).unwrap_or_else(|e| panic!("{e}"));
-        Arc::new(CompiledRoute::new(Arc::new(r), None, Arc::from([]), None, 0))
+        Arc::new(CompiledRoute::new(Arc::new(r), None, Default::default(), None, 0))
     }
 
     fn table(routes: Vec<Arc<CompiledRoute>>) -> RouteTable {
@@ -351,7 +351,7 @@ mod tests {
             .into_iter()
             .enumerate()
             .map(|(i, r)| {
-                let mut c = CompiledRoute::new(r.route.clone(), None, Arc::from([]), None, i);
+                let mut c = CompiledRoute::new(r.route.clone(), None, Default::default(), None, i);
                 c.hosts = r.hosts.clone();
                 Arc::new(c)
             })

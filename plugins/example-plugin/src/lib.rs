@@ -53,9 +53,16 @@ impl PluginInstance for Instance {
     fn reads_request_headers_late(&self) -> bool {
         false
     }
+    fn has_header_filter(&self) -> bool {
+        false
+    }
+    fn has_log(&self) -> bool {
+        false
+    }
 }
 
 impl Plugin for ExamplePlugin {
+    type Conf = Conf;
     fn name(&self) -> &'static str {
         "example-plugin"
     }
@@ -64,9 +71,6 @@ impl Plugin for ExamplePlugin {
     }
     fn version(&self) -> f64 {
         0.1
-    }
-    fn schema(&self) -> Value {
-        schema_of::<Conf>()
     }
     fn metadata_schema(&self) -> Option<Value> {
         Some(schema_of::<Metadata>())
@@ -89,8 +93,8 @@ impl Plugin for ExamplePlugin {
             }),
         ]
     }
-    fn build(&self, conf: &Value, _ctx: &BuildContext<'_>) -> Result<Arc<dyn PluginInstance>, String> {
-        let _conf: Conf = weir_plugin::parse_conf(conf)?;
+    fn build(&self, conf: Conf, _ctx: &BuildContext<'_>) -> Result<Arc<dyn PluginInstance>, String> {
+        let _ = conf;
         Ok(Arc::new(Instance))
     }
 }
@@ -103,7 +107,7 @@ mod tests {
 
     #[test]
     fn schema_requires_i_and_rejects_unknown_keys() {
-        let schema = ExamplePlugin.schema();
+        let schema = weir_plugin::DynPlugin::schema(&ExamplePlugin);
         assert_eq!(schema["required"], serde_json::json!(["i"]));
         assert_eq!(schema["additionalProperties"], serde_json::json!(false));
         assert_eq!(schema["properties"]["i"]["type"], "integer");

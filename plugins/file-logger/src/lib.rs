@@ -13,6 +13,7 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 use weir_plugin::logfile::{LineWriter, LogFiles};
+use weir_plugin::template::{self, Piece, Template};
 use weir_plugin::{register_plugin, schema_of, BuildContext, Plugin, PluginInstance, RequestCtx};
 
 /// Route configuration.
@@ -59,22 +60,23 @@ pub struct FileLogger {
 }
 
 struct Instance {
-    /// None under `weir -t` (nothing is opened).
+    /// None when only validating (nothing is opened).
     writer: Option<Arc<LineWriter>>,
-    format: Vec<(String, String)>,
+    format: Vec<(String, Template)>,
 }
 
 impl PluginInstance for Instance {
+    fn has_header_filter(&self) -> bool {
+        false
+    }
     fn log(&self, ctx: &RequestCtx) {
         let mut line = Map::with_capacity(self.format.len());
-        for (field, source) in &self.format {
-            let value = match source.strip_prefix('$') {
-                None => Value::String(source.clone()),
-                Some("time_iso8601") => {
-                    Value::String(chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
-                }
-                Some("status") => Value::from(ctx.status),
-                Some(var) => ctx.var(var).map_or(Value::Null, |v| Value::String(v.into_owned())),
+        for (field, template) in &self.format {
+            let value = match template.pieces() {
+                // A lone variable keeps its type: absent is `null`, the status a number.
+                [Piece::Var(name)] if &**name == "status" => Value::from(ctx.status),
+                [Piece::Var(name)] => template::value(name, ctx).map_or(Value::Null, |v| Value::String(v.into_owned())),
+                _ => Value::String(template.render(ctx).into_owned()),
             };
             line.insert(field.clone(), value);
         }
@@ -85,20 +87,18 @@ impl PluginInstance for Instance {
 }
 
 impl Plugin for FileLogger {
+    type Conf = Conf;
     fn name(&self) -> &'static str {
         "file-logger"
     }
     fn priority(&self) -> i32 {
         399
     }
-    fn schema(&self) -> Value {
-        schema_of::<Conf>()
-    }
     fn metadata_schema(&self) -> Option<Value> {
         Some(schema_of::<Metadata>())
     }
-    fn build(&self, conf: &Value, ctx: &BuildContext<'_>) -> Result<Arc<dyn PluginInstance>, String> {
-        let c: Conf = weir_plugin::parse_conf(conf)?;
+    fn build(&self, conf: Conf, ctx: &BuildContext<'_>) -> Result<Arc<dyn PluginInstance>, String> {
+        let c = conf;
         let format = match ctx.metadata {
             Some(m) => {
                 let meta: Metadata = weir_plugin::parse_conf(m)?;
@@ -110,6 +110,13 @@ impl Plugin for FileLogger {
             }
             None => default_format(),
         };
+        let format = format
+            .into_iter()
+            .map(|(field, text)| match Template::compile(&text) {
+                Ok(t) => Ok((field, t)),
+                Err(e) => Err(format!("plugin metadata: log_format.{field}: {e}")),
+            })
+            .collect::<Result<Vec<_>, String>>()?;
         let path = PathBuf::from(&c.path);
         if ctx.check_only {
             return Ok(Arc::new(Instance { writer: None, format }));

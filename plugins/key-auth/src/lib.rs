@@ -1,20 +1,20 @@
 //! `key-auth`: authenticates requests by an API key carried in a header or query argument, and
 //! sets the consumer that owns the key.
 //!
-//! Keys are indexed per snapshot (unique across consumers, checked at load). A lookup never
-//! compares secrets in variable time: keys are bucketed by a randomly keyed hash, and candidates
-//! in the bucket are compared in constant time.
+//! Built on the SDK's credential kit (`weir_plugin::auth`): keys are indexed per snapshot
+//! (unique across consumers, checked at load) and compared in constant time; the consumer is
+//! attached with `X-Consumer-Username` upstream; `anonymous_consumer` stands in for a missing
+//! or invalid key.
 
-use std::collections::HashMap;
-use std::hash::{BuildHasher, RandomState};
 use std::sync::Arc;
 
 use schemars::JsonSchema;
 use serde::Deserialize;
-use weir_plugin::http::{HeaderName, StatusCode};
+use weir_plugin::auth::{self, CredentialIndex, Rejection};
+use weir_plugin::http::HeaderName;
 use weir_plugin::{
-    register_plugin, schema_of, BuildContext, Consumer, ConsumerRef, Flow, Plugin, PluginInstance, PluginResponse,
-    RequestCtx, SharedState, Value,
+    register_plugin, schema_of, BuildContext, Consumer, ConsumerRef, Flow, Plugin, PluginInstance, RequestCtx,
+    SharedState, Value,
 };
 
 /// Route configuration.
@@ -32,6 +32,10 @@ pub struct Conf {
     /// Remove the key from the request before it is proxied.
     #[serde(default)]
     pub hide_credentials: bool,
+    /// The consumer a request without a valid key is treated as (instead of a 401).
+    #[serde(default)]
+    #[schemars(length(min = 1))]
+    pub anonymous_consumer: Option<String>,
 }
 
 fn default_name() -> String {
@@ -47,56 +51,6 @@ pub struct ConsumerConf {
     pub key: String,
 }
 
-/// Constant-time equality of two byte strings (time depends only on the lengths).
-pub fn ct_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    let mut diff = 0u8;
-    for (x, y) in a.iter().zip(b) {
-        diff |= x ^ y;
-    }
-    std::hint::black_box(diff) == 0
-}
-
-/// Keys (and their owners) sharing one keyed-hash bucket.
-type Bucket = Vec<(Vec<u8>, Arc<str>)>;
-
-/// Key → consumer index of one snapshot.
-pub struct KeyIndex {
-    hasher: RandomState,
-    buckets: HashMap<u64, Bucket>,
-}
-
-impl KeyIndex {
-    fn build(consumers: &[ConsumerRef<'_>]) -> Result<KeyIndex, String> {
-        let hasher = RandomState::new();
-        let mut buckets: HashMap<u64, Bucket> = HashMap::new();
-        let mut owners: HashMap<String, &str> = HashMap::new();
-        for c in consumers {
-            let conf: ConsumerConf = weir_plugin::parse_conf(c.conf)?;
-            if let Some(first) = owners.insert(conf.key.clone(), c.username) {
-                return Err(format!("consumers `{first}` and `{}` have the same key; keys must be unique", c.username));
-            }
-            let h = hasher.hash_one(conf.key.as_bytes());
-            buckets.entry(h).or_default().push((conf.key.into_bytes(), Arc::from(c.username)));
-        }
-        Ok(KeyIndex { hasher, buckets })
-    }
-
-    /// The consumer owning `key`.
-    pub fn find(&self, key: &[u8]) -> Option<Arc<str>> {
-        let bucket = self.buckets.get(&self.hasher.hash_one(key))?;
-        let mut found = None;
-        for (k, user) in bucket {
-            if ct_eq(k, key) {
-                found = Some(user.clone());
-            }
-        }
-        found
-    }
-}
-
 /// The plugin.
 pub struct KeyAuth;
 
@@ -104,44 +58,53 @@ struct Instance {
     conf: Conf,
     /// `conf.header`, parsed once.
     header: HeaderName,
-    index: Option<Arc<KeyIndex>>,
+    index: Option<Arc<CredentialIndex<()>>>,
+    anonymous: Option<Arc<Consumer>>,
 }
 
-fn reject(msg: &str) -> Flow {
-    Flow::Respond(PluginResponse::message(StatusCode::UNAUTHORIZED, msg))
+impl Instance {
+    fn authenticate(&self, ctx: &RequestCtx) -> Result<&Arc<Consumer>, Rejection> {
+        // The key is looked up where it lies in the request: no copy of it.
+        let key = match ctx.headers.get(&self.header) {
+            Some(k) => k.as_bytes(),
+            None => match ctx.arg(&self.conf.query) {
+                Some(k) if !k.is_empty() => k.as_bytes(),
+                _ => return Err(Rejection::Missing("Missing API key in request")),
+            },
+        };
+        match self.index.as_ref().and_then(|i| i.find(key)) {
+            Some((consumer, ())) => Ok(consumer),
+            None => Err(Rejection::Invalid("Invalid API key in request")),
+        }
+    }
 }
 
 impl PluginInstance for Instance {
     fn reads_request_headers_late(&self) -> bool {
         false
     }
+    fn has_header_filter(&self) -> bool {
+        false
+    }
+    fn has_log(&self) -> bool {
+        false
+    }
     /// Authentication runs in the rewrite phase, as in APISIX, so that the consumer is known to
     /// every plugin after it (its priority, 2500, puts it before proxy-rewrite and limit-count).
-    fn rewrite(&self, ctx: &mut RequestCtx) -> Flow {
-        // The key is looked up where it lies in the request: no copy of it.
-        let key = match ctx.headers.get(&self.header).and_then(|v| v.to_str().ok()) {
-            Some(k) => k,
-            None => match ctx.arg(&self.conf.query) {
-                Some(k) if !k.is_empty() => k,
-                _ => return reject("Missing API key in request"),
-            },
-        };
-        let Some(user) = self.index.as_ref().and_then(|i| i.find(key.as_bytes())) else {
-            return reject("Invalid API key in request");
-        };
-        ctx.consumer = Some(Consumer { username: user });
-        if self.conf.hide_credentials {
+    fn rewrite(&self, ctx: &mut RequestCtx) -> Flow<'_> {
+        let found = self.authenticate(ctx).cloned();
+        let authenticated = found.is_ok();
+        let flow = auth::finish(ctx, found.as_ref().map_err(Clone::clone), self.anonymous.as_ref());
+        if authenticated && self.conf.hide_credentials {
             ctx.headers.remove(&self.header);
-            let name = &self.conf.query;
-            let kept: Vec<&str> =
-                ctx.query.split('&').filter(|kv| kv.split('=').next() != Some(name.as_str())).collect();
-            ctx.query = kept.join("&");
+            auth::remove_query_arg(&mut ctx.query, &self.conf.query);
         }
-        Flow::Continue
+        flow
     }
 }
 
 impl Plugin for KeyAuth {
+    type Conf = Conf;
     fn name(&self) -> &'static str {
         "key-auth"
     }
@@ -151,21 +114,23 @@ impl Plugin for KeyAuth {
     fn plugin_type(&self) -> Option<&'static str> {
         Some("auth")
     }
-    fn schema(&self) -> Value {
-        schema_of::<Conf>()
-    }
     fn consumer_schema(&self) -> Option<Value> {
         Some(schema_of::<ConsumerConf>())
     }
     fn prepare_consumers(&self, consumers: &[ConsumerRef<'_>]) -> Result<Option<SharedState>, String> {
-        Ok(Some(Arc::new(KeyIndex::build(consumers)?)))
+        let mut keys = Vec::with_capacity(consumers.len());
+        for c in consumers {
+            let conf: ConsumerConf = weir_plugin::parse_conf(c.conf)?;
+            keys.push((conf.key.into_bytes(), c.consumer, ()));
+        }
+        Ok(Some(Arc::new(CredentialIndex::build("key", keys)?)))
     }
-    fn build(&self, conf: &Value, ctx: &BuildContext<'_>) -> Result<Arc<dyn PluginInstance>, String> {
-        let conf: Conf = weir_plugin::parse_conf(conf)?;
-        let index = ctx.shared.and_then(|s| s.clone().downcast::<KeyIndex>().ok());
+    fn build(&self, conf: Conf, ctx: &BuildContext<'_>) -> Result<Arc<dyn PluginInstance>, String> {
+        let index = ctx.shared_as::<CredentialIndex<()>>()?;
         let header = HeaderName::from_bytes(conf.header.as_bytes())
             .map_err(|_| format!("header: {:?} is not a valid header name", conf.header))?;
-        Ok(Arc::new(Instance { conf, header, index }))
+        let anonymous = auth::anonymous(conf.anonymous_consumer.as_deref(), ctx.consumers)?;
+        Ok(Arc::new(Instance { conf, header, index, anonymous }))
     }
 }
 
@@ -174,24 +139,46 @@ register_plugin!(KeyAuth);
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
+    use weir_plugin::testing::{instance_with_consumers, run, TestRequest};
 
-    #[test]
-    fn constant_time_eq() {
-        assert!(ct_eq(b"abc", b"abc"));
-        assert!(!ct_eq(b"abc", b"abd"));
-        assert!(!ct_eq(b"abc", b"abcd"));
+    fn status(conf: Value, req: TestRequest) -> (Option<u16>, Option<String>) {
+        let consumers = [("jack", json!({"key": "k1"})), ("rose", json!({"key": "k2"}))];
+        let p = instance_with_consumers(&KeyAuth, conf, &consumers).unwrap_or_else(|e| panic!("{e}"));
+        let mut ctx = req.build();
+        let answer = run(&[p], &mut ctx).map(|r| r.status.as_u16());
+        (answer, ctx.header("x-consumer-username").map(str::to_owned))
     }
 
     #[test]
-    fn index_finds_and_rejects_duplicates() {
-        let (a, b) = (serde_json::json!({"key": "k1"}), serde_json::json!({"key": "k2"}));
-        let idx =
-            KeyIndex::build(&[ConsumerRef { username: "jack", conf: &a }, ConsumerRef { username: "rose", conf: &b }])
-                .unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(idx.find(b"k2").as_deref(), Some("rose"));
-        assert!(idx.find(b"k3").is_none());
-        let dup =
-            KeyIndex::build(&[ConsumerRef { username: "jack", conf: &a }, ConsumerRef { username: "rose", conf: &a }]);
-        assert_eq!(dup.err().as_deref(), Some("consumers `jack` and `rose` have the same key; keys must be unique"));
+    fn keys_identify_consumers_and_nothing_else() {
+        assert_eq!(status(json!({}), TestRequest::get("/").header("apikey", "k2")), (None, Some("rose".into())));
+        assert_eq!(status(json!({}), TestRequest::get("/?apikey=k1")), (None, Some("jack".into())));
+        assert_eq!(status(json!({}), TestRequest::get("/").header("apikey", "k3")).0, Some(401));
+        assert_eq!(status(json!({}), TestRequest::get("/")).0, Some(401));
+        // A client cannot claim an identity by sending the header itself.
+        let forged = TestRequest::get("/").header("apikey", "k1").header("x-consumer-username", "rose");
+        assert_eq!(status(json!({}), forged), (None, Some("jack".into())));
+    }
+
+    #[test]
+    fn duplicate_keys_and_bad_configurations_are_refused() {
+        let dup = [("jack", json!({"key": "k"})), ("rose", json!({"key": "k"}))];
+        let e = instance_with_consumers(&KeyAuth, json!({}), &dup).err().unwrap_or_default();
+        assert_eq!(e, "consumers `jack` and `rose` have the same key; it must be unique");
+        assert!(instance_with_consumers(&KeyAuth, json!({"header": ""}), &[]).is_err());
+        assert!(instance_with_consumers(&KeyAuth, json!({"hide": true}), &[]).is_err());
+        let e = instance_with_consumers(&KeyAuth, json!({"anonymous_consumer": "nobody"}), &[]).err();
+        assert_eq!(e.as_deref(), Some("anonymous_consumer: consumer `nobody` does not exist"));
+    }
+
+    #[test]
+    fn anonymous_consumer_stands_in_for_a_missing_key() {
+        let consumers = [("jack", json!({"key": "k1"})), ("guest", json!({"key": "unused-guest-key"}))];
+        let p = instance_with_consumers(&KeyAuth, json!({"anonymous_consumer": "guest"}), &consumers)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let mut ctx = TestRequest::get("/").build();
+        assert!(run(&[p], &mut ctx).is_none());
+        assert_eq!(ctx.consumer.map(|c| c.username.to_string()).as_deref(), Some("guest"));
     }
 }

@@ -14,9 +14,7 @@ use std::time::Duration;
 use schemars::JsonSchema;
 use serde::Deserialize;
 use weir_plugin::http::{HeaderName, HeaderValue, StatusCode};
-use weir_plugin::{
-    register_plugin, schema_of, BuildContext, Flow, Plugin, PluginInstance, PluginResponse, RequestCtx, Value,
-};
+use weir_plugin::{register_plugin, BuildContext, Flow, Owner, Plugin, PluginInstance, PluginResponse, RequestCtx};
 
 pub use local::LocalStore;
 pub use shared::{RedisStore, RedisTarget};
@@ -177,7 +175,7 @@ impl PluginInstance for Instance {
     fn reads_request_headers_late(&self) -> bool {
         false
     }
-    fn access(&self, ctx: &mut RequestCtx) -> Flow {
+    fn access<'a>(&'a self, ctx: &'a mut RequestCtx) -> Flow<'a> {
         let key = match ctx.var(&self.conf.key) {
             Some(v) if !v.is_empty() => v,
             _ => std::borrow::Cow::Borrowed(&*ctx.remote_ip),
@@ -200,12 +198,13 @@ impl PluginInstance for Instance {
                 let store = store.clone();
                 let key = store.key(&self.scope, &key);
                 let (limit, degrade, outcome) = (self.conf.count, self.conf.allow_degradation, self.outcome.clone());
-                Flow::Defer(Box::pin(async move {
+                Flow::wait(async move {
                     match store.incoming(&key, limit, window).await {
                         Ok(v) => {
                             let headers = if outcome.show_headers { outcome.headers(v).to_vec() } else { Vec::new() };
                             if v.allowed {
-                                Flow::ContinueWith(headers)
+                                ctx.response_headers.extend(headers);
+                                Flow::Continue
                             } else {
                                 let mut resp = outcome.rejection();
                                 for (k, v) in headers {
@@ -222,21 +221,19 @@ impl PluginInstance for Instance {
                             }),
                         )),
                     }
-                }))
+                })
             }
         }
     }
 }
 
 /// A name for the resource that owns this configuration that is the same on every instance and
-/// survives reordering: `routes[2] (id 7)` → `routes/7`.
-fn scope_name(owner: &str) -> String {
-    match owner.split_once(" (id ") {
-        Some((list, id)) => {
-            let list = list.split('[').next().unwrap_or(list);
-            format!("{list}/{}", id.trim_end_matches(')'))
-        }
-        None => owner.to_owned(),
+/// survives reordering: `routes/7`.
+fn scope_name(owner: &Owner<'_>) -> String {
+    if owner.id.is_empty() {
+        owner.label.to_owned()
+    } else {
+        format!("{}/{}", owner.kind, owner.id)
     }
 }
 
@@ -246,22 +243,20 @@ fn fnv1a64(data: &[u8]) -> u64 {
 }
 
 impl Plugin for LimitCount {
+    type Conf = Conf;
     fn name(&self) -> &'static str {
         "limit-count"
     }
     fn priority(&self) -> i32 {
         1002
     }
-    fn schema(&self) -> Value {
-        schema_of::<Conf>()
-    }
-    fn build(&self, conf: &Value, ctx: &BuildContext<'_>) -> Result<Arc<dyn PluginInstance>, String> {
-        let parsed: Conf = weir_plugin::parse_conf(conf)?;
+    fn build(&self, conf: Conf, ctx: &BuildContext<'_>) -> Result<Arc<dyn PluginInstance>, String> {
+        let parsed = conf;
         // A changed configuration starts new windows (as APISIX keys counters by conf version);
         // an unchanged one keeps its counts across reloads and instances. `conf` is a sorted map,
         // so its text is the same wherever it was parsed.
         let scope: Arc<str> =
-            Arc::from(format!("{}:{:016x}", scope_name(ctx.owner), fnv1a64(conf.to_string().as_bytes())));
+            Arc::from(format!("{}:{:016x}", scope_name(&ctx.owner), fnv1a64(ctx.raw.to_string().as_bytes())));
         let store = match parsed.policy {
             Policy::Local => Store::Local(self.local.clone()),
             Policy::Redis | Policy::RedisCluster => {
@@ -292,9 +287,10 @@ mod tests {
 
     #[test]
     fn scope_names_are_stable_across_reordering() {
-        assert_eq!(scope_name("routes[2] (id 7)"), "routes/7");
-        assert_eq!(scope_name("routes[0] (id 7)"), "routes/7");
-        assert_eq!(scope_name("global_rules[1]"), "global_rules[1]");
+        let owner = |label, id| Owner { kind: "routes", id, label };
+        assert_eq!(scope_name(&owner("routes[2] (id 7)", "7")), "routes/7");
+        assert_eq!(scope_name(&owner("routes[0] (id 7)", "7")), "routes/7");
+        assert_eq!(scope_name(&owner("routes[1]", "")), "routes[1]");
     }
 
     #[test]

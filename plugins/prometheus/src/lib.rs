@@ -112,6 +112,9 @@ impl PluginInstance for Instance {
     fn reads_request_headers_late(&self) -> bool {
         false
     }
+    fn has_header_filter(&self) -> bool {
+        false
+    }
     fn log(&self, ctx: &RequestCtx) {
         series::record(ctx);
     }
@@ -127,6 +130,7 @@ pub fn render() -> String {
 }
 
 impl Plugin for Prometheus {
+    type Conf = Conf;
     fn name(&self) -> &'static str {
         "prometheus"
     }
@@ -135,9 +139,6 @@ impl Plugin for Prometheus {
     }
     fn version(&self) -> f64 {
         0.2
-    }
-    fn schema(&self) -> Value {
-        schema_of::<Conf>()
     }
     fn attr_schema(&self) -> Option<Value> {
         Some(schema_of::<Attr>())
@@ -176,8 +177,8 @@ impl Plugin for Prometheus {
             endpoints: vec![endpoint],
         })
     }
-    fn build(&self, conf: &Value, _ctx: &BuildContext<'_>) -> Result<Arc<dyn PluginInstance>, String> {
-        let _: Conf = parse_conf(conf)?;
+    fn build(&self, conf: Conf, _ctx: &BuildContext<'_>) -> Result<Arc<dyn PluginInstance>, String> {
+        let _ = conf;
         Ok(Arc::new(Instance))
     }
 }

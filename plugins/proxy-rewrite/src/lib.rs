@@ -7,10 +7,8 @@ use regex::Regex;
 use schemars::JsonSchema;
 use serde::Deserialize;
 use weir_plugin::http::{HeaderName, HeaderValue, Method};
-use weir_plugin::{
-    register_plugin, schema_of, BuildContext, Flow, HeaderOps, NamedHeaderOps, Plugin, PluginInstance, RequestCtx,
-    Value,
-};
+use weir_plugin::template::Template;
+use weir_plugin::{register_plugin, BuildContext, Flow, HeaderOps, NamedHeaderOps, Plugin, PluginInstance, RequestCtx};
 
 /// Methods `method` may set.
 #[derive(Debug, Clone, Copy, Deserialize, JsonSchema)]
@@ -53,7 +51,7 @@ pub struct Conf {
 pub struct ProxyRewrite;
 
 struct Instance {
-    uri: Option<String>,
+    uri: Option<Template>,
     regex: Option<(Regex, String)>,
     host: Option<HeaderValue>,
     method: Option<Method>,
@@ -66,21 +64,24 @@ struct Instance {
 /// otherwise.
 enum FieldValue {
     Fixed(HeaderValue),
-    Template(String),
+    Template(Template),
 }
 
 impl FieldValue {
     fn new(name: &HeaderName, text: String) -> Result<Self, String> {
-        if text.contains('$') {
-            return Ok(FieldValue::Template(text));
+        let t = Template::compile(&text).map_err(|e| format!("headers: `{name}`: {e}"))?;
+        if let Some(lit) = t.literal() {
+            return HeaderValue::from_str(lit)
+                .map(FieldValue::Fixed)
+                .map_err(|_| format!("headers: invalid value of `{name}`"));
         }
-        HeaderValue::from_str(&text).map(FieldValue::Fixed).map_err(|_| format!("headers: invalid value of `{name}`"))
+        Ok(FieldValue::Template(t))
     }
 
     fn value(&self, ctx: &RequestCtx) -> Option<HeaderValue> {
         match self {
             FieldValue::Fixed(v) => Some(v.clone()),
-            FieldValue::Template(t) => HeaderValue::from_str(&interpolate(t, ctx)).ok(),
+            FieldValue::Template(t) => HeaderValue::from_str(&t.render(ctx)).ok(),
         }
     }
 }
@@ -94,35 +95,19 @@ fn field_values(ops: Vec<(HeaderName, String)>) -> Result<Vec<(HeaderName, Field
         .collect()
 }
 
-/// Substitutes `$name` (letters, digits, `_`) with variables of the request.
-fn interpolate(template: &str, ctx: &RequestCtx) -> String {
-    if !template.contains('$') {
-        return template.to_owned();
-    }
-    let mut out = String::with_capacity(template.len());
-    let mut rest = template;
-    while let Some(i) = rest.find('$') {
-        out.push_str(&rest[..i]);
-        let after = &rest[i + 1..];
-        let end = after.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).unwrap_or(after.len());
-        if end == 0 {
-            out.push('$');
-        } else if let Some(v) = ctx.var(&after[..end]) {
-            out.push_str(&v);
-        }
-        rest = &after[end..];
-    }
-    out.push_str(rest);
-    out
-}
-
 impl PluginInstance for Instance {
     fn reads_request_headers_late(&self) -> bool {
         false
     }
-    fn rewrite(&self, ctx: &mut RequestCtx) -> Flow {
+    fn has_header_filter(&self) -> bool {
+        false
+    }
+    fn has_log(&self) -> bool {
+        false
+    }
+    fn rewrite(&self, ctx: &mut RequestCtx) -> Flow<'_> {
         if let Some(uri) = &self.uri {
-            let new = interpolate(uri, ctx);
+            let new = uri.render(ctx).into_owned();
             match new.split_once('?') {
                 Some((p, q)) => {
                     ctx.path = p.to_owned();
@@ -159,17 +144,15 @@ impl PluginInstance for Instance {
 }
 
 impl Plugin for ProxyRewrite {
+    type Conf = Conf;
     fn name(&self) -> &'static str {
         "proxy-rewrite"
     }
     fn priority(&self) -> i32 {
         1008
     }
-    fn schema(&self) -> Value {
-        schema_of::<Conf>()
-    }
-    fn build(&self, conf: &Value, _ctx: &BuildContext<'_>) -> Result<Arc<dyn PluginInstance>, String> {
-        let c: Conf = weir_plugin::parse_conf(conf)?;
+    fn build(&self, conf: Conf, _ctx: &BuildContext<'_>) -> Result<Arc<dyn PluginInstance>, String> {
+        let c = conf;
         let regex = match &c.regex_uri {
             Some(pair) => {
                 let re = Regex::new(&pair[0]).map_err(|e| format!("regex_uri: {e}"))?;
@@ -179,7 +162,7 @@ impl Plugin for ProxyRewrite {
         };
         let NamedHeaderOps { add, set, remove } = c.headers.unwrap_or_default().named()?;
         Ok(Arc::new(Instance {
-            uri: c.uri,
+            uri: c.uri.as_deref().map(Template::compile).transpose().map_err(|e| format!("uri: {e}"))?,
             regex,
             host: c.host.map(|h| HeaderValue::from_str(&h).map_err(|e| format!("host: {e}"))).transpose()?,
             method: c.method.map(|m| match m {

@@ -6,9 +6,7 @@ use std::sync::Arc;
 use schemars::JsonSchema;
 use serde::Deserialize;
 use weir_plugin::http::{HeaderName, HeaderValue};
-use weir_plugin::{
-    register_plugin, schema_of, BuildContext, Flow, Plugin, PluginInstance, RequestCtx, ResponseHead, Value,
-};
+use weir_plugin::{register_plugin, BodyFilter, BuildContext, Flow, Plugin, PluginInstance, RequestCtx, ResponseHead};
 
 /// Id formats.
 #[derive(Debug, Clone, Copy, Default, Deserialize, JsonSchema, PartialEq, Eq)]
@@ -67,7 +65,7 @@ impl PluginInstance for Instance {
     fn reads_request_headers_late(&self) -> bool {
         false
     }
-    fn rewrite(&self, ctx: &mut RequestCtx) -> Flow {
+    fn rewrite(&self, ctx: &mut RequestCtx) -> Flow<'_> {
         let id = match ctx.headers.get(&self.header).and_then(|v| v.to_str().ok()) {
             Some(existing) if !existing.is_empty() => existing.to_owned(),
             _ => {
@@ -84,32 +82,38 @@ impl PluginInstance for Instance {
         ctx.set_var("request_id", id);
         Flow::Continue
     }
-    fn header_filter(&self, ctx: &mut RequestCtx, resp: &mut ResponseHead) {
-        if !self.include {
-            return;
+    fn has_header_filter(&self) -> bool {
+        self.include
+    }
+    fn has_log(&self) -> bool {
+        false
+    }
+    fn header_filter(&self, ctx: &mut RequestCtx, resp: &mut ResponseHead) -> BodyFilter {
+        if self.include {
+            if let Some(v) = ctx.var("request_id").and_then(|id| HeaderValue::from_str(&id).ok()) {
+                resp.headers.insert(self.header.clone(), v);
+            }
         }
-        if let Some(v) = ctx.var("request_id").and_then(|id| HeaderValue::from_str(&id).ok()) {
-            resp.headers.insert(self.header.clone(), v);
-        }
+        BodyFilter::Skip
     }
 }
 
 impl Plugin for RequestId {
+    type Conf = Conf;
     fn name(&self) -> &'static str {
         "request-id"
     }
     fn priority(&self) -> i32 {
         12015
     }
-    fn schema(&self) -> Value {
-        schema_of::<Conf>()
-    }
-    fn build(&self, conf: &Value, _ctx: &BuildContext<'_>) -> Result<Arc<dyn PluginInstance>, String> {
-        let c: Conf = weir_plugin::parse_conf(conf)?;
+    fn build(&self, conf: Conf, _ctx: &BuildContext<'_>) -> Result<Arc<dyn PluginInstance>, String> {
+        let c = conf;
         let header = HeaderName::from_bytes(c.header_name.as_bytes()).map_err(|e| format!("header_name: {e}"))?;
         Ok(Arc::new(Instance { header, include: c.include_in_response, algorithm: c.algorithm }))
     }
 }
+
+weir_plugin::declare_var!("request_id");
 
 register_plugin!(RequestId);
 

@@ -7,7 +7,7 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use weir_plugin::http::{HeaderName, HeaderValue, StatusCode};
 use weir_plugin::{
-    register_plugin, schema_of, BuildContext, Bytes, HeaderOps, Plugin, PluginInstance, RequestCtx, ResponseHead, Value,
+    register_plugin, BodyFilter, BuildContext, Bytes, HeaderOps, Plugin, PluginInstance, RequestCtx, ResponseHead,
 };
 
 /// Route configuration.
@@ -49,7 +49,10 @@ impl PluginInstance for Instance {
     fn reads_request_headers_late(&self) -> bool {
         false
     }
-    fn header_filter(&self, _ctx: &mut RequestCtx, resp: &mut ResponseHead) {
+    fn has_log(&self) -> bool {
+        false
+    }
+    fn header_filter(&self, _ctx: &mut RequestCtx, resp: &mut ResponseHead) -> BodyFilter {
         if let Some(s) = self.status {
             resp.status = s;
         }
@@ -65,10 +68,9 @@ impl PluginInstance for Instance {
         if self.body.is_some() {
             resp.headers.remove(weir_plugin::http::header::CONTENT_LENGTH);
             resp.headers.remove(weir_plugin::http::header::CONTENT_ENCODING);
+            return BodyFilter::Filter;
         }
-    }
-    fn wants_response_body(&self) -> bool {
-        self.body.is_some()
+        BodyFilter::Skip
     }
     fn body_filter(&self, _ctx: &mut RequestCtx, chunk: &mut Bytes, eof: bool) {
         if let Some(body) = &self.body {
@@ -78,17 +80,15 @@ impl PluginInstance for Instance {
 }
 
 impl Plugin for ResponseRewrite {
+    type Conf = Conf;
     fn name(&self) -> &'static str {
         "response-rewrite"
     }
     fn priority(&self) -> i32 {
         899
     }
-    fn schema(&self) -> Value {
-        schema_of::<Conf>()
-    }
-    fn build(&self, conf: &Value, _ctx: &BuildContext<'_>) -> Result<Arc<dyn PluginInstance>, String> {
-        let c: Conf = weir_plugin::parse_conf(conf)?;
+    fn build(&self, conf: Conf, _ctx: &BuildContext<'_>) -> Result<Arc<dyn PluginInstance>, String> {
+        let c = conf;
         let ops = c.headers.unwrap_or_default().named()?;
         Ok(Arc::new(Instance {
             status: c.status_code.map(|s| StatusCode::from_u16(s).map_err(|e| e.to_string())).transpose()?,

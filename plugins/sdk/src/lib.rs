@@ -1,37 +1,55 @@
 //! The Weir plugin SDK.
 //!
-//! Everything a plugin author needs, and nothing of the host: the [`Plugin`] trait (identity, schemas,
-//! control endpoints, construction of a runtime instance from a validated configuration), the
-//! request-phase hooks of [`PluginInstance`], the per-request [`RequestCtx`], and the
-//! [`register_plugin!`] macro that makes a plugin visible to the host at link time.
+//! Everything a plugin author needs, and nothing of the host: the [`Plugin`] trait (identity, a
+//! typed configuration behind both schema and parser, control endpoints, construction of a
+//! runtime instance), the request-phase hooks of [`PluginInstance`] (which may wait with the
+//! request in hand), the per-request [`RequestCtx`] with typed [`slots`], the host's
+//! [`services`] (its upstream client, upstream choice), the credential kit of [`auth`], the
+//! `$var` [`template`] engine, and the [`register_plugin!`] macro that makes a plugin visible to
+//! the host at link time. `docs/plugin-sdk.md` (the [`guide`]) walks through each with examples.
 //!
 //! A plugin crate depends on this crate only. The host collects every registered plugin with
 //! `inventory`, sorts them by priority (descending) and name, and rejects duplicates.
 
+pub mod auth;
 pub mod cidr;
 pub mod control;
 pub mod headers;
 pub mod logfile;
+pub mod meta;
 pub mod metrics;
 pub mod phase;
 pub mod schema;
+pub mod services;
+pub mod slots;
 pub mod stream;
+pub mod template;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 use std::any::Any;
+use std::collections::HashMap;
+use std::fmt;
 use std::sync::Arc;
 
 pub use bytes::Bytes;
 pub use control::{ControlEndpoint, ControlFuture, ControlHandler, ControlRequest, ControlResponse};
 pub use headers::{HeaderOps, NamedHeaderOps};
 pub use http;
-pub use phase::{version_str, Consumer, Flow, FlowFuture, PluginInstance, PluginResponse, RequestCtx, ResponseHead};
+pub use phase::{
+    version_str, BodyFilter, Consumer, Flow, PluginInstance, PluginResponse, RequestCtx, ResponseHead, WaitFuture,
+};
 pub use schema::{schema_of, serialized_schema_of};
 pub use schemars;
 pub use serde_json::{self, Value};
+pub use services::{HttpClient, NoServices, OutboundRequest, OutboundResponse, Services, UpstreamRef};
 pub use stream::{StreamCtx, StreamFlow, StreamInstance, StreamPlugin};
 
 #[doc(hidden)]
 pub use inventory;
+
+#[doc = include_str!("../../../docs/plugin-sdk.md")]
+pub mod guide {}
 
 /// Deserializes a validated plugin configuration (or metadata) into its Rust type, without
 /// copying the JSON value.
@@ -65,21 +83,86 @@ pub struct InitEnv {
 pub struct ConsumerRef<'a> {
     /// The consumer's username (its identity).
     pub username: &'a str,
+    /// The consumer as requests will carry it (attach it with [`auth::attach_consumer`]).
+    pub consumer: &'a Arc<Consumer>,
     /// This plugin's configuration inside the consumer, validated against `consumer_schema`.
     pub conf: &'a Value,
 }
 
+/// Every consumer of the snapshot being built, by username: for plugins that name consumers in
+/// their configuration (`anonymous_consumer`, consumer-restriction).
+#[derive(Default)]
+pub struct ConsumerDirectory {
+    by_name: HashMap<Arc<str>, Arc<Consumer>>,
+}
+
+impl ConsumerDirectory {
+    /// A directory of `consumers`.
+    pub fn new(consumers: impl IntoIterator<Item = Arc<Consumer>>) -> Self {
+        ConsumerDirectory { by_name: consumers.into_iter().map(|c| (c.username.clone(), c)).collect() }
+    }
+    /// The consumer named `username`.
+    pub fn get(&self, username: &str) -> Option<&Arc<Consumer>> {
+        self.by_name.get(username)
+    }
+}
+
+/// The resource a plugin configuration belongs to.
+#[derive(Debug, Clone, Copy)]
+pub struct Owner<'a> {
+    /// Its list: `routes`, `services`, `global_rules`, `consumers`, `consumer_groups`.
+    pub kind: &'static str,
+    /// Its id (a consumer's username); empty for an entry without one.
+    pub id: &'a str,
+    /// How messages name it: `routes[2] (id 7)`.
+    pub label: &'a str,
+}
+
+impl fmt::Display for Owner<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.label)
+    }
+}
+
 /// What the host hands to [`Plugin::build`] besides the configuration itself.
 pub struct BuildContext<'a> {
-    /// Where the configuration comes from, e.g. `routes[3]`; for messages.
-    pub owner: &'a str,
+    /// The resource the configuration belongs to.
+    pub owner: Owner<'a>,
+    /// The configuration as written (`_meta` included): for a fingerprint of it that is the same
+    /// on every instance (its keys are sorted).
+    pub raw: &'a Value,
     /// The plugin's metadata object (validated against `metadata_schema`), if one is configured.
     pub metadata: Option<&'a Value>,
     /// The result of [`Plugin::prepare_consumers`] for this snapshot, if the plugin returned one.
     pub shared: Option<&'a SharedState>,
-    /// `weir -t`: build an instance that validates its configuration but opens nothing (no
-    /// files, no connections); it never serves a request.
+    /// Validation only (`weir -t`, an Admin API check): build an instance that validates its
+    /// configuration but opens nothing (no files, no connections, no threads); it never serves
+    /// a request.
     pub check_only: bool,
+    /// Every consumer of the snapshot, by name.
+    pub consumers: &'a ConsumerDirectory,
+    /// The host's services: its upstream client, upstream choice.
+    pub services: &'a dyn Services,
+}
+
+impl BuildContext<'_> {
+    /// The plugin's shared consumer state as the type its [`Plugin::prepare_consumers`] made.
+    /// `Ok(None)` when no consumer carries the plugin; an error (never a silent `None`) when the
+    /// state is of another type.
+    pub fn shared_as<T: Any + Send + Sync>(&self) -> Result<Option<Arc<T>>, String> {
+        match self.shared {
+            None => Ok(None),
+            Some(s) => s
+                .clone()
+                .downcast::<T>()
+                .map(Some)
+                .map_err(|_| format!("internal error: the consumer state is not a {}", std::any::type_name::<T>())),
+        }
+    }
+    /// The plugin's metadata parsed as `T` (`Ok(None)` when none is configured).
+    pub fn metadata_as<T: serde::de::DeserializeOwned>(&self) -> Result<Option<T>, String> {
+        self.metadata.map(|m| parse_conf(m).map_err(|e| format!("plugin metadata: {e}"))).transpose()
+    }
 }
 
 /// A listener a plugin asks the host to serve: its endpoints answer exact URIs (a trailing `*`
@@ -96,9 +179,12 @@ pub struct PluginListener {
 
 /// A gateway plugin. Implementations are registered with [`register_plugin!`].
 ///
-/// Identity and schemas are reported verbatim by the control server's `GET /v1/schema`, and the very
-/// same schemas validate configuration: there is one source of truth.
+/// The configuration type [`Plugin::Conf`] is the one source of truth: its JSON Schema (derived
+/// with `schemars`, with APISIX's `_meta` added) is what `GET /v1/schema` reports and what
+/// validates every configuration, and the same type is what [`Plugin::build`] receives.
 pub trait Plugin: Send + Sync + 'static {
+    /// The configuration on routes, services, global rules, consumers and consumer groups.
+    type Conf: serde::de::DeserializeOwned + schemars::JsonSchema;
     /// Unique name, e.g. `key-auth`; the key under a resource's `plugins`.
     fn name(&self) -> &'static str;
     /// Higher runs first within a phase.
@@ -111,9 +197,7 @@ pub trait Plugin: Send + Sync + 'static {
     fn plugin_type(&self) -> Option<&'static str> {
         None
     }
-    /// JSON Schema of the plugin's configuration on routes, services and global rules.
-    fn schema(&self) -> Value;
-    /// JSON Schema of the plugin's configuration inside a consumer.
+    /// JSON Schema of the plugin's credential inside a consumer (auth plugins).
     fn consumer_schema(&self) -> Option<Value> {
         None
     }
@@ -145,20 +229,108 @@ pub trait Plugin: Send + Sync + 'static {
     fn listener(&self, _attr: Option<&Value>) -> Option<PluginListener> {
         None
     }
-    /// Derives per-snapshot state from every consumer carrying this plugin. An error rejects the
-    /// whole snapshot (for example two consumers with the same key).
+    /// Derives per-snapshot state from every consumer carrying this plugin's credential. An error
+    /// rejects the whole snapshot (for example two consumers with the same key).
     fn prepare_consumers(&self, _consumers: &[ConsumerRef<'_>]) -> Result<Option<SharedState>, String> {
         Ok(None)
     }
-    /// Builds the runtime instance for one validated configuration. Called once per configuration
-    /// per snapshot, never per request.
+    /// Builds the runtime instance for one validated configuration. Called once per distinct
+    /// configuration (instances are reused while their configuration, metadata and consumer
+    /// state are unchanged), never per request.
+    fn build(&self, conf: Self::Conf, ctx: &BuildContext<'_>) -> Result<Arc<dyn PluginInstance>, String>;
+}
+
+/// The host's view of a plugin: [`Plugin`] with its configuration type erased. Implemented for
+/// every [`Plugin`]; plugin authors never implement it.
+pub trait DynPlugin: Send + Sync + 'static {
+    /// [`Plugin::name`].
+    fn name(&self) -> &'static str;
+    /// [`Plugin::priority`].
+    fn priority(&self) -> i32;
+    /// [`Plugin::version`].
+    fn version(&self) -> f64;
+    /// [`Plugin::plugin_type`].
+    fn plugin_type(&self) -> Option<&'static str>;
+    /// The schema of [`Plugin::Conf`], with `_meta` reserved.
+    fn schema(&self) -> Value;
+    /// [`Plugin::consumer_schema`].
+    fn consumer_schema(&self) -> Option<Value>;
+    /// [`Plugin::metadata_schema`].
+    fn metadata_schema(&self) -> Option<Value>;
+    /// [`Plugin::attr_schema`].
+    fn attr_schema(&self) -> Option<Value>;
+    /// [`Plugin::init`].
+    fn init(&self, attr: Option<&Value>, env: &InitEnv) -> Result<(), String>;
+    /// [`Plugin::shutdown`].
+    fn shutdown(&self);
+    /// [`Plugin::reopen_logs`].
+    fn reopen_logs(&self);
+    /// [`Plugin::control_endpoints`].
+    fn control_endpoints(&self) -> Vec<ControlEndpoint>;
+    /// [`Plugin::listener`].
+    fn listener(&self, attr: Option<&Value>) -> Option<PluginListener>;
+    /// [`Plugin::prepare_consumers`].
+    fn prepare_consumers(&self, consumers: &[ConsumerRef<'_>]) -> Result<Option<SharedState>, String>;
+    /// Parses a validated configuration (without its `_meta`) into [`Plugin::Conf`] and builds.
     fn build(&self, conf: &Value, ctx: &BuildContext<'_>) -> Result<Arc<dyn PluginInstance>, String>;
+}
+
+impl<P: Plugin> DynPlugin for P {
+    fn name(&self) -> &'static str {
+        Plugin::name(self)
+    }
+    fn priority(&self) -> i32 {
+        Plugin::priority(self)
+    }
+    fn version(&self) -> f64 {
+        Plugin::version(self)
+    }
+    fn plugin_type(&self) -> Option<&'static str> {
+        Plugin::plugin_type(self)
+    }
+    fn schema(&self) -> Value {
+        meta::with_meta(schema_of::<P::Conf>())
+    }
+    fn consumer_schema(&self) -> Option<Value> {
+        Plugin::consumer_schema(self)
+    }
+    fn metadata_schema(&self) -> Option<Value> {
+        Plugin::metadata_schema(self)
+    }
+    fn attr_schema(&self) -> Option<Value> {
+        Plugin::attr_schema(self)
+    }
+    fn init(&self, attr: Option<&Value>, env: &InitEnv) -> Result<(), String> {
+        Plugin::init(self, attr, env)
+    }
+    fn shutdown(&self) {
+        Plugin::shutdown(self)
+    }
+    fn reopen_logs(&self) {
+        Plugin::reopen_logs(self)
+    }
+    fn control_endpoints(&self) -> Vec<ControlEndpoint> {
+        Plugin::control_endpoints(self)
+    }
+    fn listener(&self, attr: Option<&Value>) -> Option<PluginListener> {
+        Plugin::listener(self, attr)
+    }
+    fn prepare_consumers(&self, consumers: &[ConsumerRef<'_>]) -> Result<Option<SharedState>, String> {
+        Plugin::prepare_consumers(self, consumers)
+    }
+    fn build(&self, conf: &Value, ctx: &BuildContext<'_>) -> Result<Arc<dyn PluginInstance>, String> {
+        let parsed: P::Conf = match conf.get(meta::META) {
+            None => parse_conf(conf)?,
+            Some(_) => parse_conf(&meta::without_meta(conf))?,
+        };
+        Plugin::build(self, parsed, ctx)
+    }
 }
 
 /// Link-time registration record; create it with [`register_plugin!`].
 pub struct Registration {
     /// Constructs the plugin; called once per process.
-    pub make: fn() -> Box<dyn Plugin>,
+    pub make: fn() -> Box<dyn DynPlugin>,
 }
 
 inventory::collect!(Registration);
@@ -178,7 +350,9 @@ pub fn registered() -> impl Iterator<Item = &'static Registration> {
 macro_rules! register_plugin {
     ($make:expr) => {
         $crate::inventory::submit! {
-            $crate::Registration { make: || ::std::boxed::Box::new($make) }
+            $crate::Registration {
+                make: || ::std::boxed::Box::new($make) as ::std::boxed::Box<dyn $crate::DynPlugin>
+            }
         }
     };
 }

@@ -14,21 +14,40 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Version};
 
-/// A deferred phase result, for plugins that must wait (storage, remote calls). Runs on the
-/// worker's single-threaded runtime, so it need not be `Send`.
-pub type FlowFuture = Pin<Box<dyn Future<Output = Flow>>>;
+/// A phase that waits: a future that may borrow the plugin instance and the request context
+/// (`&mut RequestCtx`), so that after a remote call it can still set upstream headers, the
+/// consumer or response headers. It runs on the worker's single-threaded runtime, so it need not
+/// be `Send`.
+pub type WaitFuture<'a> = Pin<Box<dyn Future<Output = Flow<'static>> + 'a>>;
 
 /// What a `rewrite` or `access` hook decided.
-pub enum Flow {
+pub enum Flow<'a> {
     /// Go on with the next plugin / phase.
     Continue,
     /// Answer the client with this response; later rewrite/access hooks and the upstream are skipped.
     Respond(PluginResponse),
-    /// Wait for the future, then act on its result.
-    Defer(FlowFuture),
-    /// Go on, adding these headers to the response: what a deferred hook, which cannot reach the
-    /// request context, returns instead of pushing to [`RequestCtx::response_headers`].
-    ContinueWith(Vec<(HeaderName, HeaderValue)>),
+    /// Wait for the future (which may still use the request context), then act on its result.
+    /// Hooks that never wait return the other variants and cost no allocation.
+    Wait(WaitFuture<'a>),
+}
+
+impl<'a> Flow<'a> {
+    /// Waits for `fut` (see [`Flow::Wait`]).
+    pub fn wait(fut: impl Future<Output = Flow<'static>> + 'a) -> Self {
+        Flow::Wait(Box::pin(fut))
+    }
+}
+
+/// Whether a plugin filters the body of this response: returned by
+/// [`PluginInstance::header_filter`], decided per response (a response nobody filters keeps its
+/// `Content-Length`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BodyFilter {
+    /// The body passes untouched (the default).
+    #[default]
+    Skip,
+    /// [`PluginInstance::body_filter`] sees every chunk of this response.
+    Filter,
 }
 
 /// A response produced by a plugin.
@@ -73,11 +92,46 @@ pub struct ResponseHead {
     pub headers: HeaderMap,
 }
 
-/// The consumer a request was authenticated as.
-#[derive(Debug, Clone)]
+/// The consumer a request was authenticated as: built once per snapshot, shared by requests.
 pub struct Consumer {
-    /// Username.
+    /// Username (`$consumer_name`, `X-Consumer-Username` upstream).
     pub username: Arc<str>,
+    /// The consumer group it belongs to (`group_id`).
+    pub group_id: Option<Arc<str>>,
+    /// Its labels.
+    pub labels: Vec<(String, String)>,
+    /// The credential that identified it (`X-Credential-Identifier` upstream), when the
+    /// credential has an id of its own.
+    pub credential_id: Option<Arc<str>>,
+    /// `username` as a header value, made once.
+    pub username_header: Option<HeaderValue>,
+    /// The consumer's (and its group's) other plugins, for the host to merge into the chain once
+    /// the consumer is known. Opaque to plugins.
+    pub plugins: Option<Arc<dyn std::any::Any + Send + Sync>>,
+}
+
+impl Consumer {
+    /// A consumer with only a name (tests, anonymous consumers).
+    pub fn named(username: &str) -> Self {
+        Consumer {
+            username: Arc::from(username),
+            group_id: None,
+            labels: Vec::new(),
+            credential_id: None,
+            username_header: HeaderValue::from_str(username).ok(),
+            plugins: None,
+        }
+    }
+}
+
+impl std::fmt::Debug for Consumer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Consumer")
+            .field("username", &self.username)
+            .field("group_id", &self.group_id)
+            .field("credential_id", &self.credential_id)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Per-request context: the request as the upstream will see it, plus what the gateway learned.
@@ -113,7 +167,7 @@ pub struct RequestCtx {
     /// Service of the matched route.
     pub service_id: Option<Arc<str>>,
     /// Authenticated consumer.
-    pub consumer: Option<Consumer>,
+    pub consumer: Option<Arc<Consumer>>,
     /// Route path parameters (`:name` / `{name}` segments).
     pub params: Vec<(Arc<str>, String)>,
     /// Upstream addresses tried, in order (the last one answered).
@@ -142,6 +196,10 @@ pub struct RequestCtx {
     /// Set by a plugin to treat this request as non-idempotent (as POST, PATCH and LOCK are): once
     /// any byte of it reached an upstream node, it is never sent to another one.
     pub non_idempotent: bool,
+    /// The upstream a plugin chose for this request instead of the route's (traffic-split).
+    pub upstream: Option<crate::services::UpstreamRef>,
+    /// Typed per-request state of plugins ([`crate::slots`]).
+    pub slots: crate::slots::Slots,
 }
 
 impl RequestCtx {
@@ -183,6 +241,8 @@ impl RequestCtx {
             response_headers: Vec::new(),
             vars: Vec::new(),
             non_idempotent: false,
+            upstream: None,
+            slots: crate::slots::Slots::default(),
         }
     }
 
@@ -206,6 +266,18 @@ impl RequestCtx {
         crate::query_arg(&self.query, name)
     }
 
+    /// The value of cookie `name` (the first one of that name, from any `Cookie` header).
+    pub fn cookie(&self, name: &str) -> Option<&str> {
+        self.headers.get_all(http::header::COOKIE).iter().filter_map(|v| v.to_str().ok()).find_map(|line| {
+            line.split(';').find_map(|kv| kv.trim().split_once('=').filter(|(k, _)| *k == name).map(|(_, v)| v))
+        })
+    }
+
+    /// The typed per-request state of type `T` ([`crate::slots`]).
+    pub fn slot<T: std::any::Any>(&self) -> Option<&T> {
+        self.slots.get()
+    }
+
     /// A route path parameter.
     pub fn param(&self, name: &str) -> Option<&str> {
         self.params.iter().find(|(k, _)| &**k == name).map(|(_, v)| v.as_str())
@@ -227,7 +299,7 @@ impl RequestCtx {
     /// `request_time`, `upstream_addr`, `upstream_response_time`, `request_length`, `bytes_sent`,
     /// `body_bytes_sent`, `server_protocol`, `request` (the request line), `remote_user` (none:
     /// `-`), `route_id`, `service_id`, `consumer_name`, `http_<name>`,
-    /// `arg_<name>`, `param_<name>`, and any plugin-set variable.
+    /// `arg_<name>`, `param_<name>`, `cookie_<name>`, and any plugin-set variable.
     pub fn var(&self, name: &str) -> Option<Cow<'_, str>> {
         let name = name.strip_prefix('$').unwrap_or(name);
         let owned = |s: String| Some(Cow::Owned(s));
@@ -271,6 +343,9 @@ impl RequestCtx {
                 if let Some(p) = name.strip_prefix("param_") {
                     return self.param(p).map(Cow::Borrowed);
                 }
+                if let Some(c) = name.strip_prefix("cookie_") {
+                    return self.cookie(c).map(Cow::Borrowed);
+                }
                 self.vars.iter().find(|(k, _)| k == name).map(|(_, v)| Cow::Borrowed(v.as_str()))
             }
         }
@@ -290,7 +365,9 @@ pub fn version_str(v: Version) -> &'static str {
 
 /// The runtime form of one plugin configuration, built once per resource snapshot.
 ///
-/// Every hook has a no-op default; a plugin implements the phases it needs.
+/// Every hook has a no-op default; a plugin implements the phases it needs. `rewrite` and
+/// `access` return at once when they can ([`Flow::Continue`], [`Flow::Respond`]) and wait with
+/// the request in hand when they must ([`Flow::Wait`]).
 pub trait PluginInstance: Send + Sync + 'static {
     /// Whether this plugin needs the whole request body in [`RequestCtx::body`] before `access`.
     /// Bodies are streamed unless some plugin of the request asks for this.
@@ -304,22 +381,42 @@ pub trait PluginInstance: Send + Sync + 'static {
     fn reads_request_headers_late(&self) -> bool {
         true
     }
+    /// Whether [`PluginInstance::header_filter`] does anything. Say `false` when it does not, and the
+    /// host leaves the plugin out of that phase.
+    fn has_header_filter(&self) -> bool {
+        true
+    }
+    /// Whether [`PluginInstance::log`] does anything (`false`: left out of that phase).
+    fn has_log(&self) -> bool {
+        true
+    }
     /// Rewrite phase: adjust the request before authentication.
-    fn rewrite(&self, _ctx: &mut RequestCtx) -> Flow {
+    fn rewrite<'a>(&'a self, _ctx: &'a mut RequestCtx) -> Flow<'a> {
         Flow::Continue
     }
     /// Access phase: authenticate, authorize, limit, or serve the request.
-    fn access(&self, _ctx: &mut RequestCtx) -> Flow {
+    fn access<'a>(&'a self, _ctx: &'a mut RequestCtx) -> Flow<'a> {
         Flow::Continue
     }
-    /// Header filter: adjust the response status and headers before they are sent.
-    fn header_filter(&self, _ctx: &mut RequestCtx, _resp: &mut ResponseHead) {}
-    /// Whether this plugin must see the response body in [`PluginInstance::body_filter`].
-    fn wants_response_body(&self) -> bool {
-        false
+    /// Header filter: adjust the response status and headers before they are sent, and say
+    /// whether this response's body goes through [`PluginInstance::body_filter`].
+    fn header_filter(&self, _ctx: &mut RequestCtx, _resp: &mut ResponseHead) -> BodyFilter {
+        BodyFilter::Skip
     }
-    /// Body filter: called per response chunk (`eof` on the last call) when `wants_response_body`.
+    /// Body filter: called per response chunk (`eof` on the last call) when `header_filter`
+    /// returned [`BodyFilter::Filter`] for this response.
     fn body_filter(&self, _ctx: &mut RequestCtx, _chunk: &mut Bytes, _eof: bool) {}
     /// Log phase: runs for every request, after the response was sent.
     fn log(&self, _ctx: &RequestCtx) {}
+}
+
+#[cfg(test)]
+pub(crate) mod tests_support {
+    use super::*;
+
+    /// A GET of `/` from 127.0.0.1.
+    pub fn ctx() -> RequestCtx {
+        let addr = SocketAddr::from(([127, 0, 0, 1], 40000));
+        RequestCtx::new(Method::GET, "/".into(), String::new(), HeaderMap::new(), addr, Arc::from("127.0.0.1"), addr)
+    }
 }

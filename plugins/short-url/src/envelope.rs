@@ -11,7 +11,7 @@ use weir_plugin::{Flow, PluginResponse};
 use crate::validate::Rejected;
 
 /// A request-level error: HTTP status = envelope code, `data: []`.
-pub fn request_error(status: StatusCode, message: &str, now: i64) -> Flow {
+pub fn request_error(status: StatusCode, message: &str, now: i64) -> Flow<'static> {
     let envelope = Envelope { code: status.as_u16(), data: &[], message, timestamp: now };
     Flow::Respond(PluginResponse::json_of(status, &envelope))
 }

@@ -213,7 +213,7 @@ impl PluginInstance for Instance {
         self.action == Action::Create
     }
 
-    fn access(&self, ctx: &mut RequestCtx) -> Flow {
+    fn access(&self, ctx: &mut RequestCtx) -> Flow<'_> {
         match self.action {
             Action::Create => self.create(ctx),
             Action::Resolve => self.resolve(ctx),
@@ -222,7 +222,7 @@ impl PluginInstance for Instance {
 }
 
 impl Instance {
-    fn create(&self, ctx: &mut RequestCtx) -> Flow {
+    fn create(&self, ctx: &mut RequestCtx) -> Flow<'static> {
         let now = now();
         if let Some(ct) = ctx.header("content-type") {
             let media = ct.split(';').next().unwrap_or("").trim();
@@ -255,7 +255,7 @@ impl Instance {
         };
         let meta = self.meta.clone();
         let shared = self.shared.clone();
-        Flow::Defer(Box::pin(async move {
+        Flow::wait(async move {
             match store.create(valid.clone(), now).await {
                 Err(e) => {
                     log::error!("short-url: batch not stored: {e}");
@@ -284,10 +284,10 @@ impl Instance {
                     Flow::Respond(respond(&items, now))
                 }
             }
-        }))
+        })
     }
 
-    fn resolve(&self, ctx: &mut RequestCtx) -> Flow {
+    fn resolve(&self, ctx: &mut RequestCtx) -> Flow<'static> {
         let code = ctx.path.rsplit('/').next().unwrap_or("").to_owned();
         let now = now();
         if code.len() != CODE_LEN || !code.bytes().all(|b| b.is_ascii_alphanumeric()) {
@@ -304,7 +304,7 @@ impl Instance {
             ));
         };
         let shared = self.shared.clone();
-        Flow::Defer(Box::pin(async move {
+        Flow::wait(async move {
             match store.get(&code).await {
                 Ok(Some(r)) => {
                     shared.cache.put(&code, &r.origin_url, r.expires_at);
@@ -316,7 +316,7 @@ impl Instance {
                     &json!({"error_msg": format!("short-url {e}")}),
                 )),
             }
-        }))
+        })
     }
 }
 
@@ -411,14 +411,12 @@ fn start_sweeper(shared: &Arc<Shared>) {
 }
 
 impl Plugin for ShortUrl {
+    type Conf = Conf;
     fn name(&self) -> &'static str {
         "short-url"
     }
     fn priority(&self) -> i32 {
         1000
-    }
-    fn schema(&self) -> Value {
-        schema_of::<Conf>()
     }
     fn metadata_schema(&self) -> Option<Value> {
         Some(schema_of::<Metadata>())
@@ -519,8 +517,8 @@ impl Plugin for ShortUrl {
             },
         ]
     }
-    fn build(&self, conf: &Value, ctx: &BuildContext<'_>) -> Result<Arc<dyn PluginInstance>, String> {
-        let c: Conf = weir_plugin::parse_conf(conf)?;
+    fn build(&self, conf: Conf, ctx: &BuildContext<'_>) -> Result<Arc<dyn PluginInstance>, String> {
+        let c = conf;
         let meta = Arc::new(Meta::from(ctx.metadata)?);
         Ok(Arc::new(Instance { action: c.action, meta, shared: self.shared.clone() }))
     }

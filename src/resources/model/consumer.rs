@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::PluginConfs;
+use super::{Id, PluginConfs};
 
 /// A consumer: an identity that authentication plugins map credentials to.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
@@ -18,7 +18,30 @@ pub struct Consumer {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 256))]
     pub desc: Option<String>,
-    /// Plugins: credentials (validated against each plugin's consumer_schema).
+    /// Plugins: credentials of auth plugins (validated against each plugin's consumer_schema),
+    /// and any other plugin (validated against its schema), which runs on the consumer's
+    /// requests once an auth plugin identified it, overriding the route's of the same name.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub plugins: PluginConfs,
+    /// The consumer group whose plugins the consumer takes (its own win on a name clash).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group_id: Option<Id>,
+    /// Free-form labels.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+}
+
+/// A consumer group: plugins shared by the consumers that name it in `group_id`.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ConsumerGroup {
+    /// Identity.
+    pub id: Id,
+    /// Description.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 256))]
+    pub desc: Option<String>,
+    /// Plugins of every consumer of the group (not credentials).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub plugins: PluginConfs,
     /// Free-form labels.

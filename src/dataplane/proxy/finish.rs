@@ -1,0 +1,349 @@
+//! The response side of a request and the phases around it: `rewrite`/`access` (which may wait
+//! with the request in hand), the consumer's plugins merged in, the header and body filters
+//! decided per response, the log phase when the response is done, and the answers the gateway
+//! or a plugin makes itself.
+
+//! The request path: match a route, run the plugin phases, pick a node, forward, stream back.
+
+use std::cell::Cell;
+use std::rc::Rc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use http::{HeaderValue, Method, StatusCode};
+use serde_json::json;
+use weir_plugin::{BodyFilter, Flow, PluginResponse, RequestCtx, ResponseHead};
+
+use super::Response;
+use crate::dataplane::body::{Inbound, OnFinish, ResponseBody, UpstreamBody};
+use crate::dataplane::headers::strip_hop_by_hop;
+use crate::tables::snapshot::{merge_chains, BoundPlugin, PluginChain};
+use crate::tables::upstream::InFlight;
+
+/// The log phase, run once the response is done; also carries body filters.
+pub struct Finish {
+    pub(super) ctx: RequestCtx,
+    /// The global rules' chain and the route's (with its service's and, once known, its
+    /// consumer's plugins).
+    pub(super) chains: [PluginChain; 2],
+    /// The plugins filtering this response's body, by position in `chains` (decided by their
+    /// header filters; empty, and no allocation, when none does).
+    filters: Vec<u16>,
+    /// Some plugin reads the request headers after forwarding (`reads_request_headers_late`).
+    pub(super) late_headers: bool,
+    /// The route proxies gRPC: gateway errors answer in gRPC's terms.
+    pub(super) grpc: bool,
+    /// Body bytes received from the client, for a streamed body (added to `request_length`).
+    pub(super) body_received: Option<Rc<Cell<u64>>>,
+    /// When the first upstream attempt began (`upstream_time` runs from here).
+    pub(super) upstream_started: Option<Instant>,
+    pub(super) _inflight: Option<InFlight>,
+}
+
+impl Finish {
+    /// Boxed: the request context is most of a response's size, and a response is moved
+    /// several times on its way to hyper (each move copied ~1 KB).
+    pub(super) fn new(ctx: RequestCtx, chains: [PluginChain; 2]) -> Box<Self> {
+        let late_headers = chains[0].late_headers || chains[1].late_headers;
+        Box::new(Finish {
+            ctx,
+            chains,
+            filters: Vec::new(),
+            late_headers,
+            grpc: false,
+            body_received: None,
+            upstream_started: None,
+            _inflight: None,
+        })
+    }
+
+    /// Runs the header filters on `head`, and notes which plugins filter this body.
+    fn header_filters(&mut self, head: &mut ResponseHead) {
+        let Finish { ctx, chains, filters, .. } = self;
+        let mut at: u16 = 0;
+        for chain in chains.iter() {
+            if !chain.header_filters {
+                at = at.saturating_add(chain.len() as u16);
+                continue;
+            }
+            for p in chain.iter() {
+                if p.instance.has_header_filter() && p.instance.header_filter(ctx, head) == BodyFilter::Filter {
+                    filters.push(at);
+                }
+                at = at.saturating_add(1);
+            }
+        }
+    }
+}
+
+impl OnFinish for Finish {
+    fn chunk(&mut self, chunk: &mut Bytes, eof: bool) {
+        let Finish { ctx, chains, filters, .. } = self;
+        for &at in filters.iter() {
+            let (at, first) = (usize::from(at), chains[0].len());
+            let p = if at < first { chains[0].get(at) } else { chains[1].get(at - first) };
+            if let Some(p) = p {
+                p.instance.body_filter(ctx, chunk, eof);
+            }
+        }
+    }
+    fn filters_body(&self) -> bool {
+        !self.filters.is_empty()
+    }
+    fn sent(&mut self, n: u64) {
+        self.ctx.body_bytes_sent = n;
+    }
+    fn upstream_done(&mut self) {
+        // As nginx's $upstream_response_time: until the upstream's last byte arrived.
+        self.ctx.upstream_time = self.upstream_started.map(|t| t.elapsed());
+    }
+}
+
+impl Drop for Finish {
+    fn drop(&mut self) {
+        if self.ctx.status == 0 {
+            // No response was made: the client went away first (nginx logs 499).
+            self.ctx.status = 499;
+        }
+        if let Some(received) = &self.body_received {
+            self.ctx.request_length += received.get();
+        }
+        for chain in self.chains.iter().filter(|c| c.logs) {
+            for p in chain.iter() {
+                p.instance.log(&self.ctx);
+            }
+        }
+        crate::access_log::record(&self.ctx);
+    }
+}
+
+/// Bytes of a response head as HTTP/1.1 text: status line, headers, blank line (`$bytes_sent`).
+pub(super) fn head_bytes(head: &ResponseHead) -> u64 {
+    (field_bytes(&head.headers) + 17 + head.status.canonical_reason().map_or(0, str::len)) as u64
+}
+
+/// Bytes of header fields as HTTP/1.1 text: `name: value` and CRLF each.
+fn field_bytes(headers: &http::HeaderMap) -> usize {
+    headers.iter().map(|(k, v)| k.as_str().len() + v.len() + 4).sum()
+}
+
+/// Bytes of a request head as HTTP/1.1 text (`$request_length`, without the body): the request
+/// line (`METHOD SP target SP HTTP/1.1 CRLF`), the fields, the blank line.
+pub(super) fn request_head_bytes(method: &Method, target: usize, headers: &http::HeaderMap) -> u64 {
+    (method.as_str().len() + 1 + target + 1 + 8 + 2 + field_bytes(headers) + 2) as u64
+}
+
+/// `content-length: N\r\n`, which the server adds to a whole body.
+pub(super) fn content_length_bytes(len: usize) -> u64 {
+    let digits = len.checked_ilog10().map_or(1, |d| d + 1);
+    u64::from(digits) + 18
+}
+
+pub(super) fn error_response(status: StatusCode, msg: &str) -> Response {
+    let mut resp = http::Response::new(ResponseBody::Full(Some(Bytes::from(json!({ "error_msg": msg }).to_string()))));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    resp
+}
+
+/// A response with `head` (framing headers dropped: the body says its own length).
+pub(super) fn with_head(mut head: ResponseHead, body: ResponseBody<Box<Finish>>) -> Response {
+    head.headers.remove(http::header::CONTENT_LENGTH);
+    head.headers.remove(http::header::TRANSFER_ENCODING);
+    let mut resp = http::Response::new(body);
+    *resp.status_mut() = head.status;
+    *resp.headers_mut() = head.headers;
+    resp
+}
+
+/// Answers with a plugin's response, after the header filters.
+pub(super) fn plugin_response(resp: PluginResponse, mut finish: Box<Finish>) -> Response {
+    let mut head = ResponseHead { status: resp.status, headers: resp.headers };
+    for (k, v) in finish.ctx.response_headers.drain(..) {
+        head.headers.append(k, v);
+    }
+    finish.ctx.status = head.status.as_u16();
+    finish.header_filters(&mut head);
+    let mut body = resp.body;
+    if finish.filters_body() {
+        finish.chunk(&mut body, true);
+    }
+    finish.ctx.status = head.status.as_u16();
+    if finish.ctx.method != Method::HEAD {
+        finish.ctx.body_bytes_sent = body.len() as u64;
+    }
+    finish.ctx.head_bytes_sent = head_bytes(&head) + content_length_bytes(body.len());
+    with_head(head, ResponseBody::Full(Some(body)))
+}
+
+/// Waits for a phase's outcome: `None` to go on, or the plugin's answer (with its
+/// `_meta.error_response` body, if one is set, for an error).
+async fn outcome(mut flow: Flow<'_>, p: &BoundPlugin) -> Option<PluginResponse> {
+    loop {
+        match flow {
+            Flow::Continue => return None,
+            Flow::Respond(mut r) => {
+                if let (Some(e), true) = (&p.error_response, r.status.as_u16() >= 400) {
+                    r.body = e.body.clone();
+                    r.headers.insert(http::header::CONTENT_TYPE, HeaderValue::from_static(e.content_type));
+                }
+                return Some(r);
+            }
+            Flow::Wait(f) => flow = f.await,
+        }
+    }
+}
+
+/// Runs `rewrite` then `access` of the request's chains; a plugin's answer ends the request.
+/// Once the rewrite phase identified a consumer that has plugins of its own, they are merged
+/// into the route's chain (overriding the route's of the same name, as APISIX does) and their
+/// rewrite phase runs before the access phase.
+pub(super) async fn access_phases(fin: &mut Finish) -> Option<PluginResponse> {
+    {
+        let Finish { ctx, chains, .. } = &mut *fin;
+        for p in chains.iter().flat_map(|c| c.iter()) {
+            if let Some(resp) = outcome(p.instance.rewrite(ctx), p).await {
+                return Some(resp);
+            }
+        }
+    }
+    let consumer_chain = fin
+        .ctx
+        .consumer
+        .as_ref()
+        .and_then(|c| c.plugins.as_ref())
+        .and_then(|p| p.downcast_ref::<PluginChain>())
+        .cloned();
+    if let Some(extra) = consumer_chain {
+        for p in extra.iter() {
+            if let Some(resp) = outcome(p.instance.rewrite(&mut fin.ctx), p).await {
+                return Some(resp);
+            }
+        }
+        fin.chains[1] = merge_chains(&fin.chains[1], &extra);
+        fin.late_headers |= extra.late_headers;
+    }
+    let Finish { ctx, chains, .. } = &mut *fin;
+    for p in chains.iter().flat_map(|c| c.iter()) {
+        if let Some(resp) = outcome(p.instance.access(ctx), p).await {
+            return Some(resp);
+        }
+    }
+    None
+}
+
+/// A response the gateway makes itself once the request has a route (502, 503, 504): it goes
+/// through `header_filter`, `body_filter` and `log` like any response (docs/phases.md), so that
+/// request-id, response-rewrite and loggers see it. On a gRPC route it is a gRPC status instead.
+pub(super) fn gateway_error(status: StatusCode, msg: &str, fin: Box<Finish>) -> Response {
+    if fin.grpc {
+        return plugin_response(grpc_status(status, msg), fin);
+    }
+    plugin_response(PluginResponse::json(status, &json!({ "error_msg": msg })), fin)
+}
+
+/// A gRPC "trailers-only" answer: HTTP 200 with `grpc-status` and `grpc-message` and no body,
+/// which gRPC clients read as the call's status. Codes: 504 is DEADLINE_EXCEEDED, other gateway
+/// errors UNAVAILABLE (gRPC's HTTP mapping).
+pub(super) fn grpc_status(status: StatusCode, msg: &str) -> PluginResponse {
+    let code = match status {
+        StatusCode::GATEWAY_TIMEOUT => "4",
+        StatusCode::NOT_FOUND => "12",
+        StatusCode::UNAUTHORIZED => "16",
+        StatusCode::FORBIDDEN => "7",
+        StatusCode::TOO_MANY_REQUESTS | StatusCode::BAD_GATEWAY | StatusCode::SERVICE_UNAVAILABLE => "14",
+        _ => "13",
+    };
+    let mut headers = http::HeaderMap::new();
+    headers.insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+    headers.insert("grpc-status", HeaderValue::from_static(code));
+    // grpc-message is percent-encoded (gRPC over HTTP/2, "Responses").
+    let mut encoded = String::with_capacity(msg.len());
+    for b in msg.bytes() {
+        if (0x20..0x7f).contains(&b) && b != b'%' {
+            encoded.push(char::from(b));
+        } else {
+            encoded.push_str(&format!("%{b:02X}"));
+        }
+    }
+    if let Ok(v) = HeaderValue::from_str(&encoded) {
+        headers.insert("grpc-message", v);
+    }
+    PluginResponse { status: StatusCode::OK, headers, body: Bytes::new() }
+}
+
+/// The upstream accepted the WebSocket handshake: answer the client with its 101 (after the
+/// header filters), then copy bytes both ways on the worker until either side closes or the
+/// tunnel idles for `timeout.read`. The log phase runs when the tunnel ends.
+pub(super) fn upgraded(
+    mut resp: http::Response<Inbound>,
+    client: hyper::upgrade::OnUpgrade,
+    mut finish: Box<Finish>,
+    inflight: Option<InFlight>,
+    idle: std::time::Duration,
+) -> Response {
+    let upstream = hyper::upgrade::on(&mut resp);
+    let (parts, _) = resp.into_parts();
+    let mut head = ResponseHead { status: parts.status, headers: parts.headers };
+    let token = head.headers.get(http::header::UPGRADE).cloned();
+    strip_hop_by_hop(&mut head.headers);
+    for (k, v) in finish.ctx.response_headers.drain(..) {
+        head.headers.append(k, v);
+    }
+    finish.ctx.status = 101;
+    finish.header_filters(&mut head);
+    head.headers.insert(http::header::CONNECTION, HeaderValue::from_static("upgrade"));
+    head.headers.insert(http::header::UPGRADE, token.unwrap_or(HeaderValue::from_static("websocket")));
+    finish.ctx.head_bytes_sent = head_bytes(&head);
+    finish._inflight = inflight;
+    tokio::task::spawn_local(async move {
+        let remote = finish.ctx.remote_addr;
+        match crate::dataplane::tunnel::run(client, upstream, idle).await {
+            Ok(outcome) => log::debug!("client {remote}: WebSocket closed: {outcome}"),
+            Err(e) => log::debug!("client {remote}: WebSocket ended: {e}"),
+        }
+        drop(finish);
+    });
+    let mut out = http::Response::new(ResponseBody::Full(None));
+    *out.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+    *out.headers_mut() = head.headers;
+    out
+}
+
+pub(super) fn respond(resp: http::Response<Inbound>, mut finish: Box<Finish>, inflight: Option<InFlight>) -> Response {
+    let (parts, incoming) = resp.into_parts();
+    let len = parts
+        .headers
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    let mut head = ResponseHead { status: parts.status, headers: parts.headers };
+    // An HTTP/1.1 head arrives without hop-by-hop fields (`h1codec` leaves them out as it
+    // parses); only hyper's HTTP/2 answers still need the pass.
+    if let Inbound::Hyper(_) = incoming {
+        strip_hop_by_hop(&mut head.headers);
+    }
+    for (k, v) in finish.ctx.response_headers.drain(..) {
+        head.headers.append(k, v);
+    }
+    finish.ctx.status = head.status.as_u16();
+    finish.header_filters(&mut head);
+    finish.ctx.status = head.status.as_u16();
+    finish.ctx.head_bytes_sent = head_bytes(&head);
+    let no_body = head.status == StatusCode::NO_CONTENT
+        || head.status == StatusCode::NOT_MODIFIED
+        || finish.ctx.method == Method::HEAD;
+    finish._inflight = inflight;
+    if no_body {
+        // A bodiless HTTP/1.1 answer already gave its connection back to the pool; one that
+        // came with a body anyway is closed with `incoming`.
+        drop(incoming);
+        // The upstream's Content-Length stays (HEAD announces the length of what GET returns).
+        let mut resp = http::Response::new(ResponseBody::Full(None));
+        *resp.status_mut() = head.status;
+        *resp.headers_mut() = head.headers;
+        drop(finish);
+        return resp;
+    }
+    with_head(head, ResponseBody::Upstream(UpstreamBody::new(incoming, len, finish)))
+}

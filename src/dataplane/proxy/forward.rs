@@ -1,0 +1,264 @@
+//! Forwarding a request upstream: choose a node (skipping tried ones), send through the
+//! worker's pool, retry what may be retried, report to the health checker, answer 502/504.
+
+//! The request path: match a route, run the plugin phases, pick a node, forward, stream back.
+
+use std::borrow::Cow;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use http::{HeaderValue, StatusCode};
+use weir_plugin::RequestCtx;
+
+use super::finish::{error_response, gateway_error, respond, upgraded, Finish};
+use super::{Response, Source, Tunnel, Worker};
+use crate::dataplane::body::{Inbound, ProxyBody};
+use crate::dataplane::client::Pool;
+use crate::dataplane::headers::ProxyHeaders;
+use crate::dataplane::upstream_conn::RequestHead;
+use crate::health::checker::Source as ReportSource;
+use crate::health::state::Report;
+use crate::health::HealthRegistry;
+use crate::resources::model::{HashOn, PassHost};
+use crate::tables::upstream::{fnv1a, CompiledUpstream};
+
+/// The nodes a request has tried: held inline for the first few (no allocation per request).
+enum Tried {
+    Inline([usize; 4], usize),
+    Heap(Vec<usize>),
+}
+
+impl Default for Tried {
+    fn default() -> Self {
+        Tried::Inline([0; 4], 0)
+    }
+}
+
+impl Tried {
+    fn push(&mut self, node: usize) {
+        match self {
+            Tried::Inline(list, n) if *n < list.len() => {
+                list[*n] = node;
+                *n += 1;
+            }
+            Tried::Inline(list, n) => {
+                let mut all = list[..*n].to_vec();
+                all.push(node);
+                *self = Tried::Heap(all);
+            }
+            Tried::Heap(all) => all.push(node),
+        }
+    }
+
+    fn as_slice(&self) -> &[usize] {
+        match self {
+            Tried::Inline(list, n) => &list[..*n],
+            Tried::Heap(all) => all,
+        }
+    }
+}
+
+fn is_idempotent(ctx: &RequestCtx) -> bool {
+    !ctx.non_idempotent && !matches!(ctx.method.as_str(), "POST" | "PATCH" | "LOCK")
+}
+
+fn hash_key(ctx: &RequestCtx, upstream: &CompiledUpstream) -> Option<u32> {
+    let (on, key) = upstream.hash_key_source()?;
+    let value = match on {
+        HashOn::Vars => ctx.var(key).map(|v| v.into_owned()),
+        HashOn::Header => ctx.header(key).map(str::to_owned),
+        HashOn::Cookie => ctx.header("cookie").and_then(|c| {
+            c.split(';').find_map(|kv| kv.trim().split_once('=').filter(|(k, _)| *k == key).map(|(_, v)| v.to_owned()))
+        }),
+        HashOn::Consumer => ctx.consumer.as_ref().map(|c| c.username.to_string()),
+    };
+    Some(fnv1a(value.unwrap_or_else(|| ctx.remote_ip.to_string()).as_bytes()))
+}
+
+pub(super) async fn forward(
+    mut fin: Box<Finish>,
+    upstream: Arc<CompiledUpstream>,
+    mut source: Source,
+    original_host: Option<HeaderValue>,
+    worker: &Worker,
+    health: &HealthRegistry,
+    mut tunnel: Option<Tunnel>,
+) -> Response {
+    let checker = upstream.checker(health);
+    let idempotent = is_idempotent(&fin.ctx);
+    let max_attempts = upstream.retries + 1;
+    let started = Instant::now();
+    fin.upstream_started = Some(started);
+    let hash = hash_key(&fin.ctx, &upstream);
+    let proxy_headers = ProxyHeaders::new(
+        &fin.ctx.headers,
+        &fin.ctx.remote_ip,
+        fin.ctx.scheme,
+        original_host.as_ref(),
+        fin.ctx.local_addr.port(),
+    );
+    // The request target as forwarded: the normalized path and the query. Used as it is when
+    // every byte is one `http` accepts unescaped (the usual case: no copy, no parse); anything
+    // else goes through `PathAndQuery`, which refuses what cannot be sent.
+    let target: Cow<'_, str> = if fin.ctx.query.is_empty() {
+        Cow::Borrowed(&fin.ctx.path)
+    } else {
+        Cow::Owned(format!("{}?{}", fin.ctx.path, fin.ctx.query))
+    };
+    let target: Cow<'_, str> = if plain_target(&fin.ctx.path) {
+        target
+    } else {
+        match target.parse::<http::uri::PathAndQuery>() {
+            Ok(t) => Cow::Owned(t.as_str().to_owned()),
+            Err(e) => return error_response(StatusCode::BAD_REQUEST, &format!("400 Bad Request: invalid path: {e}")),
+        }
+    };
+    let stalled = match &source {
+        Source::Stream(Some(ProxyBody::Client { stalled, .. })) => Some(stalled.clone()),
+        _ => None,
+    };
+    let mut tried = Tried::default();
+    let mut last_timeout = false;
+    // A failed attempt is reported to the health checker when it is retried (as the reference says).
+    let mut pending: Option<(SocketAddr, Report, String)> = None;
+    for attempt in 0..max_attempts {
+        if attempt > 0 && upstream.retry_timeout.is_some_and(|t| started.elapsed() > t) {
+            break;
+        }
+        let body = match &mut source {
+            Source::Empty => ProxyBody::Empty,
+            Source::Buffered(b) => ProxyBody::Full(Some(b.clone())),
+            Source::Stream(slot) => match slot.take() {
+                Some(b) => b,
+                // Already (partly) sent to a node: it cannot be sent again.
+                None => break,
+            },
+        };
+        let Some((idx, inflight)) = upstream.pick_node(checker.as_deref(), hash, tried.as_slice()) else { break };
+        if let (Some(c), Some((addr, report, why))) = (&checker, pending.take()) {
+            c.report(addr, report, ReportSource::Passive, &why);
+        }
+        tried.push(idx);
+        let node = &upstream.nodes[idx];
+        fin.ctx.upstream_addrs.push(node.addr);
+        let host = match upstream.pass_host {
+            PassHost::Pass if fin.ctx.headers.contains_key(http::header::HOST) => None,
+            PassHost::Pass | PassHost::Node => Some(&node.host_header),
+            PassHost::Rewrite => Some(upstream.upstream_host.as_ref().unwrap_or(&node.host_header)),
+        };
+        // The WebSocket and HTTP/2 exchanges are boxed: their futures are large and rare, and
+        // inline they would make every HTTP/1.1 request's future (moved on each request) larger.
+        let exchange = if tunnel.is_some() || node.pool_key.h2 {
+            // The last attempt moves the headers out, unless a plugin reads them after the
+            // request; the access log keeps only those its format reads.
+            let mut headers = if attempt + 1 < max_attempts || fin.late_headers {
+                fin.ctx.headers.clone()
+            } else {
+                let all = std::mem::take(&mut fin.ctx.headers);
+                if let Some(kept) = crate::access_log::headers_kept(&all) {
+                    fin.ctx.headers = kept;
+                }
+                all
+            };
+            proxy_headers.apply(&mut headers, host);
+            let mut request = http::Request::new(body);
+            *request.method_mut() = fin.ctx.method.clone();
+            match http::Uri::try_from(&*target) {
+                Ok(uri) => *request.uri_mut() = uri,
+                Err(e) => return gateway_error(StatusCode::BAD_GATEWAY, &format!("invalid upstream target: {e}"), fin),
+            }
+            if let Some(t) = &tunnel {
+                headers.insert(http::header::CONNECTION, HeaderValue::from_static("upgrade"));
+                headers.insert(http::header::UPGRADE, t.token.clone());
+            }
+            if node.pool_key.h2 {
+                // HTTP/2 carries the host in `:authority`, and gRPC servers want `te: trailers`.
+                match h2_uri(node.pool_key.tls.is_some(), headers.remove(http::header::HOST), &target) {
+                    Ok(uri) => *request.uri_mut() = uri,
+                    Err(e) => return gateway_error(StatusCode::BAD_GATEWAY, &e, fin),
+                }
+                headers.insert(http::header::TE, HeaderValue::from_static("trailers"));
+            }
+            *request.headers_mut() = headers;
+            let answer = if tunnel.is_some() {
+                Box::pin(crate::dataplane::tunnel::handshake(&worker.pool, &node.pool_key, &upstream.timeouts, request))
+                    .await
+            } else {
+                Box::pin(worker.pool.send_h2(&node.pool_key, &upstream.timeouts, request)).await
+            };
+            answer.map(|r| r.map(Inbound::Hyper))
+        } else {
+            // HTTP/1.1: the head is written from the client's header map as it is, with the
+            // proxy headers and Host set as it is encoded (no copy of the map per attempt).
+            let (set, n) = proxy_headers.lines(host);
+            let head =
+                RequestHead { method: &fin.ctx.method, target: &target, headers: &fin.ctx.headers, set: &set[..n] };
+            Pool::send(
+                &worker.pool,
+                &node.pool_key,
+                upstream.pool,
+                &upstream.timeouts,
+                &head,
+                body,
+                stalled.clone(),
+                idempotent,
+            )
+            .await
+            .map(|r| r.map(Inbound::H1))
+        };
+        match exchange {
+            Ok(resp) => {
+                fin.ctx.upstream_time = Some(started.elapsed());
+                if let Some(c) = &checker {
+                    c.report_status(node.addr, resp.status().as_u16());
+                }
+                if let (Some(t), StatusCode::SWITCHING_PROTOCOLS) = (tunnel.take(), resp.status()) {
+                    return upgraded(resp, t.client, fin, inflight, upstream.timeouts.read);
+                }
+                return respond(resp, fin, inflight);
+            }
+            Err(e) => {
+                log::warn!("upstream {} of route {:?}: {}", node.addr, fin.ctx.route_id, e.reason);
+                last_timeout = e.timeout;
+                let report = if e.timeout { Report::Timeout } else { Report::TcpFailure };
+                let why = if e.timeout { "timeout: no response" } else { "tcp failure" };
+                pending = Some((node.addr, report, format!("{why}: {}", e.reason)));
+                if let (Some(back), Source::Stream(slot)) = (e.body, &mut source) {
+                    // Never sent: the streamed body is intact and may go to the next node.
+                    *slot = Some(back);
+                }
+                if e.sent && !idempotent {
+                    // The node may have acted on it: never send a non-idempotent request twice.
+                    break;
+                }
+            }
+        }
+    }
+    let (status, msg) = if last_timeout {
+        (StatusCode::GATEWAY_TIMEOUT, "504 Gateway Timeout: the upstream did not answer in time")
+    } else {
+        (StatusCode::BAD_GATEWAY, "502 Bad Gateway: no upstream node could serve the request")
+    };
+    gateway_error(status, msg, fin)
+}
+
+/// The absolute URI of a request to an HTTP/2 upstream (`:scheme`, `:authority`, `:path`).
+/// Whether every byte of a path is one `http::uri::PathAndQuery` takes as it is (RFC 3986
+/// `pchar` and `/`, and the `"`, `{`, `}` that clients send unescaped).
+fn plain_target(path: &str) -> bool {
+    path.bytes()
+        .all(|b| matches!(b, 0x21 | 0x24..=0x3B | 0x3D | 0x40..=0x5F | 0x61..=0x7A | 0x7C | 0x7E | b'"' | b'{' | b'}'))
+}
+
+fn h2_uri(tls: bool, host: Option<HeaderValue>, target: &str) -> Result<http::Uri, String> {
+    let host = host.ok_or("no host for the upstream request")?;
+    let authority =
+        http::uri::Authority::try_from(host.as_bytes()).map_err(|e| format!("invalid upstream host: {e}"))?;
+    http::Uri::builder()
+        .scheme(if tls { "https" } else { "http" })
+        .authority(authority)
+        .path_and_query(target)
+        .build()
+        .map_err(|e| format!("invalid upstream URI: {e}"))
+}

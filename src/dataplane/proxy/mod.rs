@@ -1,0 +1,330 @@
+//! The request path: match a route, run the plugin phases (`finish`), pick a node and forward
+//! (`forward`), stream back.
+
+mod finish;
+mod forward;
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use bytes::{Bytes, BytesMut};
+use http::{HeaderValue, StatusCode};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use serde_json::json;
+use weir_plugin::{PluginResponse, RequestCtx, UpstreamRef};
+
+use super::body::ProxyBody;
+use super::body::ResponseBody;
+use super::client::Pool;
+use super::headers::strip_hop_by_hop;
+use super::normalize::{normalize, PathRules};
+use crate::metrics::{bump, Raised, WorkerStats};
+use crate::state::Gateway;
+use crate::tables::snapshot::PluginChain;
+use crate::tables::upstream::CompiledUpstream;
+pub use finish::Finish;
+use finish::{access_phases, error_response, gateway_error, plugin_response, request_head_bytes};
+use forward::forward;
+
+/// Largest request body buffered for a plugin that asks for the whole body.
+pub const MAX_BUFFERED_BODY: usize = 16 << 20;
+/// Request bodies up to this size (with a known length) are read before proxying, so that a
+/// failed attempt can be retried on the next node, as nginx does with `client_body_buffer_size`.
+/// Larger bodies stream and are not retried once sent.
+pub const REPLAYABLE_BODY: u64 = 64 << 10;
+/// A response on its way to the client.
+pub type Response = http::Response<ResponseBody<Box<Finish>>>;
+
+/// The connection a request arrived on.
+#[derive(Clone, Debug)]
+pub struct ConnInfo {
+    /// The client.
+    pub peer: SocketAddr,
+    /// The client's IP as text, formatted once per connection (`$remote_addr`, X-Forwarded-For).
+    pub peer_ip: Arc<str>,
+    /// The local address (listener).
+    pub local: SocketAddr,
+    /// `https` on a TLS listener, else `http` (`$scheme`, `X-Forwarded-Proto`).
+    pub scheme: &'static str,
+}
+
+/// Per-worker state: the upstream connection pool and the path rules (the worker's runtime is
+/// single-threaded, so nothing here is locked).
+pub struct Worker {
+    pool: Rc<Pool>,
+    rules: PathRules,
+    /// This worker's connection and request counters (`metrics`).
+    pub stats: Arc<WorkerStats>,
+}
+
+impl Worker {
+    /// A worker normalizing paths with `rules`.
+    pub fn new(rules: PathRules) -> Self {
+        let pool = Rc::new(Pool::default());
+        // Plugins' own requests on this thread share the worker's pool.
+        super::outbound::set_worker_pool(pool.clone());
+        super::outbound::register();
+        Worker { pool, rules, stats: WorkerStats::register() }
+    }
+}
+
+/// Reads the request body up to `limit` bytes. `Ok(Err(prefix))` when the body is longer: the
+/// chunks read so far, to be sent before the rest.
+async fn read_body(
+    body: &mut Incoming,
+    limit: usize,
+    remote: SocketAddr,
+) -> Result<Result<Bytes, Vec<Bytes>>, Response> {
+    let mut chunks: Vec<Bytes> = Vec::new();
+    let mut total = 0;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| {
+            // A client-side protocol error: one short line, never at error level.
+            log::debug!("client {remote}: invalid request body: {e}");
+            let why = if e.is_incomplete_message() {
+                "it ended before it was complete"
+            } else {
+                "its chunked encoding is malformed, or it ended early"
+            };
+            error_response(StatusCode::BAD_REQUEST, &format!("400 Bad Request: invalid request body: {why}"))
+        })?;
+        let Ok(chunk) = frame.into_data() else { continue };
+        total += chunk.len();
+        chunks.push(chunk);
+        if total > limit {
+            return Ok(Err(chunks));
+        }
+    }
+    Ok(Ok(match chunks.len() {
+        0 => Bytes::new(),
+        1 => chunks.pop().unwrap_or_default(),
+        _ => {
+            let mut buf = BytesMut::with_capacity(total);
+            for c in &chunks {
+                buf.extend_from_slice(c);
+            }
+            buf.freeze()
+        }
+    }))
+}
+
+/// Where the upstream request body comes from.
+enum Source {
+    Empty,
+    Buffered(Bytes),
+    /// Streamed (taken by the first attempt; given back when it was never sent).
+    Stream(Option<ProxyBody>),
+}
+
+/// The data-plane handler.
+pub async fn handle(req: http::Request<Incoming>, conn: ConnInfo, gw: &Gateway, worker: &Worker) -> Response {
+    let upgrade_asked = req.version() < http::Version::HTTP_2 && req.headers().contains_key(http::header::UPGRADE);
+    bump(&worker.stats.requests, 1);
+    // `writing` until the response head is made, also when the client goes away first.
+    let _writing = Raised::new(&worker.stats.writing);
+    let mut resp = serve(req, conn, gw, worker, upgrade_asked).await;
+    if upgrade_asked && resp.status() != StatusCode::SWITCHING_PROTOCOLS {
+        // The framer stopped judging this connection's bytes at the upgrade request (`framing`):
+        // whatever the client sent after it is never served as a request.
+        resp.headers_mut().insert(http::header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    resp
+}
+
+/// HTTP/2 names the target host in `:authority`: it becomes the Host header that routing,
+/// plugins and the upstream see. A Host header naming another host is refused (RFC 9113
+/// section 8.3.1), so that no decision is made on one name and the request sent with the other.
+fn authority_as_host(parts: &mut http::request::Parts) -> Result<(), &'static str> {
+    // HTTP/1.1's framer refuses two Host headers; HTTP/2's parser does not, and an upstream
+    // reading the last one would serve another host than the one routed on.
+    if parts.headers.get_all(http::header::HOST).iter().nth(1).is_some() {
+        return Err("more than one Host header");
+    }
+    if parts.uri.authority().is_some_and(|a| a.as_str().contains('@')) {
+        return Err("userinfo in :authority");
+    }
+    let Some(authority) = parts.uri.authority() else {
+        return if parts.headers.contains_key(http::header::HOST) { Ok(()) } else { Err("no :authority and no Host") };
+    };
+    match parts.headers.get(http::header::HOST) {
+        Some(h) if h.as_bytes().eq_ignore_ascii_case(authority.as_str().as_bytes()) => Ok(()),
+        Some(_) => Err("the Host header and :authority name different hosts"),
+        None => match HeaderValue::from_str(authority.as_str()) {
+            Ok(v) => {
+                parts.headers.insert(http::header::HOST, v);
+                Ok(())
+            }
+            Err(_) => Err("invalid :authority"),
+        },
+    }
+}
+
+/// An HTTP/1.1 WebSocket handshake: `Upgrade: websocket` and `Connection: upgrade`.
+fn is_websocket(headers: &http::HeaderMap) -> bool {
+    let has = |name: http::header::HeaderName, token: &str| {
+        headers
+            .get_all(name)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .any(|t| t.trim().eq_ignore_ascii_case(token))
+    };
+    has(http::header::UPGRADE, "websocket") && has(http::header::CONNECTION, "upgrade")
+}
+
+async fn serve(
+    req: http::Request<Incoming>,
+    conn: ConnInfo,
+    gw: &Gateway,
+    worker: &Worker,
+    upgrade_asked: bool,
+) -> Response {
+    // Request line and header limits were enforced by the framer (`framing`) before hyper parsed
+    // (HTTP/1.1), or by the HTTP/2 settings (`server`).
+    let (mut parts, mut payload) = req.into_parts();
+    let remote = conn.peer;
+    let h2 = parts.version == http::Version::HTTP_2;
+    if h2 {
+        if let Err(why) = authority_as_host(&mut parts) {
+            log::debug!("client {remote}: {why}");
+            return error_response(StatusCode::BAD_REQUEST, &format!("400 Bad Request: {why}"));
+        }
+    }
+    let websocket = upgrade_asked && is_websocket(&parts.headers);
+    let on_upgrade = if websocket { parts.extensions.remove::<hyper::upgrade::OnUpgrade>() } else { None };
+    // One normalized path for routing, plugins and the upstream (docs/data-plane.md).
+    let path = match normalize(parts.uri.path(), worker.rules) {
+        Ok(p) => p.into_owned(),
+        Err(e) => {
+            log::debug!("client {remote}: invalid path: {e}");
+            return error_response(StatusCode::BAD_REQUEST, &format!("400 Bad Request: invalid path: {e}"));
+        }
+    };
+    let snap = gw.resources.load_full();
+    // A shared handle on the header's bytes, for X-Forwarded-Host: no copy, no re-validation.
+    let host_header: Option<HeaderValue> = parts.headers.get(http::header::HOST).cloned();
+    let host = strip_port(host_header.as_ref().and_then(|v| v.to_str().ok()).unwrap_or(""));
+    let matched = snap.table.find(parts.method.as_str(), host, &path, remote.ip());
+    let query = parts.uri.query().unwrap_or("").to_owned();
+    let request_target = parts.uri.path_and_query().cloned();
+    let declared_len: Option<u64> =
+        parts.headers.get(http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok());
+    let chunked = parts.headers.contains_key(http::header::TRANSFER_ENCODING);
+    // HTTP/1.1: a length or chunked; HTTP/2: no END_STREAM on the request's HEADERS frame.
+    let has_body = !http_body::Body::is_end_stream(&payload);
+    let upgrade_token = if websocket { parts.headers.get(http::header::UPGRADE).cloned() } else { None };
+    let target_len = request_target.as_ref().map_or(path.len(), |t| t.as_str().len());
+    let request_length = request_head_bytes(&parts.method, target_len, &parts.headers);
+    strip_hop_by_hop(&mut parts.headers);
+    let mut ctx = RequestCtx::new(parts.method, path, query, parts.headers, remote, conn.peer_ip, conn.local);
+    ctx.scheme = conn.scheme;
+    ctx.version = parts.version;
+    ctx.request_target = request_target;
+    ctx.request_length = request_length;
+    let Some(matched) = matched else {
+        // As APISIX: global rules run for unmatched requests too, then the 404 is sent.
+        let mut fin = Finish::new(ctx, [snap.global_chain.clone(), PluginChain::default()]);
+        if let Some(resp) = access_phases(&mut fin).await {
+            return plugin_response(resp, fin);
+        }
+        let not_found = PluginResponse::json(StatusCode::NOT_FOUND, &json!({ "error_msg": "404 Route Not Found" }));
+        return plugin_response(not_found, fin);
+    };
+    let route = matched.route;
+    ctx.route_id = Some(route.id.clone());
+    ctx.matched_uri = matched.uri;
+    if !route.hosts.is_empty() {
+        ctx.matched_host = route.matched_host(host);
+    }
+    ctx.service_id = route.service_id.clone();
+    ctx.params = matched.params;
+    // From here on the log phase runs whatever happens, also when the client goes away while
+    // the request waits (the future is dropped with `fin`; status 499, as nginx logs it).
+    let mut fin = Finish::new(ctx, [snap.global_chain.clone(), route.plugins.clone()]);
+    fin.grpc = route.upstream.as_ref().is_some_and(|u| u.scheme.grpc());
+
+    let wants_body = fin.chains[0].wants_body || fin.chains[1].wants_body;
+    // Small bodies, and the first REPLAYABLE_BODY bytes of chunked ones, are read before any
+    // upstream is contacted: a malformed chunked body is refused before an upstream sees a byte of
+    // it, and a read body can be replayed on the next node. An HTTP/2 body of unknown length
+    // streams at once (its framing is not ambiguous, and gRPC streams wait for answers).
+    let small = declared_len.is_some_and(|n| n <= REPLAYABLE_BODY);
+    let mut source = Source::Empty;
+    if has_body && (wants_body || small || chunked) {
+        let limit = if wants_body { MAX_BUFFERED_BODY } else { REPLAYABLE_BODY as usize };
+        match read_body(&mut payload, limit, remote).await {
+            Ok(Ok(b)) => source = Source::Buffered(b),
+            Ok(Err(_)) if wants_body => {
+                fin.ctx.status = 413;
+                return error_response(StatusCode::PAYLOAD_TOO_LARGE, "413 Request Entity Too Large");
+            }
+            Ok(Err(prefix)) => source = Source::Stream(Some(ProxyBody::client(prefix.into(), payload, declared_len))),
+            Err(resp) => {
+                fin.ctx.status = resp.status().as_u16();
+                return resp;
+            }
+        }
+    } else if has_body {
+        source = Source::Stream(Some(ProxyBody::client(VecDeque::new(), payload, declared_len)));
+    }
+    match &source {
+        Source::Buffered(b) => fin.ctx.request_length += b.len() as u64,
+        Source::Stream(Some(body)) => fin.body_received = body.received(),
+        _ => {}
+    }
+    if wants_body {
+        if let Source::Buffered(b) = &source {
+            fin.ctx.body = Some(b.clone());
+        }
+    }
+    if let Some(resp) = access_phases(&mut fin).await {
+        return plugin_response(resp, fin);
+    }
+
+    // A plugin may have chosen another upstream for this request (traffic-split).
+    let upstream = match fin.ctx.upstream.take() {
+        None => route.upstream.clone(),
+        Some(UpstreamRef::Id(id)) => match snap.upstream_objects.get(&*id) {
+            Some(u) => Some(u.clone()),
+            None => {
+                let msg = format!("503 Service Unavailable: upstream `{id}` chosen by a plugin does not exist");
+                return gateway_error(StatusCode::SERVICE_UNAVAILABLE, &msg, fin);
+            }
+        },
+        Some(UpstreamRef::Compiled(any)) => any.downcast::<CompiledUpstream>().ok(),
+    };
+    let Some(upstream) = upstream else {
+        return gateway_error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "missing upstream configuration in Route or Service",
+            fin,
+        );
+    };
+    if let Some(b) = fin.ctx.body.take() {
+        // A plugin may have replaced the body it read.
+        source = Source::Buffered(b);
+    }
+    // A WebSocket handshake is tunnelled only on routes that ask for it; elsewhere it is
+    // proxied as plain HTTP (Upgrade and Connection were removed above), as APISIX does.
+    let tunnel = match (on_upgrade, upgrade_token) {
+        (Some(client), Some(token)) if route.route.enable_websocket && !has_body => Some(Tunnel { client, token }),
+        _ => None,
+    };
+    forward(fin, upstream, source, host_header, worker, &gw.health, tunnel).await
+}
+
+/// A WebSocket handshake to pass on: the client side of the upgrade, and its `Upgrade` value.
+struct Tunnel {
+    client: hyper::upgrade::OnUpgrade,
+    token: HeaderValue,
+}
+
+fn strip_port(host: &str) -> &str {
+    if host.starts_with('[') {
+        return host.split(']').next().map(|h| h.trim_start_matches('[')).unwrap_or(host);
+    }
+    host.split(':').next().unwrap_or(host)
+}

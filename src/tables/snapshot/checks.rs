@@ -1,0 +1,130 @@
+//! The checks of resources that depend on more than their schema: references between
+//! resources, upstream nodes and keys, stream routes and their plugins.
+
+use super::*;
+
+impl Builder<'_> {
+    /// The checks of a route that depend on nothing but the route.
+    pub(super) fn check_route_itself(&mut self, o: &str, r: &Route) {
+        match (&r.uri, r.uris()) {
+            (None, None) => self.issue(o, "uri", "a route needs `uri` or `uris`"),
+            (Some(_), Some(_)) => self.issue(o, "uris", "`uri` and `uris` are mutually exclusive"),
+            _ => {}
+        }
+        if r.host().is_some() && r.hosts().is_some() {
+            self.issue(o, "hosts", "`host` and `hosts` are mutually exclusive");
+        }
+        for (i, addr) in r.remote_addrs().into_iter().flatten().enumerate() {
+            if let Err(e) = crate::resources::cidr::Cidr::parse(addr) {
+                self.issue(o, &format!("remote_addrs[{i}]"), &e);
+            }
+        }
+        if let Some(u) = r.upstream.as_deref() {
+            self.check_upstream(o, "upstream", u);
+        }
+    }
+
+    /// Addresses, SNI and references of a stream route.
+    pub(super) fn check_stream_route(&mut self, o: &str, r: &StreamRoute) {
+        if let Some(a) = &r.server_addr {
+            if a.parse::<std::net::IpAddr>().is_err() {
+                self.issue(o, "server_addr", &format!("`{a}` is not an IP address"));
+            }
+        }
+        if let Some(a) = &r.remote_addr {
+            if let Err(e) = crate::resources::cidr::Cidr::parse(a) {
+                self.issue(o, "remote_addr", &e);
+            }
+        }
+        if let Some(sni) = &r.sni {
+            if let Err(e) = crate::tables::certs::check_sni(sni) {
+                self.issue(o, "sni", &e);
+            }
+        }
+        if r.tls_passthrough && r.sni.is_none() {
+            self.issue(o, "tls_passthrough", "routing on the SNI without terminating TLS needs `sni`");
+        }
+        self.check_upstream_ref(o, r.upstream.as_deref(), r.upstream_id.as_ref());
+        match (&r.upstream, &r.upstream_id, &r.service_id) {
+            (None, None, None) => {
+                self.issue(o, "upstream", "a stream route needs `upstream`, `upstream_id` or `service_id`")
+            }
+            (None, None, Some(sid)) if !self.snap.index.contains_key(&("services", sid.0.clone())) => {
+                self.issue(o, "service_id", &format!("service `{sid}` does not exist"));
+            }
+            _ => {}
+        }
+    }
+
+    /// Builds the stream plugins of a stream route, in priority order.
+    pub(super) fn stream_chain(&mut self, o: &str, confs: &PluginConfs) -> StreamChain {
+        let mut chain: Vec<BoundStreamPlugin> = Vec::with_capacity(confs.len());
+        for (name, conf) in confs {
+            let path = format!("plugins.{name}");
+            let Some(entry) = self.enabled.stream_get(name).cloned() else {
+                let catalog = crate::plugins_catalog();
+                let reason = if catalog.get(name).is_some() {
+                    format!("`{name}` is an HTTP plugin; stream routes take stream plugins")
+                } else if catalog.stream_get(name).is_some() {
+                    format!("stream plugin `{name}` is compiled in but not enabled (add it to `stream_plugins:` in config.yaml)")
+                } else {
+                    format!(
+                        "unknown stream plugin `{name}`; compiled into this binary: {}",
+                        catalog.stream_names().join(", ")
+                    )
+                };
+                self.issue(o, &path, &reason);
+                continue;
+            };
+            if let Err(found) = entry.schema.check(conf) {
+                self.issues.extend(found.into_iter().map(|f| f.under(&path).in_resource(o)));
+                continue;
+            }
+            match entry.plugin.build(conf) {
+                Ok(instance) => chain.push(BoundStreamPlugin { entry, instance }),
+                Err(e) => self.issue(o, &path, &e),
+            }
+        }
+        chain.sort_by(|a, b| b.entry.priority.cmp(&a.entry.priority).then(a.entry.name.cmp(b.entry.name)));
+        chain.into()
+    }
+
+    pub(super) fn issue(&mut self, owner: &str, path: &str, reason: &str) {
+        self.issues.push(Issue::new(path, reason).in_resource(owner));
+    }
+
+    pub(super) fn check_upstream_ref(&mut self, o: &str, inline: Option<&Upstream>, id: Option<&Id>) {
+        if inline.is_some() && id.is_some() {
+            self.issue(o, "upstream_id", "`upstream` and `upstream_id` are mutually exclusive");
+        }
+        if let Some(u) = inline {
+            self.check_upstream(o, "upstream", u);
+        }
+        if let Some(id) = id {
+            self.check_upstream_id(o, id);
+        }
+    }
+
+    pub(super) fn check_upstream_id(&mut self, o: &str, id: &Id) {
+        if !self.snap.index.contains_key(&("upstreams", id.0.clone())) {
+            self.issue(o, "upstream_id", &format!("upstream `{id}` does not exist"));
+        }
+    }
+
+    pub(super) fn check_upstream(&mut self, o: &str, at: &str, u: &Upstream) {
+        let field = |f: &str| if at.is_empty() { f.to_owned() } else { format!("{at}.{f}") };
+        if let Nodes::Map(map) = &u.nodes {
+            for key in map.keys() {
+                if let Err(e) = parse_node_key(key) {
+                    self.issue(o, &field(&format!("nodes.{key}")), &e);
+                }
+            }
+        }
+        if u.lb == LbType::Chash && u.key.is_none() && u.hash_on != HashOn::Consumer {
+            self.issue(o, &field("key"), "required when `type` is `chash`");
+        }
+        if u.pass_host == PassHost::Rewrite && u.upstream_host.is_none() {
+            self.issue(o, &field("upstream_host"), "required when `pass_host` is `rewrite`");
+        }
+    }
+}

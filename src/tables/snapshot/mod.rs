@@ -1,0 +1,478 @@
+//! Building an immutable, validated [`Snapshot`] from a raw resource document.
+//!
+//! Providers (the YAML file watcher today, etcd later) only produce raw documents; this module is
+//! the single place where resources are validated: kind schemas, plugin schemas, references, and
+//! construction of every plugin instance. A snapshot either builds completely or not at all.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::{Arc, OnceLock};
+
+use schemars::JsonSchema;
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use weir_plugin::PluginInstance;
+
+mod checks;
+mod compile;
+mod parse;
+mod plugins;
+
+use parse::{fingerprint, Fingerprint, ParseCache, PARSED};
+pub use plugins::merge_chains;
+use plugins::sort_chain;
+
+use crate::config::unknown_plugin;
+use crate::fastmap::FastMap;
+use crate::plugins::{EnabledSet, PluginEntry};
+use crate::resources::model::*;
+use crate::tables::certs::CertTable;
+use crate::tables::router::{CompiledRoute, RouteTable};
+use crate::tables::stream_router::{BoundStreamPlugin, CompiledStreamRoute, StreamChain, StreamTable};
+use crate::tables::upstream::CompiledUpstream;
+use crate::validate::{CompiledSchema, Issue};
+
+/// The top level of a resource document.
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)]
+struct ResourceFile {
+    #[serde(default)]
+    routes: Vec<Value>,
+    #[serde(default)]
+    services: Vec<Value>,
+    #[serde(default)]
+    upstreams: Vec<Value>,
+    #[serde(default)]
+    consumers: Vec<Value>,
+    #[serde(default)]
+    consumer_groups: Vec<Value>,
+    #[serde(default)]
+    global_rules: Vec<Value>,
+    #[serde(default)]
+    plugin_metadata: Vec<Value>,
+    #[serde(default)]
+    ssls: Vec<Value>,
+    #[serde(default)]
+    stream_routes: Vec<Value>,
+}
+
+/// Compiled schemas of the resource kinds (compiled once per process).
+pub struct KindSchemas {
+    file: CompiledSchema,
+    /// `(kind name, schema)`, in the order `/v1/schema` lists them.
+    pub kinds: Vec<(&'static str, CompiledSchema)>,
+}
+
+impl KindSchemas {
+    /// The process-wide instance.
+    pub fn get() -> &'static KindSchemas {
+        static SCHEMAS: OnceLock<KindSchemas> = OnceLock::new();
+        SCHEMAS.get_or_init(|| {
+            let compile = |v: Value| match CompiledSchema::new(v) {
+                Ok(s) => s,
+                // The schemas are derived from our own types; failing here is a programming error.
+                Err(e) => panic!("built-in resource schema does not compile: {e}"),
+            };
+            KindSchemas {
+                file: compile(weir_plugin::schema_of::<ResourceFile>()),
+                kinds: vec![
+                    ("route", compile(weir_plugin::schema_of::<Route>())),
+                    ("service", compile(weir_plugin::schema_of::<Service>())),
+                    ("upstream", compile(weir_plugin::schema_of::<Upstream>())),
+                    ("consumer", compile(weir_plugin::schema_of::<Consumer>())),
+                    ("consumer_group", compile(weir_plugin::schema_of::<ConsumerGroup>())),
+                    ("global_rule", compile(weir_plugin::schema_of::<GlobalRule>())),
+                    ("plugin_metadata", compile(weir_plugin::schema_of::<PluginMetadata>())),
+                    ("ssl", compile(weir_plugin::schema_of::<Ssl>())),
+                    ("stream_route", compile(weir_plugin::schema_of::<StreamRoute>())),
+                ],
+            }
+        })
+    }
+
+    pub(crate) fn kind(&self, name: &str) -> &CompiledSchema {
+        match self.kinds.iter().find(|(k, _)| *k == name) {
+            Some((_, s)) => s,
+            None => panic!("no schema for resource kind {name}"),
+        }
+    }
+
+    /// The `main` object of `/v1/schema`.
+    pub fn describe(&self) -> Value {
+        Value::Object(self.kinds.iter().map(|(k, s)| ((*k).to_owned(), s.schema().clone())).collect())
+    }
+}
+
+/// A plugin configuration bound to its runtime instance.
+#[derive(Clone)]
+pub struct BoundPlugin {
+    /// The plugin.
+    pub entry: Arc<PluginEntry>,
+    /// The runtime instance built from the configuration.
+    pub instance: Arc<dyn PluginInstance>,
+    /// Its priority on this resource (`_meta.priority`, else the plugin's).
+    pub priority: i32,
+    /// `_meta.error_response`: the body of this plugin's own error answers.
+    pub error_response: Option<ErrorBody>,
+}
+
+/// A body that replaces a plugin's own error answers (`_meta.error_response`).
+#[derive(Clone)]
+pub struct ErrorBody {
+    /// The body.
+    pub body: bytes::Bytes,
+    /// Its `Content-Type`.
+    pub content_type: &'static str,
+}
+
+/// Plugins of one resource (or of a request's merged resources), in priority order, with what
+/// the data plane needs to know of them as a whole computed once.
+#[derive(Default)]
+pub struct Chain {
+    plugins: Box<[BoundPlugin]>,
+    /// Some plugin reads the request headers after forwarding (`reads_request_headers_late`).
+    pub late_headers: bool,
+    /// Some plugin needs the whole request body.
+    pub wants_body: bool,
+    /// Some plugin has a header filter.
+    pub header_filters: bool,
+    /// Some plugin has a log phase.
+    pub logs: bool,
+}
+
+impl std::ops::Deref for Chain {
+    type Target = [BoundPlugin];
+    fn deref(&self) -> &[BoundPlugin] {
+        &self.plugins
+    }
+}
+
+impl From<Vec<BoundPlugin>> for Chain {
+    fn from(mut plugins: Vec<BoundPlugin>) -> Self {
+        sort_chain(&mut plugins);
+        let any = |f: fn(&dyn PluginInstance) -> bool| plugins.iter().any(|p| f(&*p.instance));
+        Chain {
+            late_headers: any(|i| i.reads_request_headers_late()),
+            wants_body: any(|i| i.wants_request_body()),
+            header_filters: any(|i| i.has_header_filter()),
+            logs: any(|i| i.has_log()),
+            plugins: plugins.into_boxed_slice(),
+        }
+    }
+}
+
+/// Plugins of one resource, in priority order.
+pub type PluginChain = Arc<Chain>;
+
+/// What a build is for.
+#[derive(Clone, Copy)]
+pub enum Mode<'p> {
+    /// Checking a document (an Admin API write, `weir -t`): nothing real is built. Plugins
+    /// build instances that open nothing, and no cache of the running snapshot is touched.
+    Validate,
+    /// Building the snapshot that will serve, reusing what is unchanged since `previous` (the one
+    /// serving now): compiled upstreams with their balancer state, plugin instances, consumers.
+    Apply(Option<&'p Snapshot>),
+}
+
+/// Key of a reusable plugin instance: plugin, owner `(kind, id)`, and the fingerprints of its
+/// configuration and of the plugin's metadata.
+pub(crate) type InstanceKey = (&'static str, &'static str, String, Fingerprint, Fingerprint);
+
+/// A complete, validated set of resources. Immutable: changes publish a new snapshot.
+#[derive(Default)]
+pub struct Snapshot {
+    /// Routes, in file order.
+    pub routes: Vec<Arc<Route>>,
+    /// Services.
+    pub services: Vec<Arc<Service>>,
+    /// Upstream objects.
+    pub upstreams: Vec<Arc<Upstream>>,
+    /// Consumers.
+    pub consumers: Vec<Arc<Consumer>>,
+    /// Consumer groups.
+    pub consumer_groups: Vec<Arc<ConsumerGroup>>,
+    /// Global rules.
+    pub global_rules: Vec<Arc<GlobalRule>>,
+    /// Plugin metadata of enabled plugins, in the order of the enabled list.
+    pub plugin_metadata: Vec<PluginMetadata>,
+    /// Plugin chains of routes, services and global rules, keyed by `(kind, id)`.
+    pub chains: FastMap<(&'static str, String), PluginChain>,
+    /// The data plane's routing table.
+    pub table: RouteTable,
+    /// Plugins of every global rule, in priority order.
+    pub global_chain: PluginChain,
+    /// Every compiled upstream (objects, and inline ones of services and routes).
+    pub compiled_upstreams: Vec<Arc<CompiledUpstream>>,
+    /// `ssls` entries, as configured (keys included: never reported).
+    pub ssls: Vec<Arc<Ssl>>,
+    /// Certificates of the TLS listener, by server name.
+    pub certs: CertTable,
+    /// Stream routes, in file order.
+    pub stream_routes: Vec<Arc<StreamRoute>>,
+    /// The stream proxy's routing table.
+    pub stream_table: StreamTable,
+    /// Compiled upstream objects by id (what [`weir_plugin::UpstreamRef::Id`] names).
+    pub upstream_objects: FastMap<String, Arc<CompiledUpstream>>,
+    index: FastMap<(&'static str, String), usize>,
+    /// Compiled upstreams by owner `(kind, id)`, for the next build to reuse.
+    compiled_by_owner: Compiled,
+    /// Plugin instances by [`InstanceKey`], for the next build to reuse.
+    instances: FastMap<InstanceKey, Arc<dyn PluginInstance>>,
+    /// Consumers as requests carry them, and each auth plugin's credential index, with the
+    /// fingerprint of the consumer list they came from (reused while it is unchanged).
+    consumer_state: Option<Arc<plugins::ConsumerState>>,
+}
+
+impl Snapshot {
+    /// A route by id.
+    pub fn route(&self, id: &str) -> Option<&Arc<Route>> {
+        self.index.get(&("routes", id.to_owned())).map(|&i| &self.routes[i])
+    }
+    /// A service by id.
+    pub fn service(&self, id: &str) -> Option<&Arc<Service>> {
+        self.index.get(&("services", id.to_owned())).map(|&i| &self.services[i])
+    }
+    /// A stream route by id.
+    pub fn stream_route(&self, id: &str) -> Option<&Arc<StreamRoute>> {
+        self.index.get(&("stream_routes", id.to_owned())).map(|&i| &self.stream_routes[i])
+    }
+    /// An upstream object by id.
+    pub fn upstream(&self, id: &str) -> Option<&Arc<Upstream>> {
+        self.index.get(&("upstreams", id.to_owned())).map(|&i| &self.upstreams[i])
+    }
+    /// Metadata of a plugin.
+    pub fn metadata(&self, plugin: &str) -> Option<&PluginMetadata> {
+        self.plugin_metadata.iter().find(|m| m.id == plugin)
+    }
+    /// Number of resources of every kind, for logs.
+    pub fn summary(&self) -> String {
+        format!(
+            "{} routes, {} services, {} upstreams, {} consumers, {} global rules, {} plugin metadata, {} ssls, {} stream routes",
+            self.routes.len(),
+            self.services.len(),
+            self.upstreams.len(),
+            self.consumers.len(),
+            self.global_rules.len(),
+            self.plugin_metadata.len(),
+            self.ssls.len(),
+            self.stream_routes.len()
+        )
+    }
+
+    /// Validates `raw` and builds a snapshot with the `enabled` plugins (files named by
+    /// resources are relative to the current directory).
+    pub fn build(raw: &Value, enabled: &EnabledSet) -> Result<Snapshot, Vec<Issue>> {
+        Self::build_at(raw, enabled, Path::new("."))
+    }
+
+    /// [`Snapshot::build`], with files named by resources (`ssls[].cert_file`) relative to `base`:
+    /// a build that reuses nothing of a previous snapshot.
+    pub fn build_at(raw: &Value, enabled: &EnabledSet, base: &Path) -> Result<Snapshot, Vec<Issue>> {
+        Self::build_mode(raw, enabled, base, Mode::Apply(None))
+    }
+
+    /// [`Snapshot::build_at`] for a purpose ([`Mode`]).
+    pub fn build_mode(raw: &Value, enabled: &EnabledSet, base: &Path, mode: Mode<'_>) -> Result<Snapshot, Vec<Issue>> {
+        let previous = PARSED.lock().take().unwrap_or_default();
+        let mut cache =
+            ParseCache { current: FastMap::with_capacity_and_hasher(previous.len(), Default::default()), previous };
+        let check_only = enabled.check_only || matches!(mode, Mode::Validate);
+        let previous = match mode {
+            Mode::Apply(p) => p,
+            Mode::Validate => None,
+        };
+        let builder = Builder {
+            enabled,
+            base,
+            issues: Vec::new(),
+            snap: Snapshot::default(),
+            cache: &mut cache,
+            check_only,
+            previous,
+        };
+        let result = builder.run(raw);
+        // What this build parsed is what the next one may reuse (a failed build keeps its valid
+        // entries too: the corrected document usually differs in one of them). The parse cache
+        // is a memo of pure functions of each entry's JSON: a validation may fill it too.
+        *PARSED.lock() = Some(cache.current);
+        result
+    }
+}
+
+type Compiled = FastMap<(&'static str, String), Arc<CompiledUpstream>>;
+
+struct Builder<'a> {
+    enabled: &'a EnabledSet,
+    base: &'a Path,
+    issues: Vec<Issue>,
+    snap: Snapshot,
+    cache: &'a mut ParseCache,
+    /// Plugins build instances that open nothing ([`Mode::Validate`], `weir -t`).
+    check_only: bool,
+    /// The snapshot serving now, whose unchanged parts this build reuses ([`Mode::Apply`]).
+    previous: Option<&'a Snapshot>,
+}
+
+/// `routes[2] (id 7)`: how a resource is named in messages. Built for every entry of every
+/// build, so without the formatting machinery.
+fn owner(list: &str, i: usize, item: &Value) -> String {
+    let id = item.get("id").or_else(|| item.get("username"));
+    let number;
+    let id = match id {
+        Some(Value::String(s)) => Some(s.as_str()),
+        Some(Value::Number(n)) => {
+            number = n.to_string();
+            Some(number.as_str())
+        }
+        _ => None,
+    };
+    let index = i.to_string();
+    let mut o = String::with_capacity(list.len() + index.len() + id.map_or(0, |s| s.len() + 6) + 2);
+    o.push_str(list);
+    o.push('[');
+    o.push_str(&index);
+    o.push(']');
+    if let Some(id) = id {
+        o.push_str(" (id ");
+        o.push_str(id);
+        o.push(')');
+    }
+    o
+}
+
+impl Builder<'_> {
+    fn run(mut self, raw: &Value) -> Result<Snapshot, Vec<Issue>> {
+        let schemas = KindSchemas::get();
+        schemas.file.check(raw)?;
+        let (routes, routes_checked): (Vec<(String, Arc<Route>)>, _) = self.parse_checked(raw, "routes", "route");
+        let services: Vec<(String, Arc<Service>)> = self.parse(raw, "services", "service");
+        let upstreams: Vec<(String, Arc<Upstream>)> = self.parse(raw, "upstreams", "upstream");
+        let consumers: Vec<(String, Arc<Consumer>)> = self.parse(raw, "consumers", "consumer");
+        let groups: Vec<(String, Arc<ConsumerGroup>)> = self.parse(raw, "consumer_groups", "consumer_group");
+        let global_rules: Vec<(String, Arc<GlobalRule>)> = self.parse(raw, "global_rules", "global_rule");
+        let metadata: Vec<(String, Arc<PluginMetadata>)> = self.parse(raw, "plugin_metadata", "plugin_metadata");
+        let ssls: Vec<(String, Arc<Ssl>)> = self.parse(raw, "ssls", "ssl");
+        let stream_routes: Vec<(String, Arc<StreamRoute>)> = self.parse(raw, "stream_routes", "stream_route");
+        if !self.issues.is_empty() {
+            return Err(self.issues);
+        }
+
+        self.index("routes", routes.iter().map(|(o, r)| (o, r.id.0.clone())));
+        self.index("services", services.iter().map(|(o, s)| (o, s.id.0.clone())));
+        self.index(
+            "upstreams",
+            upstreams.iter().map(|(o, u)| (o, u.id.as_ref().map(|i| i.0.clone()).unwrap_or_default())),
+        );
+        self.index("consumers", consumers.iter().map(|(o, c)| (o, c.username.clone())));
+        self.index("consumer_groups", groups.iter().map(|(o, g)| (o, g.id.0.clone())));
+        for (o, c) in &consumers {
+            if let Some(g) = &c.group_id {
+                if !self.snap.index.contains_key(&("consumer_groups", g.0.clone())) {
+                    self.issue(o, "group_id", &format!("consumer group `{g}` does not exist"));
+                }
+            }
+        }
+        self.index("global_rules", global_rules.iter().map(|(o, g)| (o, g.id.0.clone())));
+        self.index("plugin_metadata", metadata.iter().map(|(o, m)| (o, m.id.clone())));
+        self.index("ssls", ssls.iter().map(|(o, s)| (o, s.id.0.clone())));
+        self.index("stream_routes", stream_routes.iter().map(|(o, r)| (o, r.id.0.clone())));
+        let (certs, problems) = CertTable::build(&ssls, self.base);
+        for (o, (key, why)) in problems {
+            self.issue(&o, &key, &why);
+        }
+        self.snap.certs = certs;
+        self.snap.ssls = ssls.into_iter().map(|(_, s)| s).collect();
+
+        for (o, u) in &upstreams {
+            if u.id.is_none() {
+                self.issue(o, "id", "required key is missing");
+            }
+            self.check_upstream(o, "", u);
+        }
+        for (o, s) in &services {
+            self.check_upstream_ref(o, s.upstream.as_deref(), s.upstream_id.as_ref());
+        }
+        for ((o, r), (print, checked)) in routes.iter().zip(routes_checked) {
+            if !checked {
+                let before = self.issues.len();
+                self.check_route_itself(o, r);
+                if self.issues.len() == before {
+                    if let Some(entry) = self.cache.current.get_mut(&print) {
+                        entry.1 = true;
+                    }
+                }
+            }
+            if r.upstream.is_some() && r.upstream_id.is_some() {
+                self.issue(o, "upstream_id", "`upstream` and `upstream_id` are mutually exclusive");
+            }
+            if let Some(id) = &r.upstream_id {
+                self.check_upstream_id(o, id);
+            }
+            if let Some(sid) = &r.service_id {
+                if !self.snap.index.contains_key(&("services", sid.0.clone())) {
+                    self.issue(o, "service_id", &format!("service `{sid}` does not exist"));
+                }
+            }
+        }
+        let mut stream_chains = HashMap::new();
+        for (o, r) in &stream_routes {
+            self.check_stream_route(o, r);
+            stream_chains.insert(r.id.0.clone(), self.stream_chain(o, &r.plugins));
+        }
+        if !self.issues.is_empty() {
+            return Err(self.issues);
+        }
+
+        // Plugins: metadata and consumers first (auth plugins index credentials).
+        let mut meta_by_plugin: HashMap<String, PluginMetadata> = HashMap::new();
+        for (o, m) in metadata {
+            if self.check_metadata(&o, &m) {
+                meta_by_plugin.insert(m.id.clone(), PluginMetadata::clone(&m));
+            }
+        }
+        let consumer_state = self.consumer_state(raw, &consumers, &groups, &meta_by_plugin);
+        let state = &consumer_state;
+        // Resources without plugins get no entry: lookups fall back to an empty chain.
+        for (o, r) in routes.iter().filter(|(_, r)| !r.plugins.is_empty()) {
+            let chain = self.chain(("routes", &r.id.0, o), &r.plugins, state, &meta_by_plugin);
+            self.snap.chains.insert(("routes", r.id.0.clone()), chain);
+        }
+        for (o, s) in services.iter().filter(|(_, s)| !s.plugins.is_empty()) {
+            let chain = self.chain(("services", &s.id.0, o), &s.plugins, state, &meta_by_plugin);
+            self.snap.chains.insert(("services", s.id.0.clone()), chain);
+        }
+        for (o, g) in &global_rules {
+            let chain = self.chain(("global_rules", &g.id.0, o), &g.plugins, state, &meta_by_plugin);
+            self.snap.chains.insert(("global_rules", g.id.0.clone()), chain);
+        }
+        self.snap.consumer_state = Some(consumer_state);
+        if !self.issues.is_empty() {
+            return Err(self.issues);
+        }
+        for entry in &self.enabled.listed {
+            if let Some(m) = meta_by_plugin.remove(entry.name) {
+                self.snap.plugin_metadata.push(m);
+            }
+        }
+        self.snap.routes = routes.into_iter().map(|(_, r)| r).collect();
+        self.snap.services = services.into_iter().map(|(_, s)| s).collect();
+        self.snap.upstreams = upstreams.into_iter().map(|(_, u)| u).collect();
+        self.snap.consumers = consumers.into_iter().map(|(_, c)| c).collect();
+        self.snap.consumer_groups = groups.into_iter().map(|(_, g)| g).collect();
+        self.snap.global_rules = global_rules.into_iter().map(|(_, g)| g).collect();
+        self.snap.stream_routes = stream_routes.into_iter().map(|(_, r)| r).collect();
+        self.compile_data_plane(stream_chains);
+        if !self.issues.is_empty() {
+            return Err(self.issues);
+        }
+        Ok(self.snap)
+    }
+}
+
+/// A JSON dump of a resource, as the control server reports it (defaults filled, ids as strings).
+pub fn dump<T: serde::Serialize>(v: &T) -> Value {
+    serde_json::to_value(v).unwrap_or_else(|e| json!({ "error_msg": e.to_string() }))
+}

@@ -1,0 +1,269 @@
+//! Plugin configurations of a snapshot: enabled plugins, consumers (their credentials and their
+//! other plugins), metadata, `_meta`, and the chains of instances. Instances are reused from the
+//! snapshot this one replaces while their plugin, owner, configuration and metadata are
+//! unchanged, so one route change rebuilds that route's instances only.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use serde_json::Value;
+use weir_plugin::meta::{meta_of, META};
+use weir_plugin::{BuildContext, ConsumerDirectory, ConsumerRef, Owner, SharedState};
+
+use super::*;
+
+/// Consumers as requests carry them, and what auth plugins derived from their credentials.
+pub(crate) struct ConsumerState {
+    /// Fingerprint of the `consumers` list (and the plugin metadata) this was built from.
+    print: Fingerprint,
+    /// Every consumer by name.
+    pub directory: ConsumerDirectory,
+    /// Each auth plugin's state (`prepare_consumers`).
+    pub shared: HashMap<&'static str, SharedState>,
+}
+
+/// `(kind, id, label)` of the resource a chain belongs to.
+pub(super) type ChainOwner<'o> = (&'static str, &'o str, &'o str);
+
+/// Sorts by priority (descending), then name.
+pub(super) fn sort_chain(chain: &mut [BoundPlugin]) {
+    chain.sort_by(|a, b| b.priority.cmp(&a.priority).then(a.entry.name.cmp(b.entry.name)));
+}
+
+/// `base` plugins overridden by `over` plugins of the same name: service ⊕ route, and a
+/// request's chain ⊕ its consumer's plugins (the consumer's win, as in APISIX).
+pub fn merge_chains(base: &PluginChain, over: &PluginChain) -> PluginChain {
+    let mut merged: Vec<BoundPlugin> =
+        base.iter().filter(|s| !over.iter().any(|r| r.entry.name == s.entry.name)).cloned().collect();
+    merged.extend(over.iter().cloned());
+    Arc::new(Chain::from(merged))
+}
+
+impl Builder<'_> {
+    pub(super) fn enabled_plugin(&mut self, o: &str, path: &str, name: &str) -> Option<Arc<PluginEntry>> {
+        if let Some(e) = self.enabled.get(name) {
+            return Some(e.clone());
+        }
+        let known: Vec<String> = self.enabled.listed.iter().map(|e| e.name.to_owned()).collect();
+        let reason = if crate::plugins_catalog().get(name).is_some() {
+            format!("plugin `{name}` is compiled in but not enabled (add it to `plugins:` in config.yaml)")
+        } else {
+            unknown_plugin(name, &known)
+        };
+        self.issue(o, path, &reason);
+        None
+    }
+
+    /// Consumers with their plugins: a plugin with a consumer schema is a credential (indexed
+    /// by the plugin), any other is built into the consumer's own chain, merged into a request's
+    /// once the consumer is known. Reused whole from the previous snapshot while the consumers
+    /// and plugin metadata are unchanged.
+    pub(super) fn consumer_state(
+        &mut self,
+        raw: &Value,
+        consumers: &[(String, Arc<Consumer>)],
+        groups: &[(String, Arc<ConsumerGroup>)],
+        metadata: &HashMap<String, PluginMetadata>,
+    ) -> Arc<ConsumerState> {
+        let mut print = fingerprint("consumers", raw.get("consumers").unwrap_or(&Value::Null));
+        let group_print = fingerprint("consumer_groups", raw.get("consumer_groups").unwrap_or(&Value::Null));
+        print[0] ^= group_print[0].rotate_left(2);
+        print[1] ^= group_print[1].rotate_left(2);
+        let meta_print = fingerprint("plugin_metadata", raw.get("plugin_metadata").unwrap_or(&Value::Null));
+        print[0] ^= meta_print[0].rotate_left(1);
+        print[1] ^= meta_print[1].rotate_left(1);
+        if let Some(previous) = self.previous.and_then(|p| p.consumer_state.as_ref()) {
+            if previous.print == print {
+                return previous.clone();
+            }
+        }
+        let empty = ConsumerState { print, directory: ConsumerDirectory::default(), shared: HashMap::new() };
+        let mut people = Vec::with_capacity(consumers.len());
+        type Credentials = (Arc<PluginEntry>, Vec<(usize, Value)>);
+        let mut per_plugin: HashMap<&'static str, Credentials> = HashMap::new();
+        for (i, (o, c)) in consumers.iter().enumerate() {
+            let mut others = PluginConfs::new();
+            let group = c.group_id.as_ref().and_then(|g| groups.iter().find(|(_, x)| x.id == *g));
+            if let Some((go, g)) = group {
+                for (name, conf) in &g.plugins {
+                    let path = format!("plugins.{name}");
+                    let Some(entry) = self.enabled_plugin(go, &path, name) else { continue };
+                    if entry.consumer_schema.is_some() {
+                        self.issue(go, &path, "credentials belong to consumers, not to consumer groups");
+                        continue;
+                    }
+                    others.insert(name.clone(), conf.clone());
+                }
+            }
+            for (name, conf) in &c.plugins {
+                let path = format!("plugins.{name}");
+                let Some(entry) = self.enabled_plugin(o, &path, name) else { continue };
+                let Some(schema) = &entry.consumer_schema else {
+                    others.insert(name.clone(), conf.clone());
+                    continue;
+                };
+                if let Err(found) = schema.check(conf) {
+                    self.issues.extend(found.into_iter().map(|f| f.under(&path).in_resource(o)));
+                    continue;
+                }
+                per_plugin.entry(entry.name).or_insert_with(|| (entry.clone(), Vec::new())).1.push((i, conf.clone()));
+            }
+            let chain = if others.is_empty() {
+                None
+            } else {
+                let chain = self.chain(("consumers", &c.username, o), &others, &empty, metadata);
+                Some(Arc::new(chain) as Arc<dyn std::any::Any + Send + Sync>)
+            };
+            people.push(Arc::new(weir_plugin::Consumer {
+                username: Arc::from(c.username.as_str()),
+                group_id: c.group_id.as_ref().map(|g| Arc::from(g.0.as_str())),
+                labels: c.labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+                credential_id: None,
+                username_header: http::HeaderValue::from_str(&c.username).ok(),
+                plugins: chain,
+            }));
+        }
+        let mut shared = HashMap::new();
+        for (name, (entry, confs)) in per_plugin {
+            let refs: Vec<ConsumerRef<'_>> = confs
+                .iter()
+                .map(|(i, conf)| ConsumerRef { username: &consumers[*i].1.username, consumer: &people[*i], conf })
+                .collect();
+            match entry.plugin.prepare_consumers(&refs) {
+                Ok(Some(state)) => {
+                    shared.insert(name, state);
+                }
+                Ok(None) => {}
+                Err(e) => self.issues.push(Issue::new(format!("consumers: plugins.{name}"), e)),
+            }
+        }
+        Arc::new(ConsumerState { print, directory: ConsumerDirectory::new(people), shared })
+    }
+
+    pub(super) fn check_metadata(&mut self, o: &str, m: &PluginMetadata) -> bool {
+        let Some(entry) = self.enabled.get(&m.id).cloned() else {
+            if crate::plugins_catalog().get(&m.id).is_some() {
+                log::info!("{o}: metadata of plugin `{}` is ignored: the plugin is not enabled", m.id);
+            } else {
+                let known: Vec<String> = self.enabled.listed.iter().map(|e| e.name.to_owned()).collect();
+                self.issue(o, "id", &unknown_plugin(&m.id, &known));
+            }
+            return false;
+        };
+        let Some(schema) = &entry.metadata_schema else {
+            self.issue(o, "id", &format!("plugin `{}` takes no metadata", m.id));
+            return false;
+        };
+        if let Err(found) = schema.check(&Value::Object(m.fields.clone())) {
+            self.issues.extend(found.into_iter().map(|f| f.in_resource(o)));
+            return false;
+        }
+        true
+    }
+
+    /// The chain of one resource's plugins: each configuration checked against its schema, its
+    /// `_meta` applied, and its instance taken from the previous snapshot when unchanged.
+    pub(super) fn chain(
+        &mut self,
+        (kind, id, o): ChainOwner<'_>,
+        confs: &PluginConfs,
+        consumers: &ConsumerState,
+        metadata: &HashMap<String, PluginMetadata>,
+    ) -> PluginChain {
+        let mut chain = Vec::with_capacity(confs.len());
+        for (name, conf) in confs {
+            let path = format!("plugins.{name}");
+            let Some(entry) = self.enabled_plugin(o, &path, name) else { continue };
+            if let Err(found) = entry.schema.check(conf) {
+                self.issues.extend(found.into_iter().map(|f| f.under(&path).in_resource(o)));
+                continue;
+            }
+            let meta = match meta_of(conf) {
+                Ok(m) => m.unwrap_or_default(),
+                Err(e) => {
+                    self.issue(o, &path, &e);
+                    continue;
+                }
+            };
+            if meta.filter.is_some() {
+                let why = "not supported yet: Weir does not evaluate APISIX expressions on plugins (remove it, or \
+                           split the route with `vars` when route expressions land)";
+                self.issue(o, &format!("{path}.{META}.filter"), why);
+                continue;
+            }
+            if meta.disable {
+                continue;
+            }
+            let meta_value = metadata.get(name).map(|m| Value::Object(m.fields.clone()));
+            let Some(instance) = self.instance(&entry, (kind, id, o), conf, meta_value.as_ref(), consumers, &path)
+            else {
+                continue;
+            };
+            let error_response = meta.error_response.map(|v| match v {
+                Value::String(s) => ErrorBody { body: Bytes::from(s), content_type: "text/plain; charset=utf-8" },
+                other => ErrorBody { body: Bytes::from(other.to_string()), content_type: "application/json" },
+            });
+            chain.push(BoundPlugin {
+                priority: meta.priority.unwrap_or(entry.priority),
+                entry,
+                instance,
+                error_response,
+            });
+        }
+        Arc::new(Chain::from(chain))
+    }
+
+    /// One instance: the previous snapshot's for the same plugin, owner, configuration and
+    /// metadata (and, for auth plugins, unchanged consumers), else a new one.
+    pub(super) fn instance(
+        &mut self,
+        entry: &Arc<PluginEntry>,
+        (kind, id, o): ChainOwner<'_>,
+        conf: &Value,
+        metadata: Option<&Value>,
+        consumers: &ConsumerState,
+        path: &str,
+    ) -> Option<Arc<dyn PluginInstance>> {
+        let key: InstanceKey = (
+            entry.name,
+            kind,
+            id.to_owned(),
+            fingerprint(entry.name, conf),
+            metadata.map_or([0, 0], |m| fingerprint("plugin_metadata", m)),
+        );
+        let consumers_reused = self
+            .previous
+            .and_then(|p| p.consumer_state.as_ref())
+            .is_some_and(|c| std::ptr::eq(Arc::as_ptr(c), consumers));
+        let depends_on_consumers = entry.consumer_schema.is_some();
+        if !self.check_only && (consumers_reused || !depends_on_consumers) {
+            if let Some(found) = self.previous.and_then(|p| p.instances.get(&key)) {
+                self.snap.instances.insert(key, found.clone());
+                return Some(found.clone());
+            }
+        }
+        let services = crate::tables::services::HostServices;
+        let ctx = BuildContext {
+            owner: Owner { kind, id, label: o },
+            raw: conf,
+            metadata,
+            shared: consumers.shared.get(entry.name),
+            check_only: self.check_only,
+            consumers: &consumers.directory,
+            services: &services,
+        };
+        match entry.plugin.build(conf, &ctx) {
+            Ok(instance) => {
+                if !self.check_only {
+                    self.snap.instances.insert(key, instance.clone());
+                }
+                Some(instance)
+            }
+            Err(e) => {
+                self.issue(o, path, &e);
+                None
+            }
+        }
+    }
+}

@@ -1,0 +1,166 @@
+//! Authentication plugins against the real binary: basic-auth with consumers, and forward-auth
+//! against a real authorization service (a separate Python process) that allows, denies, is
+//! slow, or is down.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::upstream::Upstream;
+use common::*;
+use serde_json::json;
+
+fn up(u: &Upstream) -> String {
+    format!("{{nodes: {{\"{}\": 1}}}}", u.node())
+}
+
+/// `Basic base64(text)`, without a base64 crate in the tests: Python's encoding is the reference.
+fn basic(text: &str) -> String {
+    let out = Command::new("python3")
+        .args(["-c", "import base64,sys;print(base64.b64encode(sys.argv[1].encode()).decode())", text])
+        .output()
+        .unwrap_or_else(|e| panic!("python3: {e}"));
+    format!("Basic {}", String::from_utf8_lossy(&out.stdout).trim())
+}
+
+#[test]
+fn basic_auth_identifies_consumers_and_refuses_everything_else() {
+    let u = Upstream::start("u");
+    let (p, _w) = start(&format!(
+        "consumers:\n  - {{username: jack, plugins: {{basic-auth: {{username: jack, password: '123456'}}}}}}\n  - {{username: rose, plugins: {{basic-auth: {{username: rose, password: secret}}}}}}\nroutes:\n  - {{id: 1, uri: /b, upstream: {u}, plugins: {{basic-auth: {{hide_credentials: true, realm: weir}}}}}}\n",
+        u = up(&u)
+    ));
+    let r = get(p.node(), "/b");
+    assert_eq!((r.status, r.json()), (401, json!({"message": "Missing authorization in request"})));
+    assert_eq!(r.header("www-authenticate"), Some("Basic realm=\"weir\""));
+    for bad in ["Basic !!!", "Bearer x", basic("no-colon").as_str()] {
+        let r = request(p.node(), "GET", "/b", &[("authorization", bad)], b"");
+        assert_eq!((r.status, r.json()), (401, json!({"message": "Invalid authorization in request"})), "{bad}");
+    }
+    for wrong in [basic("jack:1234567"), basic("nobody:123456"), basic("rose:123456")] {
+        let r = request(p.node(), "GET", "/b", &[("authorization", &wrong)], b"");
+        assert_eq!((r.status, r.json()), (401, json!({"message": "Invalid user authorization"})), "{wrong}");
+        assert!(!r.text().contains("123456"), "an answer never echoes the credential");
+    }
+    assert_eq!(u.hits(), 0, "nothing unauthenticated reached the upstream");
+    let forged = basic("jack:123456");
+    let r = request(p.node(), "GET", "/b", &[("authorization", &forged), ("x-consumer-username", "rose")], b"");
+    assert_eq!(r.status, 200, "{}", r.text());
+    let seen = &r.json()["headers"];
+    assert_eq!(seen["x-consumer-username"], "jack", "the consumer, not what the client claimed");
+    assert!(seen.get("authorization").is_none(), "hide_credentials");
+}
+
+/// An authorization service in its own process: `Bearer good` allows with `X-User-ID: 42`,
+/// `Bearer good-noid` allows without it, `Bearer slow` answers after 3 s, anything else is a
+/// 401 with its own body and `WWW-Authenticate`.
+struct AuthService {
+    child: Child,
+    port: u16,
+}
+
+const AUTH_SERVICE: &str = r#"
+import http.server, json, sys, time
+class H(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def do_GET(self):
+        auth = self.headers.get("Authorization", "")
+        seen = {k.lower(): v for k, v in self.headers.items()}
+        if auth == "Bearer slow":
+            time.sleep(3)
+        if auth in ("Bearer good", "Bearer good-noid"):
+            body = json.dumps({"seen": seen}).encode()
+            self.send_response(200)
+            if auth == "Bearer good":
+                self.send_header("X-User-ID", "42")
+        else:
+            body = json.dumps({"error": "denied", "seen": seen}).encode()
+            self.send_response(401)
+            self.send_header("WWW-Authenticate", "Bearer realm=auth")
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    do_POST = do_GET
+    def log_message(self, *a):
+        pass
+s = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+print(s.server_address[1], flush=True)
+s.serve_forever()
+"#;
+
+impl AuthService {
+    fn start() -> AuthService {
+        let mut child = Command::new("python3")
+            .args(["-c", AUTH_SERVICE])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("python3: {e}"));
+        let mut line = String::new();
+        let stdout = child.stdout.take().unwrap_or_else(|| panic!("no stdout"));
+        BufReader::new(stdout).read_line(&mut line).unwrap_or_else(|e| panic!("auth service: {e}"));
+        let port = line.trim().parse().unwrap_or_else(|e| panic!("auth service port {line:?}: {e}"));
+        AuthService { child, port }
+    }
+}
+
+impl Drop for AuthService {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn forward_auth_asks_a_real_service_and_fails_closed() {
+    let auth = AuthService::start();
+    let down = free_port();
+    let u = Upstream::start("u");
+    let conf = |port: u16, extra: &str| {
+        format!(
+            "{{forward-auth: {{uri: 'http://127.0.0.1:{port}/auth', request_headers: [Authorization], upstream_headers: [X-User-ID], client_headers: [WWW-Authenticate], timeout: 500{extra}}}}}"
+        )
+    };
+    let (p, _w) = start(&format!(
+        "routes:\n  - {{id: 1, uri: /f, upstream: {u}, plugins: {a}}}\n  - {{id: 2, uri: /down, upstream: {u}, plugins: {d}}}\n  - {{id: 3, uri: /degrade, upstream: {u}, plugins: {g}}}\n",
+        u = up(&u),
+        a = conf(auth.port, ""),
+        d = conf(down, ""),
+        g = conf(down, ", allow_degradation: true"),
+    ));
+    // Allowed: the service's X-User-ID replaces the one the client sent.
+    let r = request(p.node(), "GET", "/f?q=1", &[("authorization", "Bearer good"), ("x-user-id", "1")], b"");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["headers"]["x-user-id"], "42");
+    // Allowed without the header: the client's own X-User-ID never reaches the upstream.
+    let r = request(p.node(), "GET", "/f", &[("authorization", "Bearer good-noid"), ("x-user-id", "1")], b"");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(r.json()["headers"].get("x-user-id").is_none(), "{}", r.text());
+    // Denied: the service's status, body and client_headers, and the upstream is not asked.
+    let hits = u.hits();
+    let r = request(p.node(), "GET", "/f?q=1", &[("authorization", "Bearer bad")], b"");
+    assert_eq!(r.status, 401);
+    assert_eq!(r.header("www-authenticate"), Some("Bearer realm=auth"));
+    let body = r.json();
+    assert_eq!(body["error"], "denied");
+    let seen = &body["seen"];
+    assert_eq!(seen["x-forwarded-uri"], "/f?q=1", "{body}");
+    assert_eq!(seen["x-forwarded-method"], "GET");
+    assert_eq!(seen["x-forwarded-proto"], "http");
+    assert_eq!(seen["x-forwarded-for"], "127.0.0.1");
+    assert_eq!(seen["authorization"], "Bearer bad", "request_headers go to the service");
+    assert_eq!(u.hits(), hits);
+    // Slow: the timeout answers 403, in about the timeout.
+    let t = Instant::now();
+    let r = request(p.node(), "GET", "/f", &[("authorization", "Bearer slow")], b"");
+    assert_eq!(r.status, 403, "{}", r.text());
+    assert!(t.elapsed() < Duration::from_millis(2500), "{:?}", t.elapsed());
+    // Down: fails closed, unless degradation is allowed.
+    let r = request(p.node(), "GET", "/down", &[("authorization", "Bearer good")], b"");
+    assert_eq!((r.status, r.json()), (403, json!({"message": "the authorization service is unavailable"})));
+    assert_eq!(u.hits(), hits);
+    let r = request(p.node(), "GET", "/degrade", &[("authorization", "Bearer good")], b"");
+    assert_eq!(r.status, 200);
+}
