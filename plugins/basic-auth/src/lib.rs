@@ -193,7 +193,7 @@ mod tests {
 
     #[test]
     fn everything_else_is_a_401_that_echoes_nothing() {
-        let msg = |a: Option<&str>| outcome(json!({}), a).0.map(|(s, b)| (s, b));
+        let msg = |a: Option<&str>| outcome(json!({}), a).0;
         let missing = msg(None);
         assert_eq!(missing, Some((401, r#"{"message":"Missing authorization in request"}"#.into())));
         for bad in ["Basic !!!", "Bearer abc", &basic("no-colon"), "Basic /w==", "Basic"] {
