@@ -435,6 +435,26 @@ fn an_admin_api_validation_leaves_no_trace() {
     assert_eq!(r.status, 400, "{}", r.text());
     std::thread::sleep(Duration::from_millis(300));
     assert!(!log.exists(), "a refused write opened {}", log.display());
+
+    // APISIX's documented shapes: the id in the body of a PUT, raw newlines inside strings,
+    // schema validation that stores nothing.
+    let up = Upstream::start("u");
+    let body = format!(
+        "{{\"id\": 7, \"uri\": \"/seven\", \"desc\": \"two\nlines\", \"upstream\": {{\"nodes\": {{\"{}\": 1}}}}}}",
+        up.node()
+    );
+    let r = admin_call(admin, "PUT", "/apisix/admin/routes", Some(ADMIN_KEY), &body);
+    assert_eq!(r.status, 201, "{}", r.text());
+    assert!(eventually(Duration::from_secs(5), || status(p.node(), "/seven") == 200));
+    let ok = json!({"uri": "/x", "upstream_id": "missing"});
+    let r = admin_call(admin, "POST", "/apisix/admin/schema/validate/routes", Some(ADMIN_KEY), &ok.to_string());
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.text().contains("missing"), "{}", r.text());
+    let good = json!({"uri": "/x", "plugins": {"file-logger": {"path": log.to_string_lossy()}}, "upstream": {"nodes": {"127.0.0.1:1": 1}}});
+    let r = admin_call(admin, "POST", "/apisix/admin/schema/validate/routes", Some(ADMIN_KEY), &good.to_string());
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(!log.exists(), "a validation opened {}", log.display());
+    assert_eq!(status(p.node(), "/x"), 404, "a validation stores nothing");
 }
 
 #[test]

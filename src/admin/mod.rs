@@ -129,6 +129,33 @@ async fn dispatch(req: HttpRequest, body: web::Bytes, admin: web::Data<Admin>) -
     if role == AdminRole::Viewer && method != "GET" {
         return error(StatusCode::FORBIDDEN, "this key's role is viewer: it may only read");
     }
+    let rest = req.path().strip_prefix("/apisix/admin/").or_else(|| req.path().strip_prefix("/weir/admin/"));
+    if rest.map(|r| r.trim_end_matches('/')) == Some("plugins/reload") {
+        if method != "PUT" {
+            return error(StatusCode::METHOD_NOT_ALLOWED, "plugins/reload takes PUT");
+        }
+        let gateway = admin.gateway.clone();
+        return match actix_web::rt::task::spawn_blocking(move || gateway.reload_plugins()).await {
+            Ok(Ok(names)) => typed_response(StatusCode::OK, &json!({ "message": "done", "plugins": names })),
+            Ok(Err(e)) => error(StatusCode::BAD_REQUEST, e),
+            Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+        };
+    }
+    if let Some(kind) = rest.and_then(|r| r.strip_prefix("schema/validate/")) {
+        let Some(kind) = KINDS.iter().copied().find(|k| *k == kind.trim_end_matches('/')) else {
+            return error(StatusCode::NOT_FOUND, format!("unknown resource kind in {}", req.path()));
+        };
+        if method != "POST" {
+            return error(StatusCode::METHOD_NOT_ALLOWED, "schema/validate takes POST");
+        }
+        let mut client = match admin.client.get_or_try_init(|| connect(&admin.etcd)).await {
+            Ok(c) => c.clone(),
+            Err(e) => return error(StatusCode::SERVICE_UNAVAILABLE, e),
+        };
+        return validate_only(&mut client, &admin, kind, &body)
+            .await
+            .unwrap_or_else(|e| error(StatusCode::SERVICE_UNAVAILABLE, format!("etcd: {e}")));
+    }
     let Some((kind, id, sub)) = parse_path(req.path()) else {
         return error(StatusCode::NOT_FOUND, "not found: paths are /weir/admin/<kind>[/<id>] (or /apisix/admin/...)");
     };
@@ -148,8 +175,8 @@ async fn dispatch(req: HttpRequest, body: web::Bytes, admin: web::Data<Admin>) -
         }
         ("GET", Some(id)) => get(&mut client, &admin, kind, id, role).await,
         ("PUT", Some(id)) if sub.is_empty() => put(&mut client, &admin, kind, Some(id), &body, if_match, false).await,
-        // Consumers are created with the username in the body (APISIX).
-        ("PUT", None) if kind == "consumers" => put(&mut client, &admin, kind, None, &body, if_match, false).await,
+        // With the id (a consumer's username) in the body, as APISIX takes it.
+        ("PUT", None) => put(&mut client, &admin, kind, None, &body, if_match, false).await,
         ("POST", None) if kind != "consumers" => put(&mut client, &admin, kind, None, &body, None, true).await,
         ("PATCH", Some(id)) => patch(&mut client, &admin, kind, id, &sub, &body).await,
         ("DELETE", Some(id)) => delete(&mut client, &admin, kind, id).await,
@@ -285,15 +312,16 @@ async fn put(
     if_match: Option<String>,
     generate: bool,
 ) -> Result<HttpResponse, String> {
-    let Ok(Value::Object(mut value)) = serde_json::from_slice::<Value>(body) else {
+    let Some(Value::Object(mut value)) = parse_body(body) else {
         return Ok(error(StatusCode::BAD_REQUEST, "invalid request body: a JSON object is required"));
     };
     let field = if kind == "consumers" { "username" } else { "id" };
     let id: String = match (id, generate) {
         (Some(id), _) => id.to_owned(),
         (None, true) => format!("{:020}", chrono::Utc::now().timestamp_nanos_opt().unwrap_or_default().unsigned_abs()),
-        (None, false) => match value.get(field).and_then(Value::as_str) {
-            Some(u) if valid_id(u) => u.to_owned(),
+        (None, false) => match value.get(field) {
+            Some(Value::String(u)) if valid_id(u) => u.to_owned(),
+            Some(Value::Number(n)) if valid_id(&n.to_string()) => n.to_string(),
             _ => return Ok(error(StatusCode::BAD_REQUEST, format!("`{field}` is required in the body"))),
         },
     };
@@ -339,6 +367,58 @@ async fn put(
         Stored::Yes => typed_response(status, &body::Stored { key, value }),
         Stored::Stale => conflict(),
         Stored::Raced => raced(),
+    })
+}
+
+/// A JSON request body, also when it has raw control characters (newlines, tabs) inside
+/// strings, which APISIX's parser takes and strict JSON does not: they are escaped and the body
+/// parsed again.
+fn parse_body(body: &[u8]) -> Option<Value> {
+    if let Ok(v) = serde_json::from_slice(body) {
+        return Some(v);
+    }
+    let mut fixed = Vec::with_capacity(body.len() + 16);
+    let (mut in_string, mut escaped) = (false, false);
+    for &b in body {
+        match b {
+            _ if escaped => escaped = false,
+            b'\\' if in_string => escaped = true,
+            b'"' => in_string = !in_string,
+            b'\n' | b'\r' | b'\t' if in_string => {
+                fixed.extend_from_slice(match b {
+                    b'\n' => b"\\n",
+                    b'\r' => b"\\r",
+                    _ => b"\\t",
+                });
+                continue;
+            }
+            _ => {}
+        }
+        fixed.push(b);
+    }
+    serde_json::from_slice(&fixed).ok()
+}
+
+/// `POST /apisix/admin/schema/validate/<kind>`: whether the body is a valid resource of `kind`
+/// together with the resources stored now (references checked); nothing is stored.
+async fn validate_only(client: &mut Client, admin: &Admin, kind: &str, body: &[u8]) -> Result<HttpResponse, String> {
+    let Some(Value::Object(mut value)) = parse_body(body) else {
+        return Ok(error(StatusCode::BAD_REQUEST, "invalid request body: a JSON object is required"));
+    };
+    let field = if kind == "consumers" { "username" } else { "id" };
+    let id = match value.get(field) {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Number(n)) => n.to_string(),
+        _ => "weir-validate".to_owned(),
+    };
+    value.insert(field.to_owned(), Value::String(id.clone()));
+    let key = key_of(admin, kind, &id);
+    let (mut values, _) = all_values(client, admin).await?;
+    let mut before = values.clone();
+    values.insert(key.clone(), Value::Object(value));
+    Ok(match refusal(admin, &mut before, &mut values, &key) {
+        Some(why) => error(StatusCode::BAD_REQUEST, why),
+        None => typed_response(StatusCode::OK, &json!({ "message": "valid" })),
     })
 }
 
@@ -415,7 +495,7 @@ async fn patch(
     sub: &[&str],
     body: &[u8],
 ) -> Result<HttpResponse, String> {
-    let Ok(patch) = serde_json::from_slice::<Value>(body) else {
+    let Some(patch) = parse_body(body) else {
         return Ok(error(StatusCode::BAD_REQUEST, "invalid request body: JSON is required"));
     };
     let key = key_of(admin, kind, id);

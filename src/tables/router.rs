@@ -71,6 +71,8 @@ pub struct CompiledRoute {
     pub upstream: Option<Arc<CompiledUpstream>>,
     /// Definition order (ties).
     pub order: usize,
+    /// WebSocket handshakes are tunnelled (`enable_websocket` of the route or its service).
+    pub websocket: bool,
 }
 
 /// Bit of a method in [`CompiledRoute::methods`].
@@ -122,6 +124,7 @@ impl CompiledRoute {
             plugins,
             upstream,
             order,
+            websocket: route.enable_websocket,
             route,
         }
     }

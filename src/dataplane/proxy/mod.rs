@@ -310,7 +310,7 @@ async fn serve(
     // A WebSocket handshake is tunnelled only on routes that ask for it; elsewhere it is
     // proxied as plain HTTP (Upgrade and Connection were removed above), as APISIX does.
     let tunnel = match (on_upgrade, upgrade_token) {
-        (Some(client), Some(token)) if route.route.enable_websocket && !has_body => Some(Tunnel { client, token }),
+        (Some(client), Some(token)) if route.websocket && !has_body => Some(Tunnel { client, token }),
         _ => None,
     };
     forward(fin, upstream, source, host_header, worker, &gw.health, tunnel).await

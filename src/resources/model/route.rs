@@ -263,6 +263,9 @@ pub struct Service {
     /// Free-form labels.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,
+    /// WebSocket handshakes on the service's routes are tunnelled (as a route's own flag).
+    #[serde(default)]
+    pub enable_websocket: bool,
 }
 
 #[cfg(test)]

@@ -69,7 +69,9 @@ impl Builder<'_> {
                 }
             };
             let hosts = service.as_ref().and_then(|s| s.hosts.clone());
-            compiled.push(Arc::new(CompiledRoute::new(r.clone(), hosts.as_deref(), plugins, upstream, order)));
+            let mut c = CompiledRoute::new(r.clone(), hosts.as_deref(), plugins, upstream, order);
+            c.websocket |= service.as_ref().is_some_and(|s| s.enable_websocket);
+            compiled.push(Arc::new(c));
         }
         let mut stream = Vec::with_capacity(self.snap.stream_routes.len());
         for (order, r) in self.snap.stream_routes.iter().enumerate() {
