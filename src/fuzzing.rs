@@ -251,3 +251,27 @@ pub fn access_log_line(data: &[u8]) {
         }
     }
 }
+
+/// `$var` templates (`weir_plugin::template`): compiling any text either fails with a message or
+/// gives a template whose pieces put back together are the text's meaning (every variable
+/// known, no empty name), and rendering it never panics.
+pub fn template(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else { return };
+    let Ok(t) = weir_plugin::template::Template::compile(text) else { return };
+    for p in t.pieces() {
+        if let weir_plugin::template::Piece::Var(name) = p {
+            assert!(!name.is_empty() && weir_plugin::template::is_known(name), "{name:?} from {text:?}");
+        }
+    }
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], 1));
+    let ctx = weir_plugin::RequestCtx::new(
+        http::Method::GET,
+        "/p".into(),
+        "a=1".into(),
+        http::HeaderMap::new(),
+        addr,
+        std::sync::Arc::from("127.0.0.1"),
+        addr,
+    );
+    let _ = t.render(&ctx);
+}

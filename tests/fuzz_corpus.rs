@@ -59,3 +59,8 @@ fn access_log_line() {
 fn upstream_response() {
     each_input("upstream_response", weir::fuzzing::upstream_response);
 }
+
+#[test]
+fn template() {
+    each_input("template", weir::fuzzing::template);
+}
