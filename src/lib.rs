@@ -3,37 +3,11 @@
 //! One process serves the data plane (client traffic through plugins to upstreams) and the control
 //! server (the instance's state and controls, on loopback only). See `ARCHITECTURE.md` for the map.
 
-// Plugin crates chosen with cargo features. Each must be referenced, or the linker drops it and
-// its `inventory` registration with it.
+// Plugin crates chosen with cargo features, linked by the list `build.rs` makes from
+// Cargo.toml's `[features]` (each must be referenced, or the linker drops it and its
+// `inventory` registration with it), and `PLUGIN_FEATURES`.
 #![allow(unused_extern_crates)]
-#[cfg(feature = "basic-auth")]
-extern crate weir_plugin_basic_auth;
-#[cfg(feature = "example-plugin")]
-extern crate weir_plugin_example;
-#[cfg(feature = "file-logger")]
-extern crate weir_plugin_file_logger;
-#[cfg(feature = "forward-auth")]
-extern crate weir_plugin_forward_auth;
-#[cfg(feature = "ip-restriction")]
-extern crate weir_plugin_ip_restriction;
-#[cfg(feature = "key-auth")]
-extern crate weir_plugin_key_auth;
-#[cfg(feature = "limit-conn")]
-extern crate weir_plugin_limit_conn;
-#[cfg(feature = "limit-count")]
-extern crate weir_plugin_limit_count;
-#[cfg(feature = "prometheus")]
-extern crate weir_plugin_prometheus;
-#[cfg(feature = "proxy-rewrite")]
-extern crate weir_plugin_proxy_rewrite;
-#[cfg(feature = "request-id")]
-extern crate weir_plugin_request_id;
-#[cfg(feature = "response-rewrite")]
-extern crate weir_plugin_response_rewrite;
-#[cfg(feature = "short-url")]
-extern crate weir_plugin_short_url;
-#[cfg(feature = "stream-file-logger")]
-extern crate weir_plugin_stream_file_logger;
+include!(concat!(env!("OUT_DIR"), "/plugins.rs"));
 
 pub mod access_log;
 pub mod admin;
