@@ -12,6 +12,7 @@ use std::sync::{Arc, OnceLock};
 
 use http::{HeaderMap, HeaderName};
 use weir_plugin::logfile::LineWriter;
+use weir_plugin::template::{Piece, Template};
 use weir_plugin::RequestCtx;
 
 /// How lines are written.
@@ -21,17 +22,9 @@ pub enum Format {
     Combined,
     /// One JSON object per line.
     Json,
-    /// A template with `$name` or `${name}` variables.
-    Template(Vec<Piece>),
-}
-
-/// A part of a template.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Piece {
-    /// Text written as it is.
-    Text(String),
-    /// A variable (`time_local`, `time_iso8601`, `msec`, or anything `RequestCtx::var` knows).
-    Var(String),
+    /// A template with `$name` or `${name}` variables (the SDK's template engine: every
+    /// variable checked at load).
+    Template(Template),
 }
 
 impl Format {
@@ -42,41 +35,11 @@ impl Format {
             "json" => return Ok(Format::Json),
             _ => {}
         }
-        let mut pieces = Vec::new();
-        let mut lit = String::new();
-        let mut rest = text;
-        while let Some(at) = rest.find('$') {
-            lit.push_str(&rest[..at]);
-            let after = &rest[at + 1..];
-            let (name, tail) = if let Some(braced) = after.strip_prefix('{') {
-                let end = braced
-                    .find('}')
-                    .ok_or_else(|| format!("unclosed `${{` at byte {}", text.len() - rest.len() + at))?;
-                (&braced[..end], &braced[end + 1..])
-            } else {
-                let end = after.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).unwrap_or(after.len());
-                (&after[..end], &after[end..])
-            };
-            if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
-                return Err(format!(
-                    "`$` must be followed by a variable name (letters, digits, `_`), near `{}`",
-                    &rest[at..]
-                ));
-            }
-            if !lit.is_empty() {
-                pieces.push(Piece::Text(std::mem::take(&mut lit)));
-            }
-            pieces.push(Piece::Var(name.to_owned()));
-            rest = tail;
-        }
-        lit.push_str(rest);
-        if !lit.is_empty() {
-            pieces.push(Piece::Text(lit));
-        }
-        if !pieces.iter().any(|p| matches!(p, Piece::Var(_))) {
+        let template = Template::compile(text)?;
+        if template.is_literal() {
             return Err(format!("`{text}` is neither `combined`, `json` nor a template with `$variables`"));
         }
-        Ok(Format::Template(pieces))
+        Ok(Format::Template(template))
     }
 
     /// The request headers a line of this format reads: `combined` Referer and User-Agent,
@@ -86,10 +49,11 @@ impl Format {
         let names: Vec<String> = match self {
             Format::Combined => vec!["referer".into(), "user-agent".into()],
             Format::Json => vec!["referer".into(), "user-agent".into(), "host".into()],
-            Format::Template(pieces) => pieces
+            Format::Template(template) => template
+                .pieces()
                 .iter()
                 .filter_map(|p| match p {
-                    Piece::Var(name) if name == "host" => Some("host".to_owned()),
+                    Piece::Var(name) if &**name == "host" => Some("host".to_owned()),
                     // As `RequestCtx::var` reads them: `_` for `-`, any case.
                     Piece::Var(name) => name.strip_prefix("http_").map(|h| h.replace('_', "-").to_ascii_lowercase()),
                     Piece::Text(_) => None,
@@ -226,11 +190,11 @@ pub fn format_line(format: &Format, ctx: &RequestCtx) -> String {
                 push_without_controls(&mut out, &text);
             }
         }),
-        Format::Template(pieces) => {
-            for p in pieces {
+        Format::Template(template) => {
+            for p in template.pieces() {
                 match p {
                     Piece::Text(t) => out.push_str(t),
-                    Piece::Var(name) => match name.as_str() {
+                    Piece::Var(name) => match &**name {
                         "time_local" => with_time(|t| out.push_str(&t.local)),
                         "time_iso8601" => with_time(|t| out.push_str(&t.iso)),
                         "msec" => {
@@ -395,5 +359,6 @@ mod tests {
         assert!(Format::parse("no variables").is_err());
         assert!(Format::parse("$ alone").is_err());
         assert!(Format::parse("${unclosed").is_err());
+        assert!(Format::parse("$remote_adr").is_err(), "a misspelled variable refuses the format");
     }
 }
