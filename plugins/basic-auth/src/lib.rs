@@ -17,7 +17,7 @@ use weir_plugin::auth::{self, CredentialIndex, Rejection};
 use weir_plugin::http::header::AUTHORIZATION;
 use weir_plugin::http::HeaderValue;
 use weir_plugin::{
-    register_plugin, schema_of, BuildContext, Consumer, ConsumerRef, Flow, Plugin, PluginInstance, RequestCtx,
+    register_plugin, schema_of, BuildContext, Consumer, ConsumerRef, Flow, Late, Plugin, PluginInstance, RequestCtx,
     SharedState, Value,
 };
 
@@ -77,7 +77,7 @@ pub fn credentials(value: &[u8]) -> Option<(String, String)> {
 }
 
 impl Instance {
-    fn authenticate(&self, ctx: &RequestCtx) -> Result<&Arc<Consumer>, Rejection> {
+    fn authenticate(&self, ctx: &RequestCtx) -> Result<Arc<Consumer>, Rejection> {
         let challenge = |m| Rejection::Challenge(m, self.challenge.clone());
         let Some(value) = ctx.headers.get(AUTHORIZATION) else {
             return Err(challenge("Missing authorization in request"));
@@ -86,30 +86,23 @@ impl Instance {
             return Err(challenge("Invalid authorization in request"));
         };
         match self.index.as_ref().and_then(|i| i.find(user.as_bytes())) {
-            Some((consumer, expected)) if auth::ct_eq(expected, password.as_bytes()) => Ok(consumer),
+            Some((consumer, expected)) if auth::ct_eq(expected, password.as_bytes()) => Ok(consumer.clone()),
             _ => Err(challenge("Invalid user authorization")),
         }
     }
 }
 
 impl PluginInstance for Instance {
-    fn reads_request_headers_late(&self) -> bool {
-        false
-    }
-    fn has_header_filter(&self) -> bool {
-        false
-    }
-    fn has_log(&self) -> bool {
-        false
+    fn late(&self) -> Late {
+        Late::NONE
     }
     fn rewrite(&self, ctx: &mut RequestCtx) -> Flow<'_> {
-        let found = self.authenticate(ctx).cloned();
-        let authenticated = found.is_ok();
-        let flow = auth::finish(ctx, found.as_ref().map_err(Clone::clone), self.anonymous.as_ref());
-        if authenticated && self.hide_credentials {
-            ctx.headers.remove(AUTHORIZATION);
-        }
-        flow
+        let found = self.authenticate(ctx);
+        auth::finish(ctx, found, self.anonymous.as_ref(), |ctx| {
+            if self.hide_credentials {
+                ctx.headers.remove(AUTHORIZATION);
+            }
+        })
     }
 }
 
@@ -128,12 +121,9 @@ impl Plugin for BasicAuth {
         Some(schema_of::<ConsumerConf>())
     }
     fn prepare_consumers(&self, consumers: &[ConsumerRef<'_>]) -> Result<Option<SharedState>, String> {
-        let mut users = Vec::with_capacity(consumers.len());
-        for c in consumers {
-            let conf: ConsumerConf = weir_plugin::parse_conf(c.conf)?;
-            users.push((conf.username.into_bytes(), c.consumer, conf.password.into_bytes().into_boxed_slice()));
-        }
-        Ok(Some(Arc::new(Index::build("username", users)?)))
+        auth::index_consumers("username", consumers, |c: ConsumerConf| {
+            (c.username.into_bytes(), c.password.into_bytes().into_boxed_slice())
+        })
     }
     fn build(&self, conf: Conf, ctx: &BuildContext<'_>) -> Result<Arc<dyn PluginInstance>, String> {
         let challenge = HeaderValue::from_str(&format!("Basic realm=\"{}\"", conf.realm.replace('"', "")))

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use schemars::JsonSchema;
 use serde::Deserialize;
 use weir_plugin::{
-    register_plugin, schema_of, BuildContext, ControlEndpoint, ControlResponse, Plugin, PluginInstance, Value,
+    register_plugin, schema_of, BuildContext, ControlEndpoint, ControlResponse, Late, Plugin, PluginInstance, Value,
 };
 
 /// Route configuration.
@@ -50,14 +50,8 @@ pub struct ExamplePlugin;
 
 struct Instance;
 impl PluginInstance for Instance {
-    fn reads_request_headers_late(&self) -> bool {
-        false
-    }
-    fn has_header_filter(&self) -> bool {
-        false
-    }
-    fn has_log(&self) -> bool {
-        false
+    fn late(&self) -> Late {
+        Late::NONE
     }
 }
 

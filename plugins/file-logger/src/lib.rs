@@ -14,7 +14,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 use weir_plugin::logfile::{LineWriter, LogFiles};
 use weir_plugin::template::{self, Piece, Template};
-use weir_plugin::{register_plugin, schema_of, BuildContext, Plugin, PluginInstance, RequestCtx};
+use weir_plugin::{register_plugin, schema_of, BuildContext, Late, Plugin, PluginInstance, RequestCtx};
 
 /// Route configuration.
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -66,8 +66,9 @@ struct Instance {
 }
 
 impl PluginInstance for Instance {
-    fn has_header_filter(&self) -> bool {
-        false
+    /// Its format may read request headers (`$http_*`).
+    fn late(&self) -> Late {
+        Late { headers: true, ..Late::LOG }
     }
     fn log(&self, ctx: &RequestCtx) {
         let mut line = Map::with_capacity(self.format.len());

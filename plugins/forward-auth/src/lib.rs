@@ -16,7 +16,7 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use weir_plugin::http::{HeaderName, HeaderValue, Method, StatusCode};
 use weir_plugin::{
-    register_plugin, BuildContext, Flow, HttpClient, OutboundRequest, Plugin, PluginInstance, PluginResponse,
+    register_plugin, BuildContext, Flow, HttpClient, Late, OutboundRequest, Plugin, PluginInstance, PluginResponse,
     RequestCtx,
 };
 
@@ -148,14 +148,8 @@ impl PluginInstance for Instance {
     fn wants_request_body(&self) -> bool {
         matches!(self.method, AuthMethod::POST)
     }
-    fn reads_request_headers_late(&self) -> bool {
-        false
-    }
-    fn has_header_filter(&self) -> bool {
-        false
-    }
-    fn has_log(&self) -> bool {
-        false
+    fn late(&self) -> Late {
+        Late::NONE
     }
     fn access<'a>(&'a self, ctx: &'a mut RequestCtx) -> Flow<'a> {
         let req = self.auth_request(ctx);

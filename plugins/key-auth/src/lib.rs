@@ -13,7 +13,7 @@ use serde::Deserialize;
 use weir_plugin::auth::{self, CredentialIndex, Rejection};
 use weir_plugin::http::HeaderName;
 use weir_plugin::{
-    register_plugin, schema_of, BuildContext, Consumer, ConsumerRef, Flow, Plugin, PluginInstance, RequestCtx,
+    register_plugin, schema_of, BuildContext, Consumer, ConsumerRef, Flow, Late, Plugin, PluginInstance, RequestCtx,
     SharedState, Value,
 };
 
@@ -63,7 +63,7 @@ struct Instance {
 }
 
 impl Instance {
-    fn authenticate(&self, ctx: &RequestCtx) -> Result<&Arc<Consumer>, Rejection> {
+    fn authenticate(&self, ctx: &RequestCtx) -> Result<Arc<Consumer>, Rejection> {
         // The key is looked up where it lies in the request: no copy of it.
         let key = match ctx.headers.get(&self.header) {
             Some(k) => k.as_bytes(),
@@ -73,33 +73,26 @@ impl Instance {
             },
         };
         match self.index.as_ref().and_then(|i| i.find(key)) {
-            Some((consumer, ())) => Ok(consumer),
+            Some((consumer, ())) => Ok(consumer.clone()),
             None => Err(Rejection::Invalid("Invalid API key in request")),
         }
     }
 }
 
 impl PluginInstance for Instance {
-    fn reads_request_headers_late(&self) -> bool {
-        false
-    }
-    fn has_header_filter(&self) -> bool {
-        false
-    }
-    fn has_log(&self) -> bool {
-        false
+    fn late(&self) -> Late {
+        Late::NONE
     }
     /// Authentication runs in the rewrite phase, as in APISIX, so that the consumer is known to
     /// every plugin after it (its priority, 2500, puts it before proxy-rewrite and limit-count).
     fn rewrite(&self, ctx: &mut RequestCtx) -> Flow<'_> {
-        let found = self.authenticate(ctx).cloned();
-        let authenticated = found.is_ok();
-        let flow = auth::finish(ctx, found.as_ref().map_err(Clone::clone), self.anonymous.as_ref());
-        if authenticated && self.conf.hide_credentials {
-            ctx.headers.remove(&self.header);
-            auth::remove_query_arg(&mut ctx.query, &self.conf.query);
-        }
-        flow
+        let found = self.authenticate(ctx);
+        auth::finish(ctx, found, self.anonymous.as_ref(), |ctx| {
+            if self.conf.hide_credentials {
+                ctx.headers.remove(&self.header);
+                auth::remove_query_arg(&mut ctx.query, &self.conf.query);
+            }
+        })
     }
 }
 
@@ -118,12 +111,7 @@ impl Plugin for KeyAuth {
         Some(schema_of::<ConsumerConf>())
     }
     fn prepare_consumers(&self, consumers: &[ConsumerRef<'_>]) -> Result<Option<SharedState>, String> {
-        let mut keys = Vec::with_capacity(consumers.len());
-        for c in consumers {
-            let conf: ConsumerConf = weir_plugin::parse_conf(c.conf)?;
-            keys.push((conf.key.into_bytes(), c.consumer, ()));
-        }
-        Ok(Some(Arc::new(CredentialIndex::build("key", keys)?)))
+        auth::index_consumers("key", consumers, |c: ConsumerConf| (c.key.into_bytes(), ()))
     }
     fn build(&self, conf: Conf, ctx: &BuildContext<'_>) -> Result<Arc<dyn PluginInstance>, String> {
         let index = ctx.shared_as::<CredentialIndex<()>>()?;

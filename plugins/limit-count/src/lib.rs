@@ -14,7 +14,9 @@ use std::time::Duration;
 use schemars::JsonSchema;
 use serde::Deserialize;
 use weir_plugin::http::{HeaderName, HeaderValue, StatusCode};
-use weir_plugin::{register_plugin, BuildContext, Flow, Owner, Plugin, PluginInstance, PluginResponse, RequestCtx};
+use weir_plugin::{
+    register_plugin, BuildContext, Flow, Late, Owner, Plugin, PluginInstance, PluginResponse, RequestCtx,
+};
 
 pub use local::LocalStore;
 pub use shared::{RedisStore, RedisTarget};
@@ -172,8 +174,8 @@ impl Outcome {
 }
 
 impl PluginInstance for Instance {
-    fn reads_request_headers_late(&self) -> bool {
-        false
+    fn late(&self) -> Late {
+        Late::NONE
     }
     fn access<'a>(&'a self, ctx: &'a mut RequestCtx) -> Flow<'a> {
         let key = match ctx.var(&self.conf.key) {

@@ -19,7 +19,7 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use weir_plugin::metrics::{render_sources, Exposition};
 use weir_plugin::{
-    parse_conf, register_plugin, schema_of, BuildContext, ControlEndpoint, ControlResponse, InitEnv, Plugin,
+    parse_conf, register_plugin, schema_of, BuildContext, ControlEndpoint, ControlResponse, InitEnv, Late, Plugin,
     PluginInstance, PluginListener, RequestCtx, Value,
 };
 
@@ -109,11 +109,8 @@ pub struct Prometheus;
 struct Instance;
 
 impl PluginInstance for Instance {
-    fn reads_request_headers_late(&self) -> bool {
-        false
-    }
-    fn has_header_filter(&self) -> bool {
-        false
+    fn late(&self) -> Late {
+        Late::LOG
     }
     fn log(&self, ctx: &RequestCtx) {
         series::record(ctx);

@@ -8,7 +8,9 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use weir_plugin::http::{HeaderName, HeaderValue, Method};
 use weir_plugin::template::Template;
-use weir_plugin::{register_plugin, BuildContext, Flow, HeaderOps, NamedHeaderOps, Plugin, PluginInstance, RequestCtx};
+use weir_plugin::{
+    register_plugin, BuildContext, Flow, HeaderOps, Late, NamedHeaderOps, Plugin, PluginInstance, RequestCtx,
+};
 
 /// Methods `method` may set.
 #[derive(Debug, Clone, Copy, Deserialize, JsonSchema)]
@@ -96,14 +98,8 @@ fn field_values(ops: Vec<(HeaderName, String)>) -> Result<Vec<(HeaderName, Field
 }
 
 impl PluginInstance for Instance {
-    fn reads_request_headers_late(&self) -> bool {
-        false
-    }
-    fn has_header_filter(&self) -> bool {
-        false
-    }
-    fn has_log(&self) -> bool {
-        false
+    fn late(&self) -> Late {
+        Late::NONE
     }
     fn rewrite(&self, ctx: &mut RequestCtx) -> Flow<'_> {
         if let Some(uri) = &self.uri {

@@ -6,7 +6,9 @@ use std::sync::Arc;
 use schemars::JsonSchema;
 use serde::Deserialize;
 use weir_plugin::http::{HeaderName, HeaderValue};
-use weir_plugin::{register_plugin, BodyFilter, BuildContext, Flow, Plugin, PluginInstance, RequestCtx, ResponseHead};
+use weir_plugin::{
+    register_plugin, BodyFilter, BuildContext, Flow, Late, Plugin, PluginInstance, RequestCtx, ResponseHead,
+};
 
 /// Id formats.
 #[derive(Debug, Clone, Copy, Default, Deserialize, JsonSchema, PartialEq, Eq)]
@@ -62,8 +64,8 @@ struct Instance {
 }
 
 impl PluginInstance for Instance {
-    fn reads_request_headers_late(&self) -> bool {
-        false
+    fn late(&self) -> Late {
+        Late { header_filter: self.include, ..Late::NONE }
     }
     fn rewrite(&self, ctx: &mut RequestCtx) -> Flow<'_> {
         let id = match ctx.headers.get(&self.header).and_then(|v| v.to_str().ok()) {
@@ -81,12 +83,6 @@ impl PluginInstance for Instance {
         };
         ctx.set_var("request_id", id);
         Flow::Continue
-    }
-    fn has_header_filter(&self) -> bool {
-        self.include
-    }
-    fn has_log(&self) -> bool {
-        false
     }
     fn header_filter(&self, ctx: &mut RequestCtx, resp: &mut ResponseHead) -> BodyFilter {
         if self.include {

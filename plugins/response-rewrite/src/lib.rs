@@ -7,7 +7,7 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use weir_plugin::http::{HeaderName, HeaderValue, StatusCode};
 use weir_plugin::{
-    register_plugin, BodyFilter, BuildContext, Bytes, HeaderOps, Plugin, PluginInstance, RequestCtx, ResponseHead,
+    register_plugin, BodyFilter, BuildContext, Bytes, HeaderOps, Late, Plugin, PluginInstance, RequestCtx, ResponseHead,
 };
 
 /// Route configuration.
@@ -46,11 +46,8 @@ fn values(pairs: Vec<(HeaderName, String)>) -> Result<Vec<(HeaderName, HeaderVal
 }
 
 impl PluginInstance for Instance {
-    fn reads_request_headers_late(&self) -> bool {
-        false
-    }
-    fn has_log(&self) -> bool {
-        false
+    fn late(&self) -> Late {
+        Late::HEADER_FILTER
     }
     fn header_filter(&self, _ctx: &mut RequestCtx, resp: &mut ResponseHead) -> BodyFilter {
         if let Some(s) = self.status {

@@ -3,14 +3,15 @@
 //! the consumer to the request.
 //!
 //! - [`CredentialIndex`]: credential → consumer, built once per snapshot in
-//!   `prepare_consumers`; two consumers claiming one credential refuse the load, naming both.
+//!   `prepare_consumers` (in one call with [`index_consumers`]); two consumers claiming one
+//!   credential refuse the load, naming both.
 //!   Lookups bucket by a randomly keyed hash, then compare in constant time ([`ct_eq`]).
 //! - [`Rejection`]: why a request was not authenticated, answered as APISIX does (401,
 //!   `{"message": ...}`), never echoing the credential.
 //! - [`attach_consumer`]: sets [`RequestCtx::consumer`] and tells the upstream who it is
 //!   (`X-Consumer-Username`, `X-Credential-Identifier`, overwriting what a client sent).
-//! - [`finish`]: the end of every auth plugin's phase: the consumer found, else the
-//!   `anonymous_consumer`, else the rejection.
+//! - [`finish`]: the end of every auth plugin's phase: the consumer found (its credential
+//!   hidden if asked), else the `anonymous_consumer`, else the rejection.
 //!
 //! ```
 //! use std::sync::Arc;
@@ -34,7 +35,7 @@ use std::sync::Arc;
 use http::header::WWW_AUTHENTICATE;
 use http::{HeaderName, HeaderValue, StatusCode};
 
-use crate::{Consumer, ConsumerDirectory, Flow, PluginResponse, RequestCtx};
+use crate::{Consumer, ConsumerDirectory, ConsumerRef, Flow, PluginResponse, RequestCtx, SharedState};
 
 /// `X-Consumer-Username`: the consumer's name, to the upstream.
 pub const CONSUMER_USERNAME: HeaderName = HeaderName::from_static("x-consumer-username");
@@ -108,6 +109,26 @@ impl<V> CredentialIndex<V> {
     }
 }
 
+/// `prepare_consumers` of a credential plugin in one call: each consumer's credential parsed
+/// as `C` (the plugin's consumer configuration), turned into `(credential, value)` by `entry`,
+/// and indexed (`what` names the credential in the message refusing a duplicate).
+pub fn index_consumers<C, V>(
+    what: &str,
+    consumers: &[ConsumerRef<'_>],
+    entry: impl Fn(C) -> (Vec<u8>, V),
+) -> Result<Option<SharedState>, String>
+where
+    C: serde::de::DeserializeOwned,
+    V: Send + Sync + 'static,
+{
+    let mut items = Vec::with_capacity(consumers.len());
+    for c in consumers {
+        let (credential, value) = entry(crate::parse_conf::<C>(c.conf)?);
+        items.push((credential, c.consumer, value));
+    }
+    Ok(Some(Arc::new(CredentialIndex::build(what, items)?)))
+}
+
 /// Why a request was not authenticated. The message is APISIX's for the case; it never
 /// contains the credential.
 #[derive(Debug, Clone)]
@@ -136,7 +157,7 @@ impl Rejection {
 
 /// Sets the request's consumer and the headers that tell the upstream who it is (overwriting
 /// any the client sent: a client cannot claim an identity).
-pub fn attach_consumer(ctx: &mut RequestCtx, consumer: &Arc<Consumer>) {
+pub fn attach_consumer(ctx: &mut RequestCtx, consumer: Arc<Consumer>) {
     match &consumer.username_header {
         Some(v) => ctx.headers.insert(CONSUMER_USERNAME, v.clone()),
         None => ctx.headers.remove(CONSUMER_USERNAME),
@@ -145,7 +166,7 @@ pub fn attach_consumer(ctx: &mut RequestCtx, consumer: &Arc<Consumer>) {
         Some(v) => ctx.headers.insert(CREDENTIAL_IDENTIFIER, v),
         None => ctx.headers.remove(CREDENTIAL_IDENTIFIER),
     };
-    ctx.consumer = Some(consumer.clone());
+    ctx.consumer = Some(consumer);
 }
 
 /// The consumer named by an auth plugin's `anonymous_consumer`, looked up at load: a name that
@@ -160,20 +181,24 @@ pub fn anonymous(name: Option<&str>, consumers: &ConsumerDirectory) -> Result<Op
     }
 }
 
-/// The end of an auth plugin's phase: attach the consumer found; without one, attach the
-/// anonymous consumer if configured; else answer the rejection.
+/// The end of an auth plugin's phase: with a consumer found, `hide` removes the credential
+/// (`hide_credentials`) and the consumer is attached; without one, the anonymous consumer is
+/// attached if configured; else the rejection is the answer.
 pub fn finish(
     ctx: &mut RequestCtx,
-    found: Result<&Arc<Consumer>, Rejection>,
+    found: Result<Arc<Consumer>, Rejection>,
     anonymous: Option<&Arc<Consumer>>,
+    hide: impl FnOnce(&mut RequestCtx),
 ) -> Flow<'static> {
     match (found, anonymous) {
-        (Ok(c), _) | (Err(_), Some(c)) => {
+        (Ok(c), _) => {
+            hide(ctx);
             attach_consumer(ctx, c);
-            Flow::Continue
         }
-        (Err(r), None) => Flow::Respond(r.response()),
+        (Err(_), Some(c)) => attach_consumer(ctx, c.clone()),
+        (Err(r), None) => return Flow::Respond(r.response()),
     }
+    Flow::Continue
 }
 
 /// Removes every `name` argument from a query string (`hide_credentials`), keeping the order
@@ -212,7 +237,7 @@ mod tests {
         let mut ctx = crate::phase::tests_support::ctx();
         ctx.headers.insert(CONSUMER_USERNAME, HeaderValue::from_static("admin"));
         ctx.headers.insert(CREDENTIAL_IDENTIFIER, HeaderValue::from_static("forged"));
-        attach_consumer(&mut ctx, &Arc::new(Consumer::named("jack")));
+        attach_consumer(&mut ctx, Arc::new(Consumer::named("jack")));
         assert_eq!(ctx.header("x-consumer-username"), Some("jack"));
         assert_eq!(ctx.header("x-credential-identifier"), None);
         assert_eq!(ctx.consumer.as_ref().map(|c| &*c.username), Some("jack"));

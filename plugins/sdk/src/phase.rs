@@ -38,6 +38,31 @@ impl<'a> Flow<'a> {
     }
 }
 
+/// What a plugin uses after the request was forwarded, read once per configuration: the host
+/// leaves a plugin out of the phases it does not use, and moves the request headers into the
+/// upstream request instead of copying them when no plugin reads them late.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Late {
+    /// `header_filter`, `body_filter` or `log` read the request headers ([`RequestCtx::headers`];
+    /// without this they may find them empty).
+    pub headers: bool,
+    /// [`PluginInstance::header_filter`] does something.
+    pub header_filter: bool,
+    /// [`PluginInstance::log`] does something.
+    pub log: bool,
+}
+
+impl Late {
+    /// Everything (the default).
+    pub const ALL: Late = Late { headers: true, header_filter: true, log: true };
+    /// Nothing after forwarding: a plugin of `rewrite`/`access` only.
+    pub const NONE: Late = Late { headers: false, header_filter: false, log: false };
+    /// A header filter that reads no request header.
+    pub const HEADER_FILTER: Late = Late { header_filter: true, ..Late::NONE };
+    /// A log phase that reads no request header.
+    pub const LOG: Late = Late { log: true, ..Late::NONE };
+}
+
 /// Whether a plugin filters the body of this response: returned by
 /// [`PluginInstance::header_filter`], decided per response (a response nobody filters keeps its
 /// `Content-Length`).
@@ -374,21 +399,10 @@ pub trait PluginInstance: Send + Sync + 'static {
     fn wants_request_body(&self) -> bool {
         false
     }
-    /// Whether `header_filter`, `body_filter` or `log` read the request's headers
-    /// ([`RequestCtx::headers`]). When no plugin of a request does, the gateway moves the headers
-    /// into the upstream request instead of copying them, and those hooks see them empty. Say
-    /// `false` when these hooks do not look at request headers (the default is the safe `true`).
-    fn reads_request_headers_late(&self) -> bool {
-        true
-    }
-    /// Whether [`PluginInstance::header_filter`] does anything. Say `false` when it does not, and the
-    /// host leaves the plugin out of that phase.
-    fn has_header_filter(&self) -> bool {
-        true
-    }
-    /// Whether [`PluginInstance::log`] does anything (`false`: left out of that phase).
-    fn has_log(&self) -> bool {
-        true
+    /// Which of the hooks after forwarding this plugin uses ([`Late`]); the host leaves it out
+    /// of the others. The default, [`Late::ALL`], is always correct; say less to cost less.
+    fn late(&self) -> Late {
+        Late::ALL
     }
     /// Rewrite phase: adjust the request before authentication.
     fn rewrite<'a>(&'a self, _ctx: &'a mut RequestCtx) -> Flow<'a> {

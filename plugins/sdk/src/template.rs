@@ -200,10 +200,9 @@ impl Template {
 
 /// The value of a checked variable: the clock's, or [`RequestCtx::var`]'s.
 pub fn value<'c>(name: &str, ctx: &'c RequestCtx) -> Option<Cow<'c, str>> {
-    let now = || chrono::Local::now();
     match name {
         "time_iso8601" => Some(Cow::Owned(chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true))),
-        "time_local" => Some(Cow::Owned(now().format("%d/%b/%Y:%H:%M:%S %z").to_string())),
+        "time_local" => Some(Cow::Owned(chrono::Local::now().format("%d/%b/%Y:%H:%M:%S %z").to_string())),
         "msec" => Some(Cow::Owned(format!("{:.3}", chrono::Utc::now().timestamp_millis() as f64 / 1000.0))),
         _ => ctx.var(name),
     }

@@ -20,8 +20,8 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use weir_plugin::http::{header, HeaderValue, StatusCode};
 use weir_plugin::{
-    register_plugin, schema_of, BuildContext, ControlEndpoint, ControlResponse, Flow, InitEnv, Plugin, PluginInstance,
-    PluginResponse, RequestCtx,
+    register_plugin, schema_of, BuildContext, ControlEndpoint, ControlResponse, Flow, InitEnv, Late, Plugin,
+    PluginInstance, PluginResponse, RequestCtx,
 };
 
 use cache::Cache;
@@ -206,8 +206,8 @@ struct Instance {
 }
 
 impl PluginInstance for Instance {
-    fn reads_request_headers_late(&self) -> bool {
-        false
+    fn late(&self) -> Late {
+        Late::NONE
     }
     fn wants_request_body(&self) -> bool {
         self.action == Action::Create

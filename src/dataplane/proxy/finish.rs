@@ -29,7 +29,7 @@ pub struct Finish {
     /// The plugins filtering this response's body, by position in `chains` (decided by their
     /// header filters; empty, and no allocation, when none does).
     filters: Vec<u16>,
-    /// Some plugin reads the request headers after forwarding (`reads_request_headers_late`).
+    /// Some plugin reads the request headers after forwarding (`Late::headers`).
     pub(super) late_headers: bool,
     /// The route proxies gRPC: gateway errors answer in gRPC's terms.
     pub(super) grpc: bool,
@@ -67,7 +67,7 @@ impl Finish {
                 continue;
             }
             for p in chain.iter() {
-                if p.instance.has_header_filter() && p.instance.header_filter(ctx, head) == BodyFilter::Filter {
+                if p.late.header_filter && p.instance.header_filter(ctx, head) == BodyFilter::Filter {
                     filters.push(at);
                 }
                 at = at.saturating_add(1);
@@ -109,7 +109,7 @@ impl Drop for Finish {
             self.ctx.request_length += received.get();
         }
         for chain in self.chains.iter().filter(|c| c.logs) {
-            for p in chain.iter() {
+            for p in chain.iter().filter(|p| p.late.log) {
                 p.instance.log(&self.ctx);
             }
         }
@@ -176,22 +176,29 @@ pub(super) fn plugin_response(resp: PluginResponse, mut finish: Box<Finish>) -> 
     with_head(head, ResponseBody::Full(Some(body)))
 }
 
-/// Waits for a phase's outcome: `None` to go on, or the plugin's answer (with its
-/// `_meta.error_response` body, if one is set, for an error).
-async fn outcome(mut flow: Flow<'_>, p: &BoundPlugin) -> Option<PluginResponse> {
-    loop {
-        match flow {
-            Flow::Continue => return None,
-            Flow::Respond(mut r) => {
-                if let (Some(e), true) = (&p.error_response, r.status.as_u16() >= 400) {
-                    r.body = e.body.clone();
-                    r.headers.insert(http::header::CONTENT_TYPE, HeaderValue::from_static(e.content_type));
-                }
-                return Some(r);
-            }
-            Flow::Wait(f) => flow = f.await,
-        }
+/// A plugin's own answer, with its `_meta.error_response` body if one is set and it is an error.
+fn answer(mut r: PluginResponse, p: &BoundPlugin) -> PluginResponse {
+    if let (Some(e), true) = (&p.error_response, r.status.as_u16() >= 400) {
+        r.body = e.body.clone();
+        r.headers.insert(http::header::CONTENT_TYPE, HeaderValue::from_static(e.content_type));
     }
+    r
+}
+
+/// Settles one phase of one plugin inside [`access_phases`]: goes on, returns the plugin's
+/// answer, or waits. Written out rather than as an `async fn`, so that a phase that decides at
+/// once costs no future of its own.
+macro_rules! settle {
+    ($flow:expr, $p:expr) => {{
+        let mut flow: Flow<'_> = $flow;
+        loop {
+            match flow {
+                Flow::Continue => break,
+                Flow::Respond(r) => return Some(answer(r, $p)),
+                Flow::Wait(f) => flow = f.await,
+            }
+        }
+    }};
 }
 
 /// Runs `rewrite` then `access` of the request's chains; a plugin's answer ends the request.
@@ -202,9 +209,7 @@ pub(super) async fn access_phases(fin: &mut Finish) -> Option<PluginResponse> {
     {
         let Finish { ctx, chains, .. } = &mut *fin;
         for p in chains.iter().flat_map(|c| c.iter()) {
-            if let Some(resp) = outcome(p.instance.rewrite(ctx), p).await {
-                return Some(resp);
-            }
+            settle!(p.instance.rewrite(ctx), p);
         }
     }
     let consumer_chain = fin
@@ -216,18 +221,14 @@ pub(super) async fn access_phases(fin: &mut Finish) -> Option<PluginResponse> {
         .cloned();
     if let Some(extra) = consumer_chain {
         for p in extra.iter() {
-            if let Some(resp) = outcome(p.instance.rewrite(&mut fin.ctx), p).await {
-                return Some(resp);
-            }
+            settle!(p.instance.rewrite(&mut fin.ctx), p);
         }
         fin.chains[1] = merge_chains(&fin.chains[1], &extra);
         fin.late_headers |= extra.late_headers;
     }
     let Finish { ctx, chains, .. } = &mut *fin;
     for p in chains.iter().flat_map(|c| c.iter()) {
-        if let Some(resp) = outcome(p.instance.access(ctx), p).await {
-            return Some(resp);
-        }
+        settle!(p.instance.access(ctx), p);
     }
     None
 }

@@ -114,6 +114,8 @@ pub struct BoundPlugin {
     pub instance: Arc<dyn PluginInstance>,
     /// Its priority on this resource (`_meta.priority`, else the plugin's).
     pub priority: i32,
+    /// The hooks after forwarding it uses (`PluginInstance::late`, read once).
+    pub late: weir_plugin::Late,
     /// `_meta.error_response`: the body of this plugin's own error answers.
     pub error_response: Option<ErrorBody>,
 }
@@ -132,7 +134,7 @@ pub struct ErrorBody {
 #[derive(Default)]
 pub struct Chain {
     plugins: Box<[BoundPlugin]>,
-    /// Some plugin reads the request headers after forwarding (`reads_request_headers_late`).
+    /// Some plugin reads the request headers after forwarding (`Late::headers`).
     pub late_headers: bool,
     /// Some plugin needs the whole request body.
     pub wants_body: bool,
@@ -152,12 +154,11 @@ impl std::ops::Deref for Chain {
 impl From<Vec<BoundPlugin>> for Chain {
     fn from(mut plugins: Vec<BoundPlugin>) -> Self {
         sort_chain(&mut plugins);
-        let any = |f: fn(&dyn PluginInstance) -> bool| plugins.iter().any(|p| f(&*p.instance));
         Chain {
-            late_headers: any(|i| i.reads_request_headers_late()),
-            wants_body: any(|i| i.wants_request_body()),
-            header_filters: any(|i| i.has_header_filter()),
-            logs: any(|i| i.has_log()),
+            late_headers: plugins.iter().any(|p| p.late.headers),
+            wants_body: plugins.iter().any(|p| p.instance.wants_request_body()),
+            header_filters: plugins.iter().any(|p| p.late.header_filter),
+            logs: plugins.iter().any(|p| p.late.log),
             plugins: plugins.into_boxed_slice(),
         }
     }

@@ -206,6 +206,7 @@ impl Builder<'_> {
             });
             chain.push(BoundPlugin {
                 priority: meta.priority.unwrap_or(entry.priority),
+                late: instance.late(),
                 entry,
                 instance,
                 error_response,
