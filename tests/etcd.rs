@@ -12,7 +12,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use common::upstream::Upstream;
-use common::{eventually, get, Prefix, Weir};
+use common::{eventually, get, request, Prefix, Weir};
 use serde_json::json;
 
 struct Etcd {
@@ -570,4 +570,72 @@ fn etcd_over_tls_with_a_client_certificate() {
     let plain = "deployment:\n  config_provider: etcd\n  etcd:\n    host: [\"http://127.0.0.1:2379\"]\n    tls: {}\n";
     let (_, err) = common::start_refused(&Prefix::new("", plain, ""));
     assert!(err.contains("deployment.etcd.host[0]") && err.contains("plain http"), "{err}");
+}
+
+/// APISIX 3.x credentials through the Admin API, as its credential guide does it: a consumer
+/// without credentials, two key-auth credentials under it, a route with key-auth. Each key
+/// identifies the consumer and names its credential upstream; a credential duplicating another
+/// consumer's key is refused naming both; deleting the consumer takes its credentials along.
+#[test]
+fn credentials_through_the_admin_api() {
+    let Some(etcd) = Etcd::start() else {
+        return common::skip("credentials_through_the_admin_api", "etcd/etcdctl are not installed");
+    };
+    let up = Upstream::start("u");
+    let (p, _w, admin) = gateway_with_admin(&etcd);
+    let call = |method: &str, path: &str, body: &str| admin_call(admin, method, path, Some(ADMIN_KEY), body);
+    assert_eq!(call("PUT", "/apisix/admin/consumers", r#"{"username": "jack"}"#).status, 201);
+    for (id, key) in [("key-auth-one", "auth-one"), ("key-auth-two", "auth-two")] {
+        let body = json!({"plugins": {"key-auth": {"key": key}}}).to_string();
+        let r = call("PUT", &format!("/apisix/admin/consumers/jack/credentials/{id}"), &body);
+        assert_eq!(r.status, 201, "{}", r.text());
+        assert_eq!(r.json()["value"]["id"], id, "{}", r.text());
+    }
+    let route = json!({"uri": "/hello", "plugins": {"key-auth": {}}, "upstream": {"nodes": {up.node(): 1}, "type": "roundrobin"}});
+    assert_eq!(call("PUT", "/apisix/admin/routes/1", &route.to_string()).status, 201);
+    for (key, id) in [("auth-one", "key-auth-one"), ("auth-two", "key-auth-two")] {
+        let ok = eventually(Duration::from_secs(5), || {
+            request(p.node(), "GET", "/hello", &[("apikey", key)], b"").status == 200
+        });
+        assert!(ok, "{key}");
+        let r = request(p.node(), "GET", "/hello", &[("apikey", key), ("x-credential-identifier", "forged")], b"");
+        assert_eq!(r.json()["headers"]["x-consumer-username"], "jack");
+        assert_eq!(r.json()["headers"]["x-credential-identifier"], id);
+    }
+    // Listing: the consumer's credentials; the consumers list holds consumers only.
+    let r = call("GET", "/apisix/admin/consumers/jack/credentials", "");
+    assert_eq!(r.json()["total"], 2, "{}", r.text());
+    assert_eq!(call("GET", "/apisix/admin/consumers", "").json()["total"], 1);
+    let r = admin_call(admin, "GET", "/apisix/admin/consumers/jack/credentials/key-auth-one", Some(VIEWER_KEY), "");
+    assert_eq!(r.json()["value"]["plugins"]["key-auth"]["key"], "******", "viewers never see a credential");
+
+    // Another consumer claiming jack's key is refused, naming both.
+    assert_eq!(call("PUT", "/apisix/admin/consumers", r#"{"username": "rose"}"#).status, 201);
+    let dup = json!({"plugins": {"key-auth": {"key": "auth-one"}}}).to_string();
+    let r = call("PUT", "/apisix/admin/consumers/rose/credentials/mine", &dup);
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.text().contains("`jack`") && r.text().contains("`rose`"), "{}", r.text());
+    // Only auth plugins' credentials; no credential without its consumer.
+    let r = call(
+        "PUT",
+        "/apisix/admin/consumers/rose/credentials/x",
+        r#"{"plugins": {"limit-count": {"count": 1, "time_window": 60}}}"#,
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+    let r = call("PUT", "/apisix/admin/consumers/nobody/credentials/x", r#"{"plugins": {"key-auth": {"key": "zz"}}}"#);
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.text().contains("nobody"), "{}", r.text());
+
+    // One credential deleted: its key stops working, the other keeps working.
+    assert_eq!(call("DELETE", "/apisix/admin/consumers/jack/credentials/key-auth-two", "").status, 200);
+    assert!(eventually(Duration::from_secs(5), || request(p.node(), "GET", "/hello", &[("apikey", "auth-two")], b"")
+        .status
+        == 401));
+    assert_eq!(request(p.node(), "GET", "/hello", &[("apikey", "auth-one")], b"").status, 200);
+    // The consumer deleted: its credentials go with it.
+    assert_eq!(call("DELETE", "/apisix/admin/consumers/jack", "").status, 200);
+    assert_eq!(call("GET", "/apisix/admin/consumers/jack/credentials", "").json()["total"], 0);
+    assert!(eventually(Duration::from_secs(5), || request(p.node(), "GET", "/hello", &[("apikey", "auth-one")], b"")
+        .status
+        == 401));
 }

@@ -13,14 +13,14 @@ use std::sync::Arc;
 
 use actix_web::http::StatusCode;
 use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer};
-use etcd_client::{Client, Compare, CompareOp, GetOptions, Txn, TxnOp};
+use etcd_client::{Client, Compare, CompareOp, DeleteOptions, GetOptions, Txn, TxnOp};
 use serde_json::{json, Map, Value};
 use weir_plugin::cidr::Cidr;
 
 use crate::config::{AdminRole, AdminSection, EtcdSection};
 use crate::control::typed_response;
 use crate::openapi::bodies::{self as body, Deleted, ErrorBody, KeyNotFound, Node, NodeList};
-use crate::resources::etcd::{valid_document, Values, KINDS};
+use crate::resources::etcd::{valid_document, Values, CREDENTIALS, KINDS};
 use crate::state::Gateway;
 
 /// Largest request body.
@@ -93,7 +93,7 @@ fn redact(kind: &str, value: &mut Value) {
                 }
             }
         }
-        "consumers" => {
+        "consumers" | "credentials" => {
             if let Some(Value::Object(plugins)) = o.get_mut("plugins") {
                 for conf in plugins.values_mut() {
                     if let Value::Object(c) = conf {
@@ -168,8 +168,35 @@ async fn dispatch(req: HttpRequest, body: web::Bytes, admin: web::Data<Admin>) -
     };
     let if_match = req.headers().get("if-match").and_then(|v| v.to_str().ok()).map(|v| v.trim_matches('"').to_owned());
     let query = req.query_string().to_owned();
+    // A consumer's credentials: `/consumers/<username>/credentials[/<id>]`.
+    if let (Some(username), ["credentials", rest @ ..]) = (id.filter(|_| kind == "consumers"), sub.as_slice()) {
+        let result = match (method.as_str(), rest) {
+            ("GET", []) => {
+                list(&mut client, &admin, "credentials", &format!("{username}{CREDENTIALS}"), &query, role).await
+            }
+            (_, [cid]) if !valid_id(cid) => Ok(error(StatusCode::BAD_REQUEST, "invalid id: 1-64 of [a-zA-Z0-9-_.]")),
+            ("GET", [cid]) => {
+                get(&mut client, &admin, "credentials", &format!("{username}{CREDENTIALS}{cid}"), role).await
+            }
+            ("PUT", [cid]) => {
+                let id = format!("{username}{CREDENTIALS}{cid}");
+                put(&mut client, &admin, "credentials", Some(&id), &body, if_match, false).await
+            }
+            ("DELETE", [cid]) => {
+                delete(&mut client, &admin, "credentials", &format!("{username}{CREDENTIALS}{cid}")).await
+            }
+            _ => Ok(error(StatusCode::METHOD_NOT_ALLOWED, format!("{method} is not allowed on {}", req.path()))),
+        };
+        return result.unwrap_or_else(|e| error(StatusCode::SERVICE_UNAVAILABLE, format!("etcd: {e}")));
+    }
+    if kind == "credentials" {
+        return error(
+            StatusCode::NOT_FOUND,
+            "not found: credentials are at /apisix/admin/consumers/<username>/credentials/<id>",
+        );
+    }
     let result = match (method.as_str(), id) {
-        ("GET", None) => list(&mut client, &admin, kind, &query, role).await,
+        ("GET", None) => list(&mut client, &admin, kind, "", &query, role).await,
         ("GET" | "DELETE", Some(_)) if !sub.is_empty() => {
             Ok(error(StatusCode::NOT_FOUND, "not found: a sub-path (/routes/1/plugins) is for PATCH only"))
         }
@@ -190,7 +217,19 @@ async fn connect(etcd: &EtcdSection) -> Result<Client, String> {
 }
 
 fn key_of(admin: &Admin, kind: &str, id: &str) -> String {
-    format!("{}/{kind}/{id}", admin.prefix)
+    match kind {
+        // `jack/credentials/key-1`: under the consumer, as APISIX keeps them.
+        "credentials" => format!("{}/consumers/{id}", admin.prefix),
+        _ => format!("{}/{kind}/{id}", admin.prefix),
+    }
+}
+
+/// The id a value carries in its identity field: a credential's own id, not its consumer's.
+fn own_id(kind: &str, id: &str) -> String {
+    match id.split_once(CREDENTIALS) {
+        Some((_, credential)) if kind == "credentials" => credential.to_owned(),
+        _ => id.to_owned(),
+    }
 }
 
 /// One stored node as APISIX reports it.
@@ -202,14 +241,18 @@ async fn list(
     client: &mut Client,
     admin: &Admin,
     kind: &str,
+    within: &str,
     query: &str,
     role: AdminRole,
 ) -> Result<HttpResponse, String> {
-    let prefix = format!("{}/{kind}/", admin.prefix);
-    let resp = client.get(prefix, Some(GetOptions::new().with_prefix())).await.map_err(|e| e.to_string())?;
+    // `within`: a consumer's credentials (`jack/credentials/`).
+    let prefix = key_of(admin, kind, within);
+    let resp = client.get(prefix.clone(), Some(GetOptions::new().with_prefix())).await.map_err(|e| e.to_string())?;
     let mut items: Vec<Node> = resp
         .kvs()
         .iter()
+        // Only this kind's entries: a consumer's credentials are not consumers.
+        .filter(|kv| !String::from_utf8_lossy(kv.key()).get(prefix.len()..).is_some_and(|rest| rest.contains('/')))
         .filter_map(|kv| {
             let mut value: Value = serde_json::from_slice(kv.value()).ok()?;
             if role == AdminRole::Viewer {
@@ -316,6 +359,10 @@ async fn put(
         return Ok(error(StatusCode::BAD_REQUEST, "invalid request body: a JSON object is required"));
     };
     let field = if kind == "consumers" { "username" } else { "id" };
+    if kind == "credentials" {
+        // Implied by the path (and added back when the set is read).
+        value.remove("consumer");
+    }
     let id: String = match (id, generate) {
         (Some(id), _) => id.to_owned(),
         (None, true) => format!("{:020}", chrono::Utc::now().timestamp_nanos_opt().unwrap_or_default().unsigned_abs()),
@@ -325,16 +372,17 @@ async fn put(
             _ => return Ok(error(StatusCode::BAD_REQUEST, format!("`{field}` is required in the body"))),
         },
     };
+    let own = own_id(kind, &id);
     match value.get(field) {
-        Some(Value::String(s)) if *s != id => {
-            return Ok(error(StatusCode::BAD_REQUEST, format!("wrong {field}: the body says `{s}`, the path `{id}`")))
+        Some(Value::String(s)) if *s != own => {
+            return Ok(error(StatusCode::BAD_REQUEST, format!("wrong {field}: the body says `{s}`, the path `{own}`")))
         }
-        Some(Value::Number(n)) if n.to_string() != id => {
-            return Ok(error(StatusCode::BAD_REQUEST, format!("wrong {field}: the body says `{n}`, the path `{id}`")))
+        Some(Value::Number(n)) if n.to_string() != own => {
+            return Ok(error(StatusCode::BAD_REQUEST, format!("wrong {field}: the body says `{n}`, the path `{own}`")))
         }
         _ => {}
     }
-    value.insert(field.to_owned(), Value::String(id.clone()));
+    value.insert(field.to_owned(), Value::String(own));
     let key = key_of(admin, kind, &id);
     let (mut values, mark) = all_values(client, admin).await?;
     let existing = client.get(key.clone(), None).await.map_err(|e| e.to_string())?;
@@ -449,6 +497,19 @@ async fn store(
     expected: Option<i64>,
     mark: i64,
 ) -> Result<Stored, String> {
+    store_with(client, admin, key, value, expected, mark, None).await
+}
+
+/// [`store`], with one more operation in the same transaction.
+async fn store_with(
+    client: &mut Client,
+    admin: &Admin,
+    key: &str,
+    value: Option<&Value>,
+    expected: Option<i64>,
+    mark: i64,
+    also: Option<TxnOp>,
+) -> Result<Stored, String> {
     let m = marker(admin);
     let mut when = vec![Compare::mod_revision(m.clone(), CompareOp::Equal, mark)];
     if let Some(rev) = expected {
@@ -458,7 +519,9 @@ async fn store(
         Some(v) => TxnOp::put(key, v.to_string(), None),
         None => TxnOp::delete(key, None),
     };
-    let txn = Txn::new().when(when).and_then([op, TxnOp::put(m, "", None)]);
+    let mut ops = vec![op, TxnOp::put(m, "", None)];
+    ops.extend(also);
+    let txn = Txn::new().when(when).and_then(ops);
     let resp = client.txn(txn).await.map_err(|e| e.to_string())?;
     if resp.succeeded() {
         return Ok(Stored::Yes);
@@ -566,7 +629,10 @@ async fn delete(client: &mut Client, admin: &Admin, kind: &str, id: &str) -> Res
             format!("can not delete this {what}, {} still using it now", in_use.join(", ")),
         ));
     }
-    Ok(match store(client, admin, &key, None, None, mark).await? {
+    // A consumer goes with its credentials.
+    let also = (kind == "consumers")
+        .then(|| TxnOp::delete(format!("{key}{CREDENTIALS}"), Some(DeleteOptions::new().with_prefix())));
+    Ok(match store_with(client, admin, &key, None, None, mark, also).await? {
         Stored::Yes => typed_response(StatusCode::OK, &Deleted { key, deleted: "1".into() }),
         Stored::Stale | Stored::Raced => raced(),
     })

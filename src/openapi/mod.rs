@@ -45,6 +45,7 @@ fn singular(kind: &str) -> &str {
         "upstreams" => "upstream",
         "consumers" => "consumer",
         "consumer_groups" => "consumer_group",
+        "credentials" => "credential",
         "global_rules" => "global_rule",
         "plugin_metadata" => "plugin_metadata",
         "ssls" => "ssl",
@@ -352,6 +353,27 @@ fn admin_paths(paths: &mut Map<String, Value>) {
         );
         paths.insert(format!("/weir/admin/{kind}/{{id}}"), Value::Object(one));
     }
+    // Credentials live under their consumer (`/consumers/{username}/credentials/{id}`), without
+    // POST and PATCH, as in APISIX.
+    let username = path_param(
+        "username",
+        "the consumer's username",
+        json!({ "type": "string", "pattern": "^[A-Za-z0-9_-]{1,100}$" }),
+    );
+    for (from, to, drop) in [
+        ("/weir/admin/credentials", "/weir/admin/consumers/{username}/credentials", "post"),
+        ("/weir/admin/credentials/{id}", "/weir/admin/consumers/{username}/credentials/{id}", "patch"),
+    ] {
+        let Some(Value::Object(mut ops)) = paths.remove(from) else { continue };
+        ops.remove(drop);
+        for op in ops.values_mut() {
+            match op.get_mut("parameters") {
+                Some(Value::Array(params)) => params.insert(0, username.clone()),
+                _ => op["parameters"] = json!([username.clone()]),
+            }
+        }
+        paths.insert(to.to_owned(), Value::Object(ops));
+    }
 }
 
 fn merge(mut a: Value, b: Value) -> Value {
@@ -382,9 +404,10 @@ mod tests {
                 assert!(doc["paths"][path][m.to_lowercase()].is_object(), "{m} {path} is not documented");
             }
         }
-        for kind in KINDS {
+        for kind in KINDS.iter().filter(|k| **k != "credentials") {
             assert!(doc["paths"][format!("/weir/admin/{kind}/{{id}}")]["put"].is_object(), "{kind}");
         }
+        assert!(doc["paths"]["/weir/admin/consumers/{username}/credentials/{id}"]["put"].is_object());
     }
 
     #[test]

@@ -18,12 +18,13 @@ use crate::config::{EtcdSection, EtcdTls};
 use crate::validate::Issue;
 
 /// Resource kinds stored in etcd, as `<prefix>/<kind>/<id>` (the lists of resources.yaml).
-pub const KINDS: [&str; 9] = [
+pub const KINDS: [&str; 10] = [
     "routes",
     "services",
     "upstreams",
     "consumers",
     "consumer_groups",
+    "credentials",
     "global_rules",
     "plugin_metadata",
     "ssls",
@@ -66,9 +67,21 @@ pub type Values = BTreeMap<String, Value>;
 fn kind_of<'k>(prefix: &str, key: &'k str) -> Option<(&'static str, &'k str)> {
     let rest = key.strip_prefix(prefix)?.strip_prefix('/')?;
     let (kind, id) = rest.split_once('/')?;
-    let kind = KINDS.iter().find(|k| **k == kind)?;
+    if kind == "consumers" {
+        if let Some((consumer, credential)) = id.split_once(CREDENTIALS) {
+            let plain = |s: &str| !s.is_empty() && !s.contains('/');
+            return (plain(consumer) && plain(credential)).then_some(("credentials", id));
+        }
+    }
+    // Credentials live under their consumer only.
+    let kind = KINDS.iter().find(|k| **k == kind && **k != "credentials")?;
     (!id.is_empty() && !id.contains('/')).then_some((kind, id))
 }
+
+/// What separates a consumer from its credential's id in a credential's key
+/// (`<prefix>/consumers/jack/credentials/key-1`, as APISIX keeps them); a credential's id in
+/// [`KINDS`] terms is `jack/credentials/key-1`.
+pub const CREDENTIALS: &str = "/credentials/";
 
 /// Parses a value: a JSON object, or why not.
 pub fn parse(bytes: &[u8]) -> Result<Value, String> {
@@ -102,6 +115,18 @@ fn with_id(kind: &str, id: &str, value: &mut Value) -> Result<(), String> {
     o.remove("create_time");
     o.remove("update_time");
     let field = id_field(kind);
+    let id = match id.split_once(CREDENTIALS) {
+        Some((consumer, credential)) if kind == "credentials" => {
+            match o.get("consumer") {
+                Some(Value::String(c)) if c != consumer => {
+                    return Err(format!("`consumer` is `{c}` but the key names `{consumer}`"))
+                }
+                _ => o.insert("consumer".into(), Value::String(consumer.to_owned())),
+            };
+            credential
+        }
+        _ => id,
+    };
     match o.get(field) {
         None => {
             o.insert(field.to_owned(), Value::String(id.to_owned()));
@@ -320,6 +345,13 @@ mod tests {
         assert_eq!(kind_of("/weir", "/weir/routes/1/plugins"), None);
         assert_eq!(kind_of("/weir", "/weir/nope/1"), None);
         assert_eq!(kind_of("/weir", "/other/routes/1"), None);
+        let key = "/weir/consumers/jack/credentials/k1";
+        assert_eq!(kind_of("/weir", key), Some(("credentials", "jack/credentials/k1")));
+        assert_eq!(kind_of("/weir", "/weir/consumers/jack/credentials/"), None);
+        assert_eq!(kind_of("/weir", "/weir/credentials/k1"), None);
+        let mut v = serde_json::json!({"id": "k1", "plugins": {}});
+        assert_eq!(with_id("credentials", "jack/credentials/k1", &mut v), Ok(()));
+        assert_eq!(v["consumer"], "jack");
     }
 
     #[test]

@@ -7,4 +7,5 @@ pub mod etcd;
 /// IP addresses and CIDR blocks (shared with plugins through the SDK).
 pub use weir_plugin::cidr;
 pub mod model;
+pub mod secrets;
 pub mod yaml;

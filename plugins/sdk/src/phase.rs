@@ -118,6 +118,7 @@ pub struct ResponseHead {
 }
 
 /// The consumer a request was authenticated as: built once per snapshot, shared by requests.
+#[derive(Clone)]
 pub struct Consumer {
     /// Username (`$consumer_name`, `X-Consumer-Username` upstream).
     pub username: Arc<str>,

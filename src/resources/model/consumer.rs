@@ -29,6 +29,35 @@ pub struct Consumer {
     /// Free-form labels.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,
+    /// More credentials of the consumer, each with its own id (APISIX 3.x credentials): the
+    /// upstream learns which one identified the request from `X-Credential-Identifier`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub credentials: Vec<Credential>,
+}
+
+/// One credential of a consumer: auth plugins' configurations (a `key-auth` key, a `jwt-auth`
+/// secret...) under an id. Nested in a consumer's `credentials`, or a top-level entry naming
+/// its `consumer` (how the etcd provider and the Admin API keep them:
+/// `/consumers/<username>/credentials/<id>`).
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Credential {
+    /// Identity, unique within its consumer.
+    pub id: Id,
+    /// The consumer it belongs to (top-level entries only; implied when nested).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 100), regex(pattern = "^[a-zA-Z0-9_-]+$"))]
+    pub consumer: Option<String>,
+    /// Description.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 256))]
+    pub desc: Option<String>,
+    /// Auth plugins' credentials only (each validated against the plugin's consumer schema).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub plugins: PluginConfs,
+    /// Free-form labels.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
 }
 
 /// A consumer group: plugins shared by the consumers that name it in `group_id`.

@@ -21,7 +21,7 @@ mod ssl;
 mod stream;
 mod upstream;
 
-pub use consumer::{Consumer, ConsumerGroup};
+pub use consumer::{Consumer, ConsumerGroup, Credential};
 pub use global::{GlobalRule, PluginMetadata};
 pub use route::{HttpMethod, Route, RouteMore, Service};
 pub use ssl::{Ssl, SslType};

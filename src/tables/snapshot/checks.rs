@@ -4,6 +4,37 @@
 use super::*;
 
 impl Builder<'_> {
+    /// Credentials: a top-level one names an existing consumer, a nested one names no other,
+    /// and a consumer's credential ids are unique.
+    pub(super) fn check_credentials(
+        &mut self,
+        consumers: &[(String, Arc<Consumer>)],
+        credentials: &[(String, Arc<Credential>)],
+    ) {
+        let mut seen: std::collections::HashSet<(&str, &str)> = std::collections::HashSet::new();
+        for (o, c) in consumers {
+            for (j, cred) in c.credentials.iter().enumerate() {
+                if cred.consumer.as_ref().is_some_and(|n| *n != c.username) {
+                    self.issue(o, &format!("credentials[{j}].consumer"), "a nested credential belongs to its consumer");
+                }
+                if !seen.insert((&c.username, &cred.id.0)) {
+                    self.issue(o, &format!("credentials[{j}].id"), &format!("credential `{}` appears twice", cred.id));
+                }
+            }
+        }
+        for (o, cred) in credentials {
+            let Some(name) = cred.consumer.as_deref() else {
+                self.issue(o, "consumer", "required key is missing (the consumer the credential belongs to)");
+                continue;
+            };
+            if !consumers.iter().any(|(_, c)| c.username == name) {
+                self.issue(o, "consumer", &format!("consumer `{name}` does not exist"));
+            } else if !seen.insert((name, &cred.id.0)) {
+                self.issue(o, "id", &format!("consumer `{name}` has credential `{}` twice", cred.id));
+            }
+        }
+    }
+
     /// The checks of a route that depend on nothing but the route.
     pub(super) fn check_route_itself(&mut self, o: &str, r: &Route) {
         match (&r.uri, r.uris()) {

@@ -49,6 +49,8 @@ struct ResourceFile {
     #[serde(default)]
     consumer_groups: Vec<Value>,
     #[serde(default)]
+    credentials: Vec<Value>,
+    #[serde(default)]
     global_rules: Vec<Value>,
     #[serde(default)]
     plugin_metadata: Vec<Value>,
@@ -83,6 +85,7 @@ impl KindSchemas {
                     ("upstream", compile(weir_plugin::schema_of::<Upstream>())),
                     ("consumer", compile(weir_plugin::schema_of::<Consumer>())),
                     ("consumer_group", compile(weir_plugin::schema_of::<ConsumerGroup>())),
+                    ("credential", compile(weir_plugin::schema_of::<Credential>())),
                     ("global_rule", compile(weir_plugin::schema_of::<GlobalRule>())),
                     ("plugin_metadata", compile(weir_plugin::schema_of::<PluginMetadata>())),
                     ("ssl", compile(weir_plugin::schema_of::<Ssl>())),
@@ -353,6 +356,7 @@ impl Builder<'_> {
         let upstreams: Vec<(String, Arc<Upstream>)> = self.parse(raw, "upstreams", "upstream");
         let consumers: Vec<(String, Arc<Consumer>)> = self.parse(raw, "consumers", "consumer");
         let groups: Vec<(String, Arc<ConsumerGroup>)> = self.parse(raw, "consumer_groups", "consumer_group");
+        let credentials: Vec<(String, Arc<Credential>)> = self.parse(raw, "credentials", "credential");
         let global_rules: Vec<(String, Arc<GlobalRule>)> = self.parse(raw, "global_rules", "global_rule");
         let metadata: Vec<(String, Arc<PluginMetadata>)> = self.parse(raw, "plugin_metadata", "plugin_metadata");
         let ssls: Vec<(String, Arc<Ssl>)> = self.parse(raw, "ssls", "ssl");
@@ -376,6 +380,7 @@ impl Builder<'_> {
                 }
             }
         }
+        self.check_credentials(&consumers, &credentials);
         self.index("global_rules", global_rules.iter().map(|(o, g)| (o, g.id.0.clone())));
         self.index("plugin_metadata", metadata.iter().map(|(o, m)| (o, m.id.clone())));
         self.index("ssls", ssls.iter().map(|(o, s)| (o, s.id.0.clone())));
@@ -434,7 +439,7 @@ impl Builder<'_> {
                 meta_by_plugin.insert(m.id.clone(), PluginMetadata::clone(&m));
             }
         }
-        let consumer_state = self.consumer_state(raw, &consumers, &groups, &meta_by_plugin);
+        let consumer_state = self.consumer_state(raw, &consumers, &groups, &credentials, &meta_by_plugin);
         let state = &consumer_state;
         // Resources without plugins get no entry: lookups fall back to an empty chain.
         for (o, r) in routes.iter().filter(|(_, r)| !r.plugins.is_empty()) {

@@ -12,6 +12,7 @@ use weir_plugin::meta::{meta_of, META};
 use weir_plugin::{BuildContext, ConsumerDirectory, ConsumerRef, Owner, SharedState};
 
 use super::*;
+use crate::resources::secrets::{self, Resolved};
 
 /// Consumers as requests carry them, and what auth plugins derived from their credentials.
 pub(crate) struct ConsumerState {
@@ -55,24 +56,47 @@ impl Builder<'_> {
         None
     }
 
+    /// `conf` with its secret references (`$env://`) resolved and checked against `schema`;
+    /// the issues found (secrets replaced by their references) go to the builder.
+    fn resolved<'c>(&mut self, o: &str, path: &str, conf: &'c Value, schema: &CompiledSchema) -> Option<Resolved<'c>> {
+        let resolved = match secrets::resolve(conf) {
+            Ok(r) => r,
+            Err((at, why)) => {
+                let at = if at.is_empty() { path.to_owned() } else { format!("{path}.{at}") };
+                self.issue(o, &at, &why);
+                return None;
+            }
+        };
+        if let Err(found) = schema.check(&resolved.value) {
+            self.issues.extend(found.into_iter().map(|f| {
+                let f = Issue::new(f.path, resolved.redact(&f.reason));
+                f.under(path).in_resource(o)
+            }));
+            return None;
+        }
+        Some(resolved)
+    }
+
     /// Consumers with their plugins: a plugin with a consumer schema is a credential (indexed
     /// by the plugin), any other is built into the consumer's own chain, merged into a request's
-    /// once the consumer is known. Reused whole from the previous snapshot while the consumers
-    /// and plugin metadata are unchanged.
+    /// once the consumer is known. Credentials with an id of their own (a consumer's
+    /// `credentials`, or top-level `credentials` entries) identify the consumer with that id as
+    /// `credential_id`. Reused whole from the previous snapshot while the consumers, their
+    /// credentials, groups and plugin metadata are unchanged.
     pub(super) fn consumer_state(
         &mut self,
         raw: &Value,
         consumers: &[(String, Arc<Consumer>)],
         groups: &[(String, Arc<ConsumerGroup>)],
+        credentials: &[(String, Arc<Credential>)],
         metadata: &HashMap<String, PluginMetadata>,
     ) -> Arc<ConsumerState> {
         let mut print = fingerprint("consumers", raw.get("consumers").unwrap_or(&Value::Null));
-        let group_print = fingerprint("consumer_groups", raw.get("consumer_groups").unwrap_or(&Value::Null));
-        print[0] ^= group_print[0].rotate_left(2);
-        print[1] ^= group_print[1].rotate_left(2);
-        let meta_print = fingerprint("plugin_metadata", raw.get("plugin_metadata").unwrap_or(&Value::Null));
-        print[0] ^= meta_print[0].rotate_left(1);
-        print[1] ^= meta_print[1].rotate_left(1);
+        for (i, list) in ["consumer_groups", "plugin_metadata", "credentials"].into_iter().enumerate() {
+            let other = fingerprint(list, raw.get(list).unwrap_or(&Value::Null));
+            print[0] ^= other[0].rotate_left(i as u32 + 1);
+            print[1] ^= other[1].rotate_left(i as u32 + 1);
+        }
         if let Some(previous) = self.previous.and_then(|p| p.consumer_state.as_ref()) {
             if previous.print == print {
                 return previous.clone();
@@ -80,9 +104,9 @@ impl Builder<'_> {
         }
         let empty = ConsumerState { print, directory: ConsumerDirectory::default(), shared: HashMap::new() };
         let mut people = Vec::with_capacity(consumers.len());
-        type Credentials = (Arc<PluginEntry>, Vec<(usize, Value)>);
+        type Credentials = (Arc<PluginEntry>, Vec<(Arc<weir_plugin::Consumer>, Value)>);
         let mut per_plugin: HashMap<&'static str, Credentials> = HashMap::new();
-        for (i, (o, c)) in consumers.iter().enumerate() {
+        for (o, c) in consumers {
             let mut others = PluginConfs::new();
             let group = c.group_id.as_ref().and_then(|g| groups.iter().find(|(_, x)| x.id == *g));
             if let Some((go, g)) = group {
@@ -96,18 +120,33 @@ impl Builder<'_> {
                     others.insert(name.clone(), conf.clone());
                 }
             }
-            for (name, conf) in &c.plugins {
-                let path = format!("plugins.{name}");
-                let Some(entry) = self.enabled_plugin(o, &path, name) else { continue };
-                let Some(schema) = &entry.consumer_schema else {
-                    others.insert(name.clone(), conf.clone());
-                    continue;
-                };
-                if let Err(found) = schema.check(conf) {
-                    self.issues.extend(found.into_iter().map(|f| f.under(&path).in_resource(o)));
-                    continue;
+            // `(owner, path of its plugins, credential id, plugins)`: the consumer's own plugins,
+            // then each of its credentials.
+            let mut sources: Vec<(&str, String, Option<&Id>, &PluginConfs)> =
+                vec![(o, "plugins".into(), None, &c.plugins)];
+            for (j, cred) in c.credentials.iter().enumerate() {
+                sources.push((o, format!("credentials[{j}].plugins"), Some(&cred.id), &cred.plugins));
+            }
+            for (co, cred) in credentials.iter().filter(|(_, x)| x.consumer.as_deref() == Some(&c.username)) {
+                sources.push((co, "plugins".into(), Some(&cred.id), &cred.plugins));
+            }
+            let mut found: Vec<(Arc<PluginEntry>, Value, Option<&Id>)> = Vec::new();
+            for (owner, at, credential, plugins) in sources {
+                for (name, conf) in plugins {
+                    let path = format!("{at}.{name}");
+                    let Some(entry) = self.enabled_plugin(owner, &path, name) else { continue };
+                    let holder = entry.clone();
+                    let Some(schema) = holder.consumer_schema.as_ref() else {
+                        if credential.is_some() {
+                            self.issue(owner, &path, "a credential holds auth plugins' credentials only");
+                        } else {
+                            others.insert(name.clone(), conf.clone());
+                        }
+                        continue;
+                    };
+                    let Some(resolved) = self.resolved(owner, &path, conf, schema) else { continue };
+                    found.push((entry, resolved.value.into_owned(), credential));
                 }
-                per_plugin.entry(entry.name).or_insert_with(|| (entry.clone(), Vec::new())).1.push((i, conf.clone()));
             }
             let chain = if others.is_empty() {
                 None
@@ -115,21 +154,30 @@ impl Builder<'_> {
                 let chain = self.chain(("consumers", &c.username, o), &others, &empty, metadata);
                 Some(Arc::new(chain) as Arc<dyn std::any::Any + Send + Sync>)
             };
-            people.push(Arc::new(weir_plugin::Consumer {
+            let person = Arc::new(weir_plugin::Consumer {
                 username: Arc::from(c.username.as_str()),
                 group_id: c.group_id.as_ref().map(|g| Arc::from(g.0.as_str())),
                 labels: c.labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
                 credential_id: None,
                 username_header: http::HeaderValue::from_str(&c.username).ok(),
                 plugins: chain,
-            }));
+            });
+            for (entry, conf, credential) in found {
+                let who = match credential {
+                    None => person.clone(),
+                    Some(id) => Arc::new(weir_plugin::Consumer {
+                        credential_id: Some(Arc::from(id.0.as_str())),
+                        ..(*person).clone()
+                    }),
+                };
+                per_plugin.entry(entry.name).or_insert_with(|| (entry.clone(), Vec::new())).1.push((who, conf));
+            }
+            people.push(person);
         }
         let mut shared = HashMap::new();
         for (name, (entry, confs)) in per_plugin {
-            let refs: Vec<ConsumerRef<'_>> = confs
-                .iter()
-                .map(|(i, conf)| ConsumerRef { username: &consumers[*i].1.username, consumer: &people[*i], conf })
-                .collect();
+            let refs: Vec<ConsumerRef<'_>> =
+                confs.iter().map(|(who, conf)| ConsumerRef { username: &who.username, consumer: who, conf }).collect();
             match entry.plugin.prepare_consumers(&refs) {
                 Ok(Some(state)) => {
                     shared.insert(name, state);
@@ -175,10 +223,7 @@ impl Builder<'_> {
         for (name, conf) in confs {
             let path = format!("plugins.{name}");
             let Some(entry) = self.enabled_plugin(o, &path, name) else { continue };
-            if let Err(found) = entry.schema.check(conf) {
-                self.issues.extend(found.into_iter().map(|f| f.under(&path).in_resource(o)));
-                continue;
-            }
+            let Some(resolved) = self.resolved(o, &path, conf, &entry.schema) else { continue };
             let meta = match meta_of(conf) {
                 Ok(m) => m.unwrap_or_default(),
                 Err(e) => {
@@ -196,10 +241,8 @@ impl Builder<'_> {
                 continue;
             }
             let meta_value = metadata.get(name).map(|m| Value::Object(m.fields.clone()));
-            let Some(instance) = self.instance(&entry, (kind, id, o), conf, meta_value.as_ref(), consumers, &path)
-            else {
-                continue;
-            };
+            let built = self.instance(&entry, (kind, id, o), (conf, &resolved), meta_value.as_ref(), consumers, &path);
+            let Some(instance) = built else { continue };
             let error_response = meta.error_response.map(|v| match v {
                 Value::String(s) => ErrorBody { body: Bytes::from(s), content_type: "text/plain; charset=utf-8" },
                 other => ErrorBody { body: Bytes::from(other.to_string()), content_type: "application/json" },
@@ -221,7 +264,7 @@ impl Builder<'_> {
         &mut self,
         entry: &Arc<PluginEntry>,
         (kind, id, o): ChainOwner<'_>,
-        conf: &Value,
+        (conf, resolved): (&Value, &Resolved<'_>),
         metadata: Option<&Value>,
         consumers: &ConsumerState,
         path: &str,
@@ -247,14 +290,14 @@ impl Builder<'_> {
         let services = crate::tables::services::HostServices;
         let ctx = BuildContext {
             owner: Owner { kind, id, label: o },
-            raw: conf,
+            raw: &resolved.value,
             metadata,
             shared: consumers.shared.get(entry.name),
             check_only: self.check_only,
             consumers: &consumers.directory,
             services: &services,
         };
-        match entry.plugin.build(conf, &ctx) {
+        match entry.plugin.build(&resolved.value, &ctx) {
             Ok(instance) => {
                 if !self.check_only {
                     self.snap.instances.insert(key, instance.clone());
@@ -262,7 +305,7 @@ impl Builder<'_> {
                 Some(instance)
             }
             Err(e) => {
-                self.issue(o, path, &e);
+                self.issue(o, path, &resolved.redact(&e));
                 None
             }
         }
