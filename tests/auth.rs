@@ -164,3 +164,102 @@ fn forward_auth_asks_a_real_service_and_fails_closed() {
     let r = request(p.node(), "GET", "/degrade", &[("authorization", "Bearer good")], b"");
     assert_eq!(r.status, 200);
 }
+
+/// An HS256 token signed by Python's standard library (an independent implementation).
+fn hs256(claims: &serde_json::Value, secret: &str) -> String {
+    let script = "import base64,hmac,hashlib,sys\n\
+        b=lambda x: base64.urlsafe_b64encode(x).rstrip(b'=').decode()\n\
+        s=b(b'{\"alg\":\"HS256\",\"typ\":\"JWT\"}')+'.'+b(sys.argv[1].encode())\n\
+        print(s+'.'+b(hmac.new(sys.argv[2].encode(),s.encode(),hashlib.sha256).digest()))";
+    let out = Command::new("python3")
+        .args(["-c", script, &claims.to_string(), secret])
+        .output()
+        .unwrap_or_else(|e| panic!("python3: {e}"));
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+fn unix_now() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64)
+}
+
+/// jwt-auth through the real binary: a credential nested under its consumer whose secret comes
+/// from the environment (`$env://`), APISIX's answers for every hostile token, nothing
+/// unauthenticated upstream, and neither the secret nor a token in an answer or the log.
+#[test]
+fn jwt_auth_with_credentials_and_env_secrets() {
+    const SECRET: &str = "jack-secret-from-the-environment-0123456789";
+    let u = Upstream::start("u");
+    let resources = format!(
+        "consumers:\n  - username: jack\n    credentials:\n      - id: jack-jwt\n        plugins:\n          jwt-auth: {{key: jack-key, secret: \"$env://WEIR_TEST_JWT_SECRET\"}}\n  - username: rose\n    plugins:\n      jwt-auth: {{key: rose-key, secret: rose-secret-rose-secret-rose-secret}}\nroutes:\n  - {{id: 1, uri: /j, upstream: {u}, plugins: {{jwt-auth: {{hide_credentials: true}}}}}}\n",
+        u = up(&u)
+    );
+    let p = Prefix::new("", "", &resources);
+    let w = Weir::spawn_env(&p, &[("WEIR_TEST_JWT_SECRET", SECRET)]);
+    w.wait_ready(p.node());
+    let far = unix_now() + 3600;
+
+    let good = hs256(&json!({"key": "jack-key", "exp": far}), SECRET);
+    let r = request(
+        p.node(),
+        "GET",
+        "/j",
+        &[("authorization", &format!("Bearer {good}")), ("x-credential-identifier", "x")],
+        b"",
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let seen = &r.json()["headers"];
+    assert_eq!(seen["x-consumer-username"], "jack");
+    assert_eq!(seen["x-credential-identifier"], "jack-jwt");
+    assert!(seen.get("authorization").is_none(), "hide_credentials");
+    let r =
+        get(p.node(), &format!("/j?jwt={}", hs256(&json!({"key": "rose-key"}), "rose-secret-rose-secret-rose-secret")));
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["headers"]["x-consumer-username"], "rose");
+    let hits = u.hits();
+
+    let none = format!(
+        "eyJhbGciOiJub25lIiwidHlwIjoiSldUIn0.{}.",
+        hs256(&json!({"key": "jack-key"}), "x").split('.').nth(1).unwrap_or_default()
+    );
+    let cases: Vec<(String, &str)> = vec![
+        (String::new(), "Missing JWT token in request"),
+        ("Bearer a.b.c".into(), "JWT token invalid"),
+        (format!("Bearer {none}"), "failed to verify jwt"),
+        (format!("Bearer {}", hs256(&json!({"key": "jack-key"}), "guessed-secret")), "failed to verify jwt"),
+        (
+            format!("Bearer {}", hs256(&json!({"key": "jack-key", "exp": unix_now() - 5}), SECRET)),
+            "failed to verify jwt",
+        ),
+        (format!("Bearer {}", hs256(&json!({"key": "jack-key", "nbf": far}), SECRET)), "failed to verify jwt"),
+        (format!("Bearer {}", hs256(&json!({"key": "rose-key"}), SECRET)), "failed to verify jwt"),
+        (format!("Bearer {}", hs256(&json!({"key": "nobody"}), SECRET)), "Invalid user key in JWT token"),
+    ];
+    for (auth, message) in &cases {
+        let headers: Vec<(&str, &str)> = if auth.is_empty() { vec![] } else { vec![("authorization", auth.as_str())] };
+        let r = request(p.node(), "GET", "/j", &headers, b"");
+        assert_eq!((r.status, r.json()), (401, json!({ "message": message })), "{auth}");
+        assert_eq!(r.header("www-authenticate"), Some("Bearer realm=\"jwt\""));
+        assert!(!r.text().contains(SECRET));
+    }
+    // A 1 MiB token never reaches the plugin's parser whole, nor the upstream.
+    let huge = format!("Bearer {}", "A".repeat(1 << 20));
+    let r = request(p.node(), "GET", "/j", &[("authorization", &huge)], b"");
+    assert!(r.status == 431 || r.status == 400 || r.status == 401, "{}", r.status);
+    assert_eq!(u.hits(), hits, "nothing unauthenticated reached the upstream");
+    let log = w.log_text();
+    assert!(!log.contains(SECRET), "the secret never reaches the log");
+    assert!(!log.contains(&good), "a token never reaches the log");
+}
+
+/// A secret reference to an unset variable refuses the start, naming the reference, not a value.
+#[test]
+fn unset_env_secret_refuses_the_start() {
+    let p = Prefix::new(
+        "",
+        "",
+        "consumers:\n  - username: jack\n    plugins:\n      jwt-auth: {key: k, secret: \"$env://WEIR_TEST_NOT_SET_ANYWHERE\"}\n",
+    );
+    let (code, out) = common::start_refused(&p);
+    assert_ne!(code, 0);
+    assert!(out.contains("WEIR_TEST_NOT_SET_ANYWHERE") && out.contains("plugins.jwt-auth.secret"), "{out}");
+}

@@ -211,9 +211,42 @@ pub fn remove_query_arg(query: &mut String, name: &str) {
     *query = kept.join("&");
 }
 
+/// Removes every cookie named `name` from the request's `Cookie` headers (`hide_credentials`),
+/// keeping the others; a header left empty is dropped.
+pub fn remove_cookie(headers: &mut http::HeaderMap, name: &str) {
+    let lines: Vec<String> =
+        headers.get_all(http::header::COOKIE).iter().filter_map(|v| v.to_str().ok()).map(str::to_owned).collect();
+    if lines.is_empty() {
+        return;
+    }
+    headers.remove(http::header::COOKIE);
+    for line in lines {
+        let kept: Vec<&str> = line
+            .split(';')
+            .map(str::trim)
+            .filter(|kv| !kv.is_empty() && kv.split('=').next().map(str::trim) != Some(name))
+            .collect();
+        if let Ok(v) = HeaderValue::from_str(&kept.join("; ")) {
+            if !kept.is_empty() {
+                headers.append(http::header::COOKIE, v);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cookies_are_removed_by_name_only() {
+        let mut h = http::HeaderMap::new();
+        h.append(http::header::COOKIE, HeaderValue::from_static("a=1; jwt=secret; jwtx=2"));
+        h.append(http::header::COOKIE, HeaderValue::from_static("jwt=again"));
+        remove_cookie(&mut h, "jwt");
+        let left: Vec<&str> = h.get_all(http::header::COOKIE).iter().filter_map(|v| v.to_str().ok()).collect();
+        assert_eq!(left, ["a=1; jwtx=2"]);
+    }
 
     #[test]
     fn constant_time_eq() {

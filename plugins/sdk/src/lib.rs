@@ -15,6 +15,7 @@ pub mod auth;
 pub mod cidr;
 pub mod control;
 pub mod headers;
+pub mod jwt;
 pub mod logfile;
 pub mod meta;
 pub mod metrics;
