@@ -174,6 +174,8 @@ impl Instance {
                         (c, if interval > 0 { exp.min(now + interval) } else { now })
                     }
                     BearerMode::Jwks | BearerMode::PublicKey => {
+                        // Screened before the provider is asked: garbage never costs a fetch.
+                        jwt::head(&token, self.allowed_alg).map_err(|e| Failure::invalid_token(e.message()))?;
                         let issuers = self.issuers().await?;
                         let expect = Expect {
                             issuers: issuers.as_deref(),
