@@ -40,6 +40,12 @@ fn short_url_body() {
     each_input("short_url_body", weir_plugin_short_url::validate::fuzz_batch);
 }
 
+#[cfg(feature = "openid-connect")]
+#[test]
+fn oidc_session() {
+    each_input("oidc_session", weir_plugin_openid_connect::session::fuzz_cookie);
+}
+
 #[test]
 fn request_stream() {
     each_input("request_stream", weir::fuzzing::request_stream);
