@@ -55,8 +55,9 @@ impl TestRequest {
         let (path, query) = target.split_once('?').unwrap_or((target, ""));
         let addr = SocketAddr::from(([127, 0, 0, 1], 40000));
         let local = SocketAddr::from(([127, 0, 0, 1], 9080));
-        let ctx =
+        let mut ctx =
             RequestCtx::new(method, path.into(), query.into(), HeaderMap::new(), addr, Arc::from("127.0.0.1"), local);
+        ctx.request_target = target.parse().ok();
         TestRequest { ctx }
     }
     /// A GET of `target`.
