@@ -332,3 +332,46 @@ fn hmac_auth_signed_requests_and_replays() {
     assert_eq!(u.hits(), hits, "nothing refused reached the upstream");
     assert!(!w.log_text().contains("john-secret-key"));
 }
+
+/// APISIX's multi-auth and consumer-restriction examples through the real binary, with a
+/// consumer group's limit-count merged once the consumer is known.
+#[test]
+fn multi_auth_consumer_restriction_and_group_plugins() {
+    let u = Upstream::start("u");
+    let resources = format!(
+        "consumer_groups:\n  - {{id: gold, plugins: {{limit-count: {{count: 2, time_window: 60, key: consumer_name, rejected_code: 429}}}}}}\nconsumers:\n  - username: jack\n    group_id: gold\n    plugins:\n      basic-auth: {{username: jack, password: jack-pass}}\n      key-auth: {{key: jack-key}}\n  - username: rose\n    plugins:\n      key-auth: {{key: rose-key}}\nroutes:\n  - id: 1\n    uri: /m\n    upstream: {u}\n    plugins:\n      multi-auth: {{auth_plugins: [{{basic-auth: {{}}}}, {{key-auth: {{}}}}]}}\n  - id: 2\n    uri: /only-jack\n    upstream: {u}\n    plugins:\n      key-auth: {{}}\n      consumer-restriction: {{whitelist: [jack]}}\n",
+        u = up(&u)
+    );
+    let (p, _w) = start(&resources);
+    let r = request(p.node(), "GET", "/m", &[("authorization", &basic("jack:jack-pass"))], b"");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["headers"]["x-consumer-username"], "jack");
+    let r = request(p.node(), "GET", "/m", &[("apikey", "rose-key")], b"");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["headers"]["x-consumer-username"], "rose");
+    for bad in [vec![("apikey", "nope")], vec![("authorization", "Basic !!")], vec![]] {
+        let r = request(p.node(), "GET", "/m", &bad, b"");
+        assert_eq!((r.status, r.json()), (401, json!({"message": "Authorization Failed"})), "{bad:?}");
+    }
+    // jack's group limits jack to 2 requests a minute (he used 1); rose is not limited.
+    assert_eq!(request(p.node(), "GET", "/m", &[("apikey", "jack-key")], b"").status, 200);
+    assert_eq!(request(p.node(), "GET", "/m", &[("apikey", "jack-key")], b"").status, 429);
+    for _ in 0..3 {
+        assert_eq!(request(p.node(), "GET", "/m", &[("apikey", "rose-key")], b"").status, 200);
+    }
+    let r = request(p.node(), "GET", "/only-jack", &[("apikey", "rose-key")], b"");
+    assert_eq!((r.status, r.json()), (403, json!({"message": "The consumer_name is forbidden."})));
+}
+
+/// multi-auth refuses what cannot work, at load.
+#[test]
+fn multi_auth_refuses_non_auth_plugins() {
+    let p = Prefix::new(
+        "",
+        "",
+        "routes:\n  - {id: 1, uri: /m, upstream: {nodes: {\"127.0.0.1:1\": 1}}, plugins: {multi-auth: {auth_plugins: [{key-auth: {}}, {limit-count: {count: 1, time_window: 1}}]}}}\n",
+    );
+    let (code, out) = common::start_refused(&p);
+    assert_ne!(code, 0);
+    assert!(out.contains("limit-count plugin is not supported"), "{out}");
+}

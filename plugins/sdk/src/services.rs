@@ -140,6 +140,18 @@ pub trait Services: Send + Sync {
     /// Compiles an upstream object (the `upstreams` schema, `nodes` and all) for
     /// [`RequestCtx::upstream`](crate::RequestCtx); errors name the key at fault.
     fn compile_upstream(&self, conf: &Value) -> Result<UpstreamRef, String>;
+    /// Builds an instance of another enabled plugin, `name`, from `conf` (checked against its
+    /// schema, secrets resolved, its consumer state given), for the same owner: how a plugin
+    /// that runs others (multi-auth) gets them. Returns the instance and the plugin's type.
+    fn build_plugin(
+        &self,
+        name: &str,
+        conf: &Value,
+        owner: crate::Owner<'_>,
+    ) -> Result<(Arc<dyn crate::PluginInstance>, Option<&'static str>), String> {
+        let _ = (conf, owner);
+        Err(format!("plugin `{name}` cannot be built here"))
+    }
 }
 
 /// Services of a context without a host (unit tests): every call fails.

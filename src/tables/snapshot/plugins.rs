@@ -280,14 +280,15 @@ impl Builder<'_> {
             .previous
             .and_then(|p| p.consumer_state.as_ref())
             .is_some_and(|c| std::ptr::eq(Arc::as_ptr(c), consumers));
-        let depends_on_consumers = entry.consumer_schema.is_some();
+        // Auth plugins hold consumers (multi-auth through the auth plugins it runs).
+        let depends_on_consumers = entry.consumer_schema.is_some() || entry.plugin.plugin_type() == Some("auth");
         if !self.check_only && (consumers_reused || !depends_on_consumers) {
             if let Some(found) = self.previous.and_then(|p| p.instances.get(&key)) {
                 self.snap.instances.insert(key, found.clone());
                 return Some(found.clone());
             }
         }
-        let services = crate::tables::services::HostServices;
+        let services = Nested { enabled: self.enabled, consumers, check_only: self.check_only };
         let ctx = BuildContext {
             owner: Owner { kind, id, label: o },
             raw: &resolved.value,
@@ -309,5 +310,55 @@ impl Builder<'_> {
                 None
             }
         }
+    }
+}
+
+/// The host's services while a snapshot is built, which can also build other plugins'
+/// instances (`Services::build_plugin`, for multi-auth) with this snapshot's consumers.
+struct Nested<'b> {
+    enabled: &'b EnabledSet,
+    consumers: &'b ConsumerState,
+    check_only: bool,
+}
+
+impl weir_plugin::Services for Nested<'_> {
+    fn http_client(&self) -> Arc<dyn weir_plugin::HttpClient> {
+        crate::tables::services::HostServices.http_client()
+    }
+
+    fn compile_upstream(&self, conf: &Value) -> Result<weir_plugin::UpstreamRef, String> {
+        crate::tables::services::HostServices.compile_upstream(conf)
+    }
+
+    fn build_plugin(
+        &self,
+        name: &str,
+        conf: &Value,
+        owner: Owner<'_>,
+    ) -> Result<(Arc<dyn PluginInstance>, Option<&'static str>), String> {
+        let Some(entry) = self.enabled.get(name) else {
+            return Err(if crate::plugins_catalog().get(name).is_some() {
+                format!("plugin `{name}` is compiled in but not enabled")
+            } else {
+                format!("unknown plugin `{name}`")
+            });
+        };
+        let resolved = secrets::resolve(conf).map_err(|(at, why)| format!("{name}.{at}: {why}"))?;
+        if let Err(found) = entry.schema.check(&resolved.value) {
+            let all: Vec<String> = found.iter().map(|i| resolved.redact(&i.clone().under(name).to_string())).collect();
+            return Err(all.join("; "));
+        }
+        let ctx = BuildContext {
+            owner,
+            raw: &resolved.value,
+            metadata: None,
+            shared: self.consumers.shared.get(entry.name),
+            check_only: self.check_only,
+            consumers: &self.consumers.directory,
+            services: self,
+        };
+        let instance =
+            entry.plugin.build(&resolved.value, &ctx).map_err(|e| resolved.redact(&format!("{name}: {e}")))?;
+        Ok((instance, entry.plugin.plugin_type()))
     }
 }
