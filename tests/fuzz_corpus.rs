@@ -47,6 +47,17 @@ fn oidc_session() {
 }
 
 #[test]
+fn jwt_token() {
+    each_input("jwt_token", weir_plugin::jwt::fuzz_token);
+}
+
+#[cfg(feature = "hmac-auth")]
+#[test]
+fn hmac_authorization() {
+    each_input("hmac_authorization", weir_plugin_hmac_auth::fuzz_authorization);
+}
+
+#[test]
 fn request_stream() {
     each_input("request_stream", weir::fuzzing::request_stream);
 }
