@@ -211,6 +211,7 @@ async fn verify_id_token(
     nonce: Option<&str>,
     now: i64,
 ) -> Result<Map<String, Value>, Failure> {
+    let parsed = inst.parse_jwt(token)?;
     let issuers = inst.issuers().await?;
     let expect = Expect {
         issuers: issuers.as_deref(),
@@ -221,7 +222,7 @@ async fn verify_id_token(
         iat_slack: inst.conf.iat_slack,
         now,
     };
-    inst.verify_jwt(token, &expect).await
+    inst.verify_jwt(parsed, &expect).await
 }
 
 fn str_field(m: &Map<String, Value>, k: &str) -> Option<String> {

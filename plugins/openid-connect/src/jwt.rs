@@ -1,21 +1,30 @@
-//! JWT verification: the algorithm comes from the key (a JWK's `alg`, or its type) and the
-//! allowed list, never from the token alone: `none` and the HMAC algorithms are always refused
-//! (an HS token "signed" with a public key is the classic confusion attack). Then signature,
-//! `exp`/`nbf`, issuer, audience and (for ID tokens) nonce.
+//! JWT verification for openid-connect, built on the SDK's strict [`weir_plugin::jwt`] (the
+//! one jwt-auth uses): tokens are parsed by [`jwt::parse`] (compact form only, at most
+//! [`jwt::MAX_TOKEN`] bytes, a header and payload that are JSON objects without duplicate keys,
+//! no `crit`: a payload with two `iss` (or two `scope`, or two `nonce`) or a header with two
+//! `alg` is malformed, never read either way), and signatures are checked by a [`Verifier`] fixed to one algorithm and one key.
+//!
+//! What is this plugin's is the provider policy: the algorithm comes from the key (a JWK's
+//! `alg`, or its type) and the allowed list, never from the token alone; `none` and the HMAC
+//! algorithms are always refused (an HS token "signed" with a public key is the classic
+//! confusion attack). Then `exp`/`nbf` (no leeway), issuer, `iat`, audience and (for ID tokens)
+//! nonce.
 
-use std::str::FromStr;
-
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
 use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, Jwk, PublicKeyUse};
-use jsonwebtoken::{errors::ErrorKind, Algorithm, DecodingKey, Validation};
+use jsonwebtoken::{Algorithm, DecodingKey};
 use serde_json::{Map, Value};
+use weir_plugin::jwt::{self, Key, Verifier};
 
 use crate::conf::AudienceValidator;
 
 /// Why a token was refused; the message is safe to show (never the token, never a key).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Invalid {
-    /// Not three base64url parts with a JSON header.
+    /// Not a compact token of three base64url parts whose header and payload are JSON objects
+    /// without duplicate keys (and without `crit`), with a base64url signature, at most
+    /// [`jwt::MAX_TOKEN`] bytes.
     Malformed,
     /// `alg: none`.
     Unsigned,
@@ -60,8 +69,9 @@ impl Invalid {
 
 /// An algorithm accepted in configuration (`token_signing_alg_values_expected`): asymmetric only.
 pub fn allowed_algorithm(name: &str) -> Result<Algorithm, String> {
-    let alg = Algorithm::from_str(name).map_err(|_| format!("token_signing_alg_values_expected: unknown `{name}`"))?;
-    if matches!(alg, Algorithm::HS256 | Algorithm::HS384 | Algorithm::HS512) {
+    let (_, alg) =
+        jwt::algorithm(name).ok_or_else(|| format!("token_signing_alg_values_expected: unknown `{name}`"))?;
+    if family(alg).is_none() {
         return Err(format!("token_signing_alg_values_expected: `{name}` is symmetric; only asymmetric algorithms verify provider tokens"));
     }
     Ok(alg)
@@ -104,60 +114,72 @@ fn jwk_family(jwk: &Jwk) -> Option<Family> {
     }
 }
 
-/// A configured PEM public key (`public_key`).
+/// The algorithm `jwk` verifies a token claiming `alg` with: the JWK's own `alg` when it names
+/// one (then it must be `alg`), else `alg` when the key's type is of its family. `None`: the key
+/// cannot have signed it (an encryption key, another family or algorithm, a symmetric key).
+fn jwk_algorithm(jwk: &Jwk, alg: Algorithm) -> Option<Algorithm> {
+    if matches!(jwk.common.public_key_use, Some(PublicKeyUse::Encryption))
+        || !jwk_family(jwk).is_some_and(|f| family(alg) == Some(f))
+    {
+        return None;
+    }
+    match jwk.common.key_algorithm {
+        None => Some(alg),
+        Some(own) => jwt::algorithm(&own.to_string()).map(|(_, a)| a).filter(|a| *a == alg),
+    }
+}
+
+/// A configured PEM public key (`public_key`): a verifier for each algorithm of its type, so
+/// that a token is checked with the one its `alg` names, if the key has it.
 pub struct PemKey {
-    key: DecodingKey,
-    family: Family,
+    verifiers: Vec<Verifier>,
 }
 
 impl PemKey {
-    /// An RSA, EC or Ed25519 public key in PEM.
+    /// An RSA (RS*, PS*), EC (ES256, ES384) or Ed25519 (EdDSA) public key in PEM.
     pub fn parse(pem: &str) -> Result<PemKey, String> {
-        let b = pem.as_bytes();
-        if let Ok(key) = DecodingKey::from_rsa_pem(b) {
-            return Ok(PemKey { key, family: Family::Rsa });
+        // Each family's PEM reader refuses another family's key, so only the key's own
+        // algorithms remain (both ES256 and ES384 for an EC key: the curve shows in the
+        // signature check).
+        let verifiers: Vec<Verifier> = jwt::ALGORITHMS
+            .iter()
+            .filter_map(|name| jwt::algorithm(name))
+            .filter(|(_, alg)| family(*alg).is_some())
+            .filter_map(|(name, _)| Verifier::new(name, Key::Pem(pem)).ok())
+            .collect();
+        if verifiers.is_empty() {
+            return Err("public_key: not a PEM RSA, EC or Ed25519 public key".into());
         }
-        if let Ok(key) = DecodingKey::from_ec_pem(b) {
-            // The curve shows in the signature check; ES256 is by far the usual one.
-            return Ok(PemKey { key, family: Family::P256 });
-        }
-        if let Ok(key) = DecodingKey::from_ed_pem(b) {
-            return Ok(PemKey { key, family: Family::Ed });
-        }
-        Err("public_key: not a PEM RSA, EC or Ed25519 public key".into())
+        Ok(PemKey { verifiers })
     }
 }
 
-/// The parts of a token's header Weir reads.
-#[derive(Debug)]
-pub struct Head {
-    /// The algorithm (already refused when none or HMAC).
+/// A parsed token whose algorithm passed the policy (not yet verified).
+pub struct Parsed<'a> {
+    /// The token as [`jwt::parse`] read it: header fields, claims, signed part and signature.
+    pub token: jwt::Token<'a>,
+    /// Its `alg`: known, asymmetric, and the allowed one when one is configured.
     pub alg: Algorithm,
-    /// The key id.
-    pub kid: Option<String>,
 }
 
-/// Reads and screens a token's header: `none`, HMAC and unknown algorithms are refused here,
-/// before any key is looked at.
-pub fn head(token: &str, allowed: Option<Algorithm>) -> Result<Head, Invalid> {
-    let mut parts = token.split('.');
-    let (Some(h), Some(_), Some(_), None) = (parts.next(), parts.next(), parts.next(), parts.next()) else {
-        return Err(Invalid::Malformed);
-    };
-    let raw = base64::engine::general_purpose::URL_SAFE_NO_PAD
-        .decode(h.trim_end_matches('='))
-        .map_err(|_| Invalid::Malformed)?;
-    let header: Map<String, Value> = serde_json::from_slice(&raw).map_err(|_| Invalid::Malformed)?;
-    let alg = header.get("alg").and_then(Value::as_str).ok_or(Invalid::Malformed)?;
-    if alg.eq_ignore_ascii_case("none") {
+/// Parses a token and screens its algorithm: malformed tokens (see the module documentation),
+/// `none`, HMAC, unknown and not-allowed algorithms are refused here, before any key is looked
+/// at or fetched.
+pub fn parse(token: &str, allowed: Option<Algorithm>) -> Result<Parsed<'_>, Invalid> {
+    let token = jwt::parse(token).map_err(|_| Invalid::Malformed)?;
+    if token.alg.eq_ignore_ascii_case("none") {
         return Err(Invalid::Unsigned);
     }
-    let alg = Algorithm::from_str(alg).map_err(|_| Invalid::Algorithm)?;
+    let Some((_, alg)) = jwt::algorithm(&token.alg) else { return Err(Invalid::Algorithm) };
     if family(alg).is_none() || allowed.is_some_and(|a| a != alg) {
         return Err(Invalid::Algorithm);
     }
-    let kid = header.get("kid").and_then(Value::as_str).map(str::to_owned);
-    Ok(Head { alg, kid })
+    // The verifier reports any failure as a mismatch; a signature that is not even base64url
+    // is a malformed token.
+    if URL_SAFE_NO_PAD.decode(token.signature).is_err() {
+        return Err(Invalid::Malformed);
+    }
+    Ok(Parsed { token, alg })
 }
 
 /// What a token is checked against besides its signature.
@@ -178,73 +200,75 @@ pub struct Expect<'a> {
     pub now: i64,
 }
 
-/// The keys of a JWKS that may have signed a token with this header: `Err(UnknownKey)` when the
-/// token names a `kid` absent from the set.
-pub fn candidates<'k>(keys: &'k [Jwk], head: &Head) -> Result<Vec<&'k Jwk>, Invalid> {
-    let Some(fam) = family(head.alg) else { return Err(Invalid::Algorithm) };
-    let named: Vec<&Jwk> = match &head.kid {
-        Some(kid) => keys.iter().filter(|k| k.common.key_id.as_deref() == Some(kid.as_str())).collect(),
+/// The keys of a JWKS that may have signed `token`: `Err(UnknownKey)` when the token names a
+/// `kid` absent from the set.
+pub fn candidates<'k>(keys: &'k [Jwk], token: &Parsed<'_>) -> Result<Vec<&'k Jwk>, Invalid> {
+    let kid = token.token.kid.as_deref();
+    let named: Vec<&Jwk> = match kid {
+        Some(kid) => keys.iter().filter(|k| k.common.key_id.as_deref() == Some(kid)).collect(),
         None => keys.iter().collect(),
     };
     if named.is_empty() {
-        return Err(if head.kid.is_some() { Invalid::UnknownKey } else { Invalid::Signature });
+        return Err(if kid.is_some() { Invalid::UnknownKey } else { Invalid::Signature });
     }
-    let usable: Vec<&Jwk> = named
-        .into_iter()
-        .filter(|k| !matches!(k.common.public_key_use, Some(PublicKeyUse::Encryption)))
-        .filter(|k| jwk_family(k) == Some(fam))
-        .filter(|k| k.common.key_algorithm.is_none_or(|ka| ka.to_string() == format!("{:?}", head.alg)))
-        .collect();
+    let usable: Vec<&Jwk> = named.into_iter().filter(|k| jwk_algorithm(k, token.alg).is_some()).collect();
     if usable.is_empty() {
         return Err(Invalid::Algorithm);
     }
     Ok(usable)
 }
 
-/// Verifies `token` with one of the JWKS `keys`; its claims.
-pub fn verify_jwks(
-    token: &str,
-    head: &Head,
-    keys: &[&Jwk],
-    expect: &Expect<'_>,
-) -> Result<Map<String, Value>, Invalid> {
-    let mut last = Invalid::Signature;
-    for jwk in keys {
-        let Ok(key) = DecodingKey::from_jwk(jwk) else { continue };
-        match decode(token, head.alg, &key, expect) {
-            Ok(c) => return Ok(c),
-            Err(Invalid::Signature) => continue,
-            Err(e) => last = e,
-        }
+/// Verifies `token` with one of the JWKS `keys` (from [`candidates`]); its claims.
+pub fn verify_jwks(token: Parsed<'_>, keys: &[&Jwk], expect: &Expect<'_>) -> Result<Map<String, Value>, Invalid> {
+    let signed = keys.iter().any(|jwk| {
+        let (Some(alg), Ok(key)) = (jwk_algorithm(jwk, token.alg), DecodingKey::from_jwk(jwk)) else {
+            return false;
+        };
+        Verifier::with_algorithm(alg, Key::Decoding(key)).is_ok_and(|v| v.verify(&token.token).is_ok())
+    });
+    if !signed {
+        return Err(Invalid::Signature);
     }
-    Err(last)
+    accept(token, expect)
 }
 
 /// Verifies `token` with the configured PEM key; its claims.
-pub fn verify_pem(token: &str, head: &Head, key: &PemKey, expect: &Expect<'_>) -> Result<Map<String, Value>, Invalid> {
-    if family(head.alg) != Some(key.family) && !(key.family == Family::P256 && family(head.alg) == Some(Family::P384)) {
-        return Err(Invalid::Algorithm);
-    }
-    decode(token, head.alg, &key.key, expect)
+pub fn verify_pem(token: Parsed<'_>, key: &PemKey, expect: &Expect<'_>) -> Result<Map<String, Value>, Invalid> {
+    let verifier = key.verifiers.iter().find(|v| v.algorithm() == token.token.alg).ok_or(Invalid::Algorithm)?;
+    verifier.verify(&token.token).map_err(|_| Invalid::Signature)?;
+    accept(token, expect)
 }
 
-fn decode(token: &str, alg: Algorithm, key: &DecodingKey, expect: &Expect<'_>) -> Result<Map<String, Value>, Invalid> {
-    let mut v = Validation::new(alg);
-    v.leeway = 0;
-    v.validate_nbf = true;
-    v.validate_aud = false;
-    v.set_required_spec_claims(&["exp"]);
-    let data = jsonwebtoken::decode::<Map<String, Value>>(token, key, &v).map_err(|e| match e.kind() {
-        ErrorKind::ExpiredSignature => Invalid::Expired,
-        ErrorKind::ImmatureSignature => Invalid::NotYetValid,
-        ErrorKind::InvalidSignature => Invalid::Signature,
-        ErrorKind::MissingRequiredClaim(_) => Invalid::MissingClaim("exp"),
-        ErrorKind::InvalidAlgorithm => Invalid::Algorithm,
-        _ => Invalid::Malformed,
-    })?;
-    let claims = data.claims;
+/// The checks after a good signature; the claims.
+fn accept(token: Parsed<'_>, expect: &Expect<'_>) -> Result<Map<String, Value>, Invalid> {
+    let claims = token.token.claims;
+    check_times(&claims, expect.now)?;
     check_claims(&claims, expect)?;
     Ok(claims)
+}
+
+/// `exp` (required) and `nbf` (when present) at `now`, without leeway: expired once `exp` is
+/// before now, not yet valid while `nbf` is after now (a provider's token is valid from its
+/// `nbf` second on). Not the SDK's [`jwt::check_times`]: that one is APISIX jwt-auth's, which
+/// with no leeway refuses a token in its `nbf` second, that is a freshly issued one.
+///
+/// A time is a non-negative number (a fraction rounded); an `exp` that is not one counts as
+/// missing, an `nbf` that is not one is ignored.
+pub fn check_times(claims: &Map<String, Value>, now: i64) -> Result<(), Invalid> {
+    let time = |name: &str| {
+        let v = claims.get(name)?;
+        v.as_u64().or_else(|| {
+            v.as_f64().filter(|f| f.is_finite() && *f >= 0.0 && *f < u64::MAX as f64).map(|f| f.round() as u64)
+        })
+    };
+    let now = u64::try_from(now).unwrap_or(0);
+    if time("exp").ok_or(Invalid::MissingClaim("exp"))? < now {
+        return Err(Invalid::Expired);
+    }
+    if time("nbf").is_some_and(|nbf| nbf > now) {
+        return Err(Invalid::NotYetValid);
+    }
+    Ok(())
 }
 
 /// The claim checks after the signature: issuer, audience, `iat`, nonce.

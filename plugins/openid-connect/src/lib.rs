@@ -136,11 +136,10 @@ impl Instance {
         }
     }
 
-    /// Verifies a JWT with the JWKS (refreshed once for an unknown `kid`) or `public_key`.
-    pub async fn verify_jwt(&self, token: &str, expect: &Expect<'_>) -> Result<Map<String, Value>, Failure> {
-        let head = jwt::head(token, self.allowed_alg).map_err(|e| Failure::invalid_token(e.message()))?;
+    /// Verifies a parsed JWT with the JWKS (refreshed once for an unknown `kid`) or `public_key`.
+    pub async fn verify_jwt(&self, token: jwt::Parsed<'_>, expect: &Expect<'_>) -> Result<Map<String, Value>, Failure> {
         if let Some(pem) = &self.pem {
-            return jwt::verify_pem(token, &head, pem, expect).map_err(|e| Failure::invalid_token(e.message()));
+            return jwt::verify_pem(token, pem, expect).map_err(|e| Failure::invalid_token(e.message()));
         }
         let mut refresh = false;
         loop {
@@ -149,14 +148,17 @@ impl Instance {
                 Ok(None) => return Err(Failure::invalid_token(Invalid::UnknownKey.message())),
                 Err(e) => return Err(Failure::unavailable(&e)),
             };
-            match jwt::candidates(&keys.keys, &head) {
-                Ok(c) => {
-                    return jwt::verify_jwks(token, &head, &c, expect).map_err(|e| Failure::invalid_token(e.message()))
-                }
+            match jwt::candidates(&keys.keys, &token) {
+                Ok(c) => return jwt::verify_jwks(token, &c, expect).map_err(|e| Failure::invalid_token(e.message())),
                 Err(Invalid::UnknownKey) if !refresh => refresh = true,
                 Err(e) => return Err(Failure::invalid_token(e.message())),
             }
         }
+    }
+
+    /// Parses a JWT and screens its algorithm ([`jwt::parse`]).
+    pub fn parse_jwt<'t>(&self, token: &'t str) -> Result<jwt::Parsed<'t>, Failure> {
+        jwt::parse(token, self.allowed_alg).map_err(|e| Failure::invalid_token(e.message()))
     }
 
     /// The bearer path: verify (or find in the cache), check scopes, set upstream headers.
@@ -175,7 +177,7 @@ impl Instance {
                     }
                     BearerMode::Jwks | BearerMode::PublicKey => {
                         // Screened before the provider is asked: garbage never costs a fetch.
-                        jwt::head(&token, self.allowed_alg).map_err(|e| Failure::invalid_token(e.message()))?;
+                        let parsed = self.parse_jwt(&token)?;
                         let issuers = self.issuers().await?;
                         let expect = Expect {
                             issuers: issuers.as_deref(),
@@ -186,7 +188,7 @@ impl Instance {
                             iat_slack: self.conf.iat_slack,
                             now,
                         };
-                        let c = self.verify_jwt(&token, &expect).await?;
+                        let c = self.verify_jwt(parsed, &expect).await?;
                         let exp = c.get("exp").and_then(Value::as_i64).unwrap_or(now);
                         (c, exp)
                     }

@@ -235,3 +235,90 @@ fn configurations_are_checked_at_load() {
     let ignored = conf::ignored_fields(&parsed);
     assert!(ignored.contains(&"proxy_opts") && ignored.contains(&"session_contents"), "{ignored:?}");
 }
+
+/// A token signed by `s` over the raw header and payload JSON given (duplicate keys and all).
+fn sign_raw(s: &Signer, header: &str, payload: &str) -> String {
+    let b64 = |v: &str| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v);
+    let signed = format!("{}.{}", b64(header), b64(payload));
+    let sig = jsonwebtoken::crypto::sign(signed.as_bytes(), &s.key, jsonwebtoken::Algorithm::EdDSA)
+        .unwrap_or_else(|e| panic!("{e}"));
+    format!("{signed}.{sig}")
+}
+
+#[test]
+fn duplicate_claims_are_malformed_not_read_either_way() {
+    let (signer, _idp, inst) = setup();
+    let (iat, exp) = (now(), now() + 60);
+    let header = r#"{"alg":"EdDSA","kid":"k1"}"#;
+    let rest = format!(r#""sub":"alice","aud":"weir","scope":"openid","iat":{iat},"exp":{exp}"#);
+    let single = sign_raw(&signer, header, &format!(r#"{{"iss":"{ISS}",{rest}}}"#));
+    assert_eq!(answer(&inst, &single).0, None, "the same token without duplicates passes");
+    for (first, last) in [("http://evil.test", ISS), (ISS, "http://evil.test")] {
+        let token = sign_raw(&signer, header, &format!(r#"{{"iss":"{first}",{rest},"iss":"{last}"}}"#));
+        assert_eq!(jwt::parse(&token, None).err(), Some(Invalid::Malformed));
+        let (status, msg, _) = answer(&inst, &token);
+        assert_eq!((status, msg), (Some(401), json!({"message": "malformed token"}).to_string()));
+    }
+    // Also claims that no library check reads (here `scope`, which grants access).
+    let token = sign_raw(&signer, header, &format!(r#"{{"iss":"{ISS}",{rest},"scope":"openid admin"}}"#));
+    assert_eq!(jwt::parse(&token, None).err(), Some(Invalid::Malformed));
+}
+
+#[test]
+fn a_header_with_two_algs_is_malformed() {
+    let (signer, _idp, inst) = setup();
+    let payload = claims(ISS, 60).to_string();
+    for header in [r#"{"alg":"EdDSA","kid":"k1","alg":"none"}"#, r#"{"alg":"none","kid":"k1","alg":"EdDSA"}"#] {
+        let token = sign_raw(&signer, header, &payload);
+        assert_eq!(jwt::parse(&token, None).err(), Some(Invalid::Malformed), "{header}");
+        let (status, msg, _) = answer(&inst, &token);
+        assert_eq!((status, msg), (Some(401), json!({"message": "malformed token"}).to_string()), "{header}");
+    }
+    let token = sign_raw(&signer, r#"{"alg":"EdDSA","kid":"k1"}"#, &payload);
+    assert_eq!(answer(&inst, &token).0, None, "the same token with one alg passes");
+}
+
+#[test]
+fn a_public_key_verifies_its_own_algorithms_only() {
+    let (signer, jwk) = keypair("k1");
+    let raw =
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(jwk["x"].as_str().unwrap_or("")).unwrap_or_default();
+    // SubjectPublicKeyInfo of an Ed25519 key: the fixed prefix, then the 32 bytes.
+    let mut der = vec![0x30, 0x2a, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x03, 0x21, 0x00];
+    der.extend_from_slice(&raw);
+    let pem = format!(
+        "-----BEGIN PUBLIC KEY-----\n{}\n-----END PUBLIC KEY-----\n",
+        base64::engine::general_purpose::STANDARD.encode(&der)
+    );
+    let inst = instance(&OpenIdConnect, json!({"client_id": "weir", "bearer_only": true, "public_key": pem}))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let token = sign(&signer, claims(ISS, 60));
+    assert_eq!(answer(&inst, &token).0, None, "{}", answer(&inst, &token).1);
+    let b64 = |v: Value| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v.to_string());
+    let sig = token.rsplit('.').next().unwrap_or("");
+    let es256 = format!("{}.{}.{sig}", b64(json!({"alg": "ES256"})), b64(claims(ISS, 60)));
+    let (other, _) = keypair("k1");
+    for (bad, why) in [
+        (es256, "token signature algorithm not accepted"),
+        (sign(&other, claims(ISS, 60)), "invalid token signature"),
+        (format!("{}!", &token[..token.len() - 1]), "malformed token"),
+    ] {
+        let (status, msg, _) = answer(&inst, &bad);
+        assert_eq!((status, msg), (Some(401), json!({ "message": why }).to_string()), "{why}");
+    }
+    let only_rs = json!({"client_id": "weir", "bearer_only": true, "public_key": pem, "token_signing_alg_values_expected": "RS256"});
+    let inst = instance(&OpenIdConnect, only_rs).unwrap_or_else(|e| panic!("{e}"));
+    let (status, msg, _) = answer(&inst, &token);
+    assert_eq!((status, msg), (Some(401), json!({"message": "token signature algorithm not accepted"}).to_string()));
+}
+
+#[test]
+fn times_have_no_leeway_and_a_token_is_valid_from_its_nbf_second() {
+    let c = |v: Value| v.as_object().cloned().unwrap_or_default();
+    assert_eq!(jwt::check_times(&c(json!({"exp": 100, "nbf": 100})), 100), Ok(()));
+    assert_eq!(jwt::check_times(&c(json!({"exp": 99})), 100), Err(Invalid::Expired));
+    assert_eq!(jwt::check_times(&c(json!({"exp": 200, "nbf": 101})), 100), Err(Invalid::NotYetValid));
+    assert_eq!(jwt::check_times(&c(json!({})), 100), Err(Invalid::MissingClaim("exp")));
+    assert_eq!(jwt::check_times(&c(json!({"exp": "200"})), 100), Err(Invalid::MissingClaim("exp")));
+    assert_eq!(jwt::check_times(&c(json!({"exp": 150.4})), 100), Ok(()));
+}

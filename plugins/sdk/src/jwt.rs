@@ -178,6 +178,22 @@ impl Verifier {
         Ok(Verifier { name, alg, key: Arc::new(key) })
     }
 
+    /// The verifier of `alg` (one of [`ALGORITHMS`]) with `key`, for callers that chose the
+    /// algorithm as a [`jsonwebtoken::Algorithm`] (openid-connect, from a JWK or its allowed
+    /// list) rather than by name: the same checks and errors as [`Verifier::new`].
+    ///
+    /// ```
+    /// use jsonwebtoken::Algorithm;
+    /// use weir_plugin::jwt::{Key, Verifier};
+    /// let v = Verifier::with_algorithm(Algorithm::HS384, Key::Secret(b"s")).expect("valid");
+    /// assert_eq!(v.algorithm(), "HS384");
+    /// ```
+    pub fn with_algorithm(alg: Algorithm, key: Key<'_>) -> Result<Self, String> {
+        let name = algorithm_name(alg)
+            .ok_or_else(|| format!("algorithm `{alg:?}` is not supported (supported: {})", ALGORITHMS.join(", ")))?;
+        Verifier::new(name, key)
+    }
+
     /// The configured algorithm's name.
     pub fn algorithm(&self) -> &'static str {
         self.name
@@ -219,6 +235,12 @@ pub fn algorithm(name: &str) -> Option<(&'static str, Algorithm)> {
         _ => Algorithm::EdDSA,
     };
     Some((found, alg))
+}
+
+/// The name of `alg` in [`ALGORITHMS`] (`None`: one the verifier lacks); the inverse of
+/// [`algorithm`].
+pub fn algorithm_name(alg: Algorithm) -> Option<&'static str> {
+    ALGORITHMS.iter().copied().find(|n| algorithm(n).is_some_and(|(_, a)| a == alg))
 }
 
 /// APISIX's claim checks at `now` (Unix seconds) with `leeway` seconds: without `required`,
@@ -353,6 +375,24 @@ mod tests {
         assert!(Verifier::new("RS256", Key::Secret(b"x")).is_err(), "a public-key algorithm never takes a secret");
         assert!(Verifier::new("HS256", Key::Pem("-----BEGIN PUBLIC KEY-----")).is_err());
         assert!(Verifier::new("RS256", Key::Pem("not a pem")).is_err());
+    }
+
+    #[test]
+    fn verifiers_are_built_from_an_algorithm_as_from_its_name() {
+        for name in ALGORITHMS {
+            let (canonical, alg) = algorithm(name).unwrap_or_else(|| panic!("{name}"));
+            assert_eq!(algorithm_name(alg), Some(canonical));
+        }
+        let t = hs256(&json!({"alg": "HS256"}), &json!({"key": "k"}), b"secret");
+        let t = parse(&t).unwrap_or_else(|e| panic!("{e}"));
+        let v = Verifier::with_algorithm(Algorithm::HS256, Key::Secret(b"secret")).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(v.algorithm(), "HS256");
+        assert!(v.verify(&t).is_ok());
+        let other =
+            Verifier::with_algorithm(Algorithm::HS512, Key::Secret(b"secret")).unwrap_or_else(|e| panic!("{e}"));
+        assert!(other.verify(&t).is_err(), "the token's alg must be exactly the verifier's");
+        assert!(Verifier::with_algorithm(Algorithm::RS256, Key::Secret(b"x")).is_err());
+        assert!(Verifier::with_algorithm(Algorithm::ES256, Key::Pem("not a pem")).is_err());
     }
 
     #[test]
