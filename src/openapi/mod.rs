@@ -283,6 +283,8 @@ fn admin_paths(paths: &mut Map<String, Value>) {
         if kind == "consumers" {
             collection
                 .insert("put".into(), create("put", "Create or replace a consumer (username in the body)".into()));
+        } else if kind == "credentials" {
+            collection.insert("put".into(), create("put", "Create or replace a credential (id in the body)".into()));
         } else {
             collection.insert("post".into(), create("post", format!("Create one of {kind} with a generated id")));
         }
