@@ -93,7 +93,8 @@ PIDS+=($!)
 for _ in $(seq 100); do curl -s -o /dev/null "127.0.0.1:$WEIR_PORT/" && break; sleep 0.1; done
 wrk_with() { # scenario -> req/s
   local args=() k v
-  while IFS=$'\t' read -r k v; do args+=(-H "$k: $v"); done < <(python3 -c 'import json,sys;[print(f"{k}\t{v}") for k,v in json.loads(sys.argv[1]).items()]' "$(headers_of "$1")")
+  local which=$1; [ "$1" = hmac-auth ] && which=hmac-auth-wrk
+  while IFS=$'\t' read -r k v; do args+=(-H "$k: $v"); done < <(python3 -c 'import json,sys;[print(f"{k}\t{v}") for k,v in json.loads(sys.argv[1]).items()]' "$(headers_of "$which")")
   local code; code=$(curl -s -o /dev/null -w '%{http_code}' "${args[@]}" "127.0.0.1:$WEIR_PORT/$1/x")
   [ "$code" = 200 ] || { echo "$1 answered $code: $(tail -3 "$WORK/weir.log")" >&2; echo 0; return; }
   local out; out=$(taskset -c "$LOAD_CPU" wrk -t1 -c"$CONNS" -d"${DURATION}s" "${args[@]}" "http://127.0.0.1:$WEIR_PORT/$1/x")

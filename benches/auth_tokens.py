@@ -53,8 +53,11 @@ def write(d):
     far = int(time.time()) + 30 * 86400
     secret = "bench-hs256-secret-of-at-least-32-bytes"
     date = formatdate(usegmt=True)
-    signing = f"bench-hmac\nGET /x\ndate: {date}\n"
-    hsig = base64.b64encode(hmac.new(b"bench-hmac-secret", signing.encode(), hashlib.sha256).digest()).decode()
+    def hmac_auth(path):
+        signing = f"bench-hmac\nGET {path}\ndate: {date}\n"
+        sig = base64.b64encode(hmac.new(b"bench-hmac-secret", signing.encode(), hashlib.sha256).digest()).decode()
+        return {"date": date, "authorization":
+                f'Signature keyId="bench-hmac",algorithm="hmac-sha256",headers="@request-target date",signature="{sig}"'}
     issuer = "http://127.0.0.1:{port}"
     consumers = [{
         "username": "bench",
@@ -75,8 +78,9 @@ def write(d):
         "jwt-hs256": {"authorization": "Bearer " + token("HS256", {"key": "bench-hs", "exp": far}, secret)},
         "jwt-rs256": {"authorization": "Bearer " + token("RS256", {"key": "bench-rs", "exp": far}, rsa)},
         "jwt-es256": {"authorization": "Bearer " + token("ES256", {"key": "bench-es", "exp": far}, ec)},
-        "hmac-auth": {"date": date, "authorization":
-                      f'Signature keyId="bench-hmac",algorithm="hmac-sha256",headers="@request-target date",signature="{hsig}"'},
+        # The request target is signed: /x for the instruction count, /hmac-auth/x for wrk.
+        "hmac-auth": hmac_auth("/x"),
+        "hmac-auth-wrk": hmac_auth("/hmac-auth/x"),
     }
     json.dump({"consumers": consumers, "headers": headers, "far": far,
                "jwk": {"kty": "RSA", "kid": "bench", "alg": "RS256", "use": "sig",

@@ -234,9 +234,11 @@ impl Instance {
             }
         };
         let consumer = consumer.clone();
-        // Payloads are kept per request: a cached token skips this (store_in_ctx re-parses).
-        if credential.verifier.is_public_key() && !self.conf.store_in_ctx {
-            self.cache.put(token, &consumer, now, until);
+        // A verified token is remembered (a hit costs a keyed hash and one comparison, less
+        // than parsing it again, let alone an RSA check); with store_in_ctx every request
+        // needs its payload, so it is parsed every time.
+        if !self.conf.store_in_ctx {
+            self.cache.put(token, consumer.clone(), now, until);
         }
         if self.conf.store_in_ctx {
             ctx.slots.insert(Payload(parsed.claims));

@@ -3,7 +3,8 @@
 //! - Bearer tokens (`bearer_only`, or whenever `public_key`, `use_jwks` or
 //!   `introspection_endpoint` is set): verified locally against `public_key` or the provider's
 //!   JWKS ([`jwt`]), or at the introspection endpoint ([`introspect`]); verified tokens are kept
-//!   in a small cache ([`cache`]).
+//!   in the SDK's bounded `VerifiedCache` with the upstream headers made from them, so a token
+//!   seen again is answered without waiting, parsing or serializing anything.
 //! - Otherwise the authorization-code flow ([`flow`]): a redirect to the provider with state,
 //!   nonce and PKCE, the callback, and an encrypted cookie session ([`session`]) renewed with
 //!   the refresh token.
@@ -14,7 +15,6 @@
 //! The configuration and its load-time checks are in [`conf`]; requests to the provider go
 //! through the host's HTTP client ([`client`]).
 
-pub mod cache;
 pub mod client;
 pub mod conf;
 pub mod flow;
@@ -30,6 +30,7 @@ use std::time::Duration;
 use jsonwebtoken::Algorithm;
 use serde_json::{Map, Value};
 use weir_plugin::http::{header, HeaderName, HeaderValue, StatusCode};
+use weir_plugin::jwt::VerifiedCache;
 use weir_plugin::{register_plugin, BuildContext, Flow, Late, Plugin, PluginInstance, PluginResponse, RequestCtx};
 
 use crate::client::Provider;
@@ -64,7 +65,7 @@ pub struct Instance {
     meta: Metadata,
     pem: Option<PemKey>,
     allowed_alg: Option<Algorithm>,
-    cache: cache::TokenCache,
+    cache: VerifiedCache<Arc<Verified>>,
     session: Option<SessionSettings>,
     addon_headers: Vec<HeaderName>,
 }
@@ -161,56 +162,75 @@ impl Instance {
         jwt::parse(token, self.allowed_alg).map_err(|e| Failure::invalid_token(e.message()))
     }
 
-    /// The bearer path: verify (or find in the cache), check scopes, set upstream headers.
+    /// The bearer path for a token not in the cache: verify it, remember it with the headers
+    /// it gives, then [`Instance::admit`].
     async fn bearer(&self, ctx: &mut RequestCtx, token: String) -> Result<(), Failure> {
         let now = now();
-        let key = cache::key(&token);
-        let claims = match self.cache.get(&key, now) {
-            Some(c) => c,
-            None => {
-                let (claims, until) = match self.mode {
-                    BearerMode::Introspection => {
-                        let c = introspect::introspect(self, ctx, &token).await?;
-                        let exp = c.get("exp").and_then(Value::as_i64).unwrap_or(i64::MAX);
-                        let interval = self.conf.introspection_interval as i64;
-                        (c, if interval > 0 { exp.min(now + interval) } else { now })
-                    }
-                    BearerMode::Jwks | BearerMode::PublicKey => {
-                        // Screened before the provider is asked: garbage never costs a fetch.
-                        let parsed = self.parse_jwt(&token)?;
-                        let issuers = self.issuers().await?;
-                        let expect = Expect {
-                            issuers: issuers.as_deref(),
-                            audience: self.conf.claim_validator.as_ref().and_then(|c| c.audience.as_ref()),
-                            client_id: &self.conf.client_id,
-                            id_token: false,
-                            nonce: None,
-                            iat_slack: self.conf.iat_slack,
-                            now,
-                        };
-                        let c = self.verify_jwt(parsed, &expect).await?;
-                        let exp = c.get("exp").and_then(Value::as_i64).unwrap_or(now);
-                        (c, exp)
-                    }
+        let (claims, until) = match self.mode {
+            BearerMode::Introspection => {
+                let c = introspect::introspect(self, ctx, &token).await?;
+                let exp = c.get("exp").and_then(Value::as_i64).unwrap_or(i64::MAX);
+                let interval = self.conf.introspection_interval as i64;
+                // Without an interval, every request is introspected (nothing is kept).
+                (c, if interval > 0 { exp.min(now + interval) } else { now })
+            }
+            BearerMode::Jwks | BearerMode::PublicKey => {
+                // Screened before the provider is asked: garbage never costs a fetch.
+                let parsed = self.parse_jwt(&token)?;
+                let issuers = self.issuers().await?;
+                let expect = Expect {
+                    issuers: issuers.as_deref(),
+                    audience: self.conf.claim_validator.as_ref().and_then(|c| c.audience.as_ref()),
+                    client_id: &self.conf.client_id,
+                    id_token: false,
+                    nonce: None,
+                    iat_slack: self.conf.iat_slack,
+                    now,
                 };
-                let claims = Arc::new(claims);
-                self.cache.put(key, claims.clone(), until, now);
-                claims
+                let c = self.verify_jwt(parsed, &expect).await?;
+                let exp = c.get("exp").and_then(Value::as_i64).unwrap_or(now);
+                (c, exp)
             }
         };
+        let verified = Arc::new(Verified::new(&self.conf, &token, claims));
+        self.cache.put(&token, verified.clone(), now, Some(until));
+        self.admit(ctx, &verified)
+    }
+
+    /// A verified token's request: its scopes checked, its headers set upstream.
+    fn admit(&self, ctx: &mut RequestCtx, v: &Verified) -> Result<(), Failure> {
         if let Some(required) = &self.conf.required_scopes {
-            if !jwt::has_scopes(&claims, required) {
+            if !jwt::has_scopes(&v.claims, required) {
                 return Err(Failure::status(
                     StatusCode::FORBIDDEN,
                     format!("required scopes {} not present", required.join(", ")),
                 ));
             }
         }
-        upstream::access_token(ctx, &self.conf, &token);
-        if self.conf.set_userinfo_header {
-            upstream::json_header(ctx, upstream::X_USERINFO, &Value::Object((*claims).clone()));
+        if let Some((name, value)) = &v.access {
+            ctx.headers.insert(name.clone(), value.clone());
+        }
+        if let Some(u) = &v.userinfo {
+            ctx.headers.insert(upstream::X_USERINFO, u.clone());
         }
         Ok(())
+    }
+}
+
+/// A verified bearer token as cached: its claims and the upstream headers made from them once.
+pub struct Verified {
+    claims: Map<String, Value>,
+    /// `X-Access-Token` (or `Authorization`) with the token, when configured.
+    access: Option<(HeaderName, HeaderValue)>,
+    /// `X-Userinfo`: base64 of the claims' JSON, when configured.
+    userinfo: Option<HeaderValue>,
+}
+
+impl Verified {
+    fn new(conf: &Conf, token: &str, claims: Map<String, Value>) -> Self {
+        let access = upstream::access_token_header(conf, token);
+        let userinfo = conf.set_userinfo_header.then(|| upstream::json_value(&Value::Object(claims.clone()))).flatten();
+        Verified { claims, access, userinfo }
     }
 }
 
@@ -247,12 +267,18 @@ impl PluginInstance for Instance {
             match bearer_token(ctx, client_token) {
                 Err(f) => return Flow::Respond(f.response(&self.conf.realm)),
                 Ok(Some(token)) => {
+                    if let Some(hit) = self.cache.get(&token, now()) {
+                        return match self.admit(ctx, &hit) {
+                            Ok(()) => Flow::Continue,
+                            Err(f) => Flow::Respond(f.response(&self.conf.realm)),
+                        };
+                    }
                     return Flow::wait(async move {
                         match self.bearer(ctx, token).await {
                             Ok(()) => Flow::Continue,
                             Err(f) => Flow::Respond(f.response(&self.conf.realm)),
                         }
-                    })
+                    });
                 }
                 Ok(None) if self.conf.bearer_only => {
                     return Flow::Respond(
@@ -346,7 +372,7 @@ impl Plugin for OpenIdConnect {
             meta,
             pem,
             allowed_alg,
-            cache: cache::TokenCache::default(),
+            cache: VerifiedCache::default(),
             addon_headers,
         }))
     }

@@ -33,22 +33,36 @@ fn set(ctx: &mut RequestCtx, name: HeaderName, value: &str) {
     }
 }
 
-/// The access token upstream (`X-Access-Token`, or `Authorization` when so configured).
-pub fn access_token(ctx: &mut RequestCtx, conf: &Conf, token: &str) {
+/// The header carrying the access token upstream (`X-Access-Token`, or `Authorization` when so
+/// configured), if configured.
+pub fn access_token_header(conf: &Conf, token: &str) -> Option<(HeaderName, HeaderValue)> {
     if !conf.set_access_token_header {
-        return;
+        return None;
     }
     if conf.access_token_in_authorization_header {
-        set(ctx, header::AUTHORIZATION, &format!("Bearer {token}"));
+        HeaderValue::from_str(&format!("Bearer {token}")).ok().map(|v| (header::AUTHORIZATION, v))
     } else {
-        set(ctx, X_ACCESS_TOKEN, token);
+        HeaderValue::from_str(token).ok().map(|v| (X_ACCESS_TOKEN, v))
     }
+}
+
+/// The access token upstream (see [`access_token_header`]).
+pub fn access_token(ctx: &mut RequestCtx, conf: &Conf, token: &str) {
+    if let Some((name, value)) = access_token_header(conf, token) {
+        ctx.headers.insert(name, value);
+    }
+}
+
+/// `base64(JSON(value))` as a header value.
+pub fn json_value(value: &Value) -> Option<HeaderValue> {
+    HeaderValue::from_str(&base64::engine::general_purpose::STANDARD.encode(value.to_string())).ok()
 }
 
 /// `name: base64(JSON(value))`.
 pub fn json_header(ctx: &mut RequestCtx, name: HeaderName, value: &Value) {
-    let text = base64::engine::general_purpose::STANDARD.encode(value.to_string());
-    set(ctx, name, &text);
+    if let Some(v) = json_value(value) {
+        ctx.headers.insert(name, v);
+    }
 }
 
 /// The headers of a session (authorization-code flow).

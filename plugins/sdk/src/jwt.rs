@@ -153,6 +153,8 @@ pub struct Verifier {
     name: &'static str,
     alg: Algorithm,
     key: Arc<DecodingKey>,
+    /// HS*: the HMAC key, scheduled once (not once per token).
+    hmac: Option<Arc<ring::hmac::Key>>,
 }
 
 impl Verifier {
@@ -163,8 +165,17 @@ impl Verifier {
         let (name, alg) = algorithm(name)
             .ok_or_else(|| format!("algorithm `{name}` is not supported (supported: {})", ALGORITHMS.join(", ")))?;
         let family = &name[..2];
+        let mut hmac = None;
         let key = match (family, key) {
-            ("HS", Key::Secret(s)) => DecodingKey::from_secret(s),
+            ("HS", Key::Secret(s)) => {
+                let h = match alg {
+                    Algorithm::HS384 => ring::hmac::HMAC_SHA384,
+                    Algorithm::HS512 => ring::hmac::HMAC_SHA512,
+                    _ => ring::hmac::HMAC_SHA256,
+                };
+                hmac = Some(Arc::new(ring::hmac::Key::new(h, s)));
+                DecodingKey::from_secret(s)
+            }
             ("HS", _) => return Err(format!("{name} verifies with a secret, not a public key")),
             (_, Key::Secret(_)) => return Err(format!("{name} verifies with a public key, not a secret")),
             ("RS" | "PS", Key::Pem(p)) => DecodingKey::from_rsa_pem(p.as_bytes())
@@ -175,7 +186,7 @@ impl Verifier {
                 .map_err(|e| format!("public_key: not an Ed25519 PEM public key ({e})"))?,
             (_, Key::Decoding(k)) => k,
         };
-        Ok(Verifier { name, alg, key: Arc::new(key) })
+        Ok(Verifier { name, alg, key: Arc::new(key), hmac })
     }
 
     /// The verifier of `alg` (one of [`ALGORITHMS`]) with `key`, for callers that chose the
@@ -199,7 +210,7 @@ impl Verifier {
         self.name
     }
 
-    /// Whether this algorithm is a public-key one (worth caching verified tokens for).
+    /// Whether this algorithm is a public-key one.
     pub fn is_public_key(&self) -> bool {
         !self.name.starts_with("HS")
     }
@@ -208,6 +219,11 @@ impl Verifier {
     pub fn verify(&self, token: &Token<'_>) -> Result<(), Refused> {
         if token.alg != self.name {
             return Err(refused(format!("algorithm mismatch, expected {}", self.name)));
+        }
+        if let Some(key) = &self.hmac {
+            let Ok(mac) = URL_SAFE_NO_PAD.decode(token.signature) else { return Err(refused("signature mismatch")) };
+            // Constant-time comparison inside ring.
+            return ring::hmac::verify(key, token.signed.as_bytes(), &mac).map_err(|_| refused("signature mismatch"));
         }
         match jsonwebtoken::crypto::verify(token.signature, token.signed.as_bytes(), &self.key, self.alg) {
             Ok(true) => Ok(()),
@@ -282,40 +298,48 @@ pub fn check_times(
 /// token, not once per request: keyed by the whole token (compared in constant time, not by a
 /// hash alone), each entry expiring with its token, at most [`VerifiedCache::CAPACITY`]
 /// entries (emptied when full: bounded, and an attacker's junk never survives long).
-pub struct VerifiedCache {
+///
+/// `V` is what a hit gives back: the consumer (jwt-auth), or verified claims with the headers
+/// made from them (openid-connect).
+pub struct VerifiedCache<V = Arc<Consumer>> {
     hasher: RandomState,
-    entries: parking_lot::Mutex<HashMap<u64, Verified>>,
+    entries: parking_lot::Mutex<HashMap<u64, Cached<V>>>,
 }
 
-/// A cached token: the token itself, its consumer, and until when (Unix seconds).
-type Verified = (Box<str>, Arc<Consumer>, i64);
+/// A cached token: the token itself, what it gave, and until when (Unix seconds).
+type Cached<V> = (Box<str>, V, i64);
 
-impl Default for VerifiedCache {
+impl<V> Default for VerifiedCache<V> {
     fn default() -> Self {
         VerifiedCache { hasher: RandomState::new(), entries: parking_lot::Mutex::new(HashMap::new()) }
     }
 }
 
-impl VerifiedCache {
+impl<V: Clone> VerifiedCache<V> {
     /// Entries kept at most.
     pub const CAPACITY: usize = 4096;
-    /// How long a token without `exp` stays cached (seconds).
-    pub const NO_EXP_TTL: i64 = 300;
+    /// How long a token stays cached at most (seconds), `exp` or not: a key rotated or a
+    /// credential removed is noticed within this time even for a long-lived token.
+    pub const MAX_TTL: i64 = 300;
 
-    /// The consumer a still-valid cached `token` identified.
-    pub fn get(&self, token: &str, now: i64) -> Option<Arc<Consumer>> {
+    /// What a still-valid cached `token` gave.
+    pub fn get(&self, token: &str, now: i64) -> Option<V> {
         let key = self.hasher.hash_one(token);
         let entries = self.entries.lock();
-        let (t, consumer, until) = entries.get(&key)?;
-        (now < *until && ct_eq(t.as_bytes(), token.as_bytes())).then(|| consumer.clone())
+        let (t, value, until) = entries.get(&key)?;
+        (now < *until && ct_eq(t.as_bytes(), token.as_bytes())).then(|| value.clone())
     }
 
-    /// Remembers a verified `token` until `until` (its `exp` with leeway; `None`: a short TTL).
-    pub fn put(&self, token: &str, consumer: &Arc<Consumer>, now: i64, until: Option<i64>) {
+    /// Remembers a verified `token` until `until` (its `exp` with leeway), [`Self::MAX_TTL`] at
+    /// most.
+    pub fn put(&self, token: &str, value: V, now: i64, until: Option<i64>) {
         if token.len() > 4096 {
             return;
         }
-        let until = until.unwrap_or(i64::MAX).min(now + Self::NO_EXP_TTL);
+        let until = until.unwrap_or(i64::MAX).min(now.saturating_add(Self::MAX_TTL));
+        if until <= now {
+            return;
+        }
         let key = self.hasher.hash_one(token);
         let mut entries = self.entries.lock();
         if entries.len() >= Self::CAPACITY {
@@ -324,7 +348,17 @@ impl VerifiedCache {
                 entries.clear();
             }
         }
-        entries.insert(key, (token.into(), consumer.clone(), until));
+        entries.insert(key, (token.into(), value, until));
+    }
+
+    /// Entries now.
+    pub fn len(&self) -> usize {
+        self.entries.lock().len()
+    }
+
+    /// Whether empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 }
 
@@ -435,13 +469,13 @@ mod tests {
 
     #[test]
     fn the_cache_remembers_until_expiry_and_compares_whole_tokens() {
-        let cache = VerifiedCache::default();
+        let cache: VerifiedCache = VerifiedCache::default();
         let jack = Arc::new(Consumer::named("jack"));
-        cache.put("token-a", &jack, 100, Some(200));
+        cache.put("token-a", jack.clone(), 100, Some(200));
         assert!(cache.get("token-a", 150).is_some());
         assert!(cache.get("token-a", 200).is_none(), "expired with the token");
         assert!(cache.get("token-b", 150).is_none());
-        cache.put("token-c", &jack, 100, None);
-        assert!(cache.get("token-c", 100 + VerifiedCache::NO_EXP_TTL).is_none());
+        cache.put("token-c", jack, 100, None);
+        assert!(cache.get("token-c", 100 + VerifiedCache::<Arc<Consumer>>::MAX_TTL).is_none());
     }
 }
