@@ -101,10 +101,23 @@ pub struct HmacAuth;
 
 struct Instance {
     conf: Conf,
-    allowed: Vec<hmac::Algorithm>,
     challenge: HeaderValue,
-    index: Option<Arc<CredentialIndex<Box<[u8]>>>>,
+    index: Option<Arc<CredentialIndex<Keys>>>,
     anonymous: Option<Arc<Consumer>>,
+}
+
+/// A credential's secret as HMAC keys, scheduled once per snapshot (not per request), in the
+/// order of [`ALGORITHMS`].
+pub struct Keys([hmac::Key; 3]);
+
+impl Keys {
+    fn new(secret: &[u8]) -> Self {
+        Keys([
+            hmac::Key::new(hmac::HMAC_SHA1_FOR_LEGACY_USE_ONLY, secret),
+            hmac::Key::new(hmac::HMAC_SHA256, secret),
+            hmac::Key::new(hmac::HMAC_SHA512, secret),
+        ])
+    }
 }
 
 fn algorithm(name: &str) -> Option<hmac::Algorithm> {
@@ -132,14 +145,17 @@ impl Instance {
             return Err(Failure::Unreadable("client request can't be validated: missing Authorization header"));
         };
         let params = parse_authorization(header.to_str().unwrap_or("")).map_err(Failure::Unreadable)?;
-        let Some((consumer, secret)) = self.index.as_ref().and_then(|i| i.find(params.key_id.as_bytes())) else {
+        let Some((consumer, keys)) = self.index.as_ref().and_then(|i| i.find(params.key_id.as_bytes())) else {
             return Err(Failure::Invalid("Invalid key_id".into()));
         };
-        let alg = match (
+        let key = match (
             self.conf.allowed_algorithms.iter().position(|a| *a == params.algorithm),
             algorithm(params.algorithm),
         ) {
-            (Some(i), Some(_)) => self.allowed[i],
+            (Some(_), Some(_)) => match ALGORITHMS.iter().position(|a| *a == params.algorithm) {
+                Some(i) => &keys.0[i],
+                None => return Err(Failure::Invalid("Invalid algorithm".into())),
+            },
             _ => return Err(Failure::Invalid("Invalid algorithm".into())),
         };
         let date = ctx.header("date").ok_or_else(|| Failure::Invalid("Date header missing".into()))?;
@@ -159,7 +175,7 @@ impl Instance {
             return Err(Failure::Invalid("the signature is not base64".into()));
         };
         let signing = signing_string(ctx, &params);
-        if hmac::verify(&hmac::Key::new(alg, secret), signing.as_bytes(), &signature).is_err() {
+        if hmac::verify(key, signing.as_bytes(), &signature).is_err() {
             return Err(Failure::Invalid("Invalid signature".into()));
         }
         if self.conf.validate_request_body {
@@ -253,19 +269,18 @@ impl Plugin for HmacAuth {
     }
     fn prepare_consumers(&self, consumers: &[ConsumerRef<'_>]) -> Result<Option<SharedState>, String> {
         auth::index_consumers("key_id", consumers, |c: ConsumerConf| {
-            (c.key_id.into_bytes(), c.secret_key.into_bytes().into_boxed_slice())
+            (c.key_id.into_bytes(), Keys::new(c.secret_key.as_bytes()))
         })
     }
     fn build(&self, conf: Conf, ctx: &BuildContext<'_>) -> Result<Arc<dyn PluginInstance>, String> {
-        let index = ctx.shared_as::<CredentialIndex<Box<[u8]>>>()?;
-        let mut allowed = Vec::with_capacity(conf.allowed_algorithms.len());
+        let index = ctx.shared_as::<CredentialIndex<Keys>>()?;
         for a in &conf.allowed_algorithms {
-            allowed.push(algorithm(a).ok_or_else(|| format!("allowed_algorithms: unknown algorithm `{a}`"))?);
+            algorithm(a).ok_or_else(|| format!("allowed_algorithms: unknown algorithm `{a}`"))?;
         }
         let challenge = HeaderValue::from_str(&format!("hmac realm=\"{}\"", conf.realm))
             .map_err(|_| "realm: not a valid header value".to_owned())?;
         let anonymous = auth::anonymous(conf.anonymous_consumer.as_deref(), ctx.consumers)?;
-        Ok(Arc::new(Instance { conf, allowed, challenge, index, anonymous }))
+        Ok(Arc::new(Instance { conf, challenge, index, anonymous }))
     }
 }
 
