@@ -13,6 +13,7 @@
 #   - limit-count policy redis vs local (when redis-server is installed)   benches/limit_redis.sh
 #   - the prometheus plugin in a global rule vs without, and scrape time with 1,000 routes and
 #     100 upstream nodes   benches/prometheus.sh
+#   - every auth plugin alone vs key-auth: instructions per request and req/s   benches/auth.sh
 #
 #   benches/run.sh        # needs wrk, nginx, valgrind; DURATION, ROUNDS, STORED as the scripts take
 set -euo pipefail
@@ -35,6 +36,7 @@ benches/stream.sh > "$out/stream" 2>&1 || true
 if command -v etcd >/dev/null; then benches/cluster.sh > "$out/cluster" 2>&1 || true; fi
 if command -v redis-server >/dev/null; then benches/limit_redis.sh > "$out/redis" 2>&1 || true; fi
 benches/prometheus.sh > "$out/prometheus" 2>&1 || true
+benches/auth.sh > "$out/auth" 2>&1 || true
 if [ -n "${PG_URL:-}" ]; then BACKEND=postgres benches/short_url.sh > "$out/su-pg" 2>&1 || true; fi
 
 echo
@@ -60,6 +62,8 @@ if [ -f "$out/redis" ]; then
 fi
 echo "=== prometheus plugin (medians of $ROUNDS rounds) ==="
 grep -E "^(prometheus|scrape)" "$out/prometheus" | sed 's/^/  /'
+echo "=== auth plugins (instructions per request; wrk medians of $ROUNDS rounds vs key-auth) ==="
+grep -E "^\|" "$out/auth" | sed 's/^/  /'
 if [ -f "$out/su-pg" ]; then
   echo "=== short-url, PostgreSQL ==="
   grep -E "create|redirect|stored" "$out/su-pg" | sed 's/^/  /'
