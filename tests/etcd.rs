@@ -591,6 +591,14 @@ fn credentials_through_the_admin_api() {
         assert_eq!(r.status, 201, "{}", r.text());
         assert_eq!(r.json()["value"]["id"], id, "{}", r.text());
     }
+    // As APISIX's plugin pages write it: the credential's id in the body.
+    let body = json!({"id": "cred-jack-jwt-auth", "plugins": {"jwt-auth": {"key": "jack-key", "secret": "jack-hs256-secret-jack-hs256-secret"}}});
+    let r = call("PUT", "/apisix/admin/consumers/jack/credentials", &body.to_string());
+    assert_eq!(r.status, 201, "{}", r.text());
+    assert_eq!(
+        r.json()["key"].as_str().map(|k| k.ends_with("/consumers/jack/credentials/cred-jack-jwt-auth")),
+        Some(true)
+    );
     let route = json!({"uri": "/hello", "plugins": {"key-auth": {}}, "upstream": {"nodes": {up.node(): 1}, "type": "roundrobin"}});
     assert_eq!(call("PUT", "/apisix/admin/routes/1", &route.to_string()).status, 201);
     for (key, id) in [("auth-one", "key-auth-one"), ("auth-two", "key-auth-two")] {
@@ -604,7 +612,7 @@ fn credentials_through_the_admin_api() {
     }
     // Listing: the consumer's credentials; the consumers list holds consumers only.
     let r = call("GET", "/apisix/admin/consumers/jack/credentials", "");
-    assert_eq!(r.json()["total"], 2, "{}", r.text());
+    assert_eq!(r.json()["total"], 3, "{}", r.text());
     assert_eq!(call("GET", "/apisix/admin/consumers", "").json()["total"], 1);
     let r = admin_call(admin, "GET", "/apisix/admin/consumers/jack/credentials/key-auth-one", Some(VIEWER_KEY), "");
     assert_eq!(r.json()["value"]["plugins"]["key-auth"]["key"], "******", "viewers never see a credential");
