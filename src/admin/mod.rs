@@ -183,17 +183,19 @@ async fn dispatch(req: HttpRequest, body: web::Bytes, admin: web::Data<Admin>) -
                 put(&mut client, &admin, "credentials", Some(&id), &body, if_match, false).await
             }
             // The id in the body, as APISIX's plugin documentation writes it.
-            ("PUT", []) => match parse_body(&body).as_ref().and_then(|v| v.get("id")) {
-                Some(Value::String(cid)) if valid_id(cid) => {
+            ("PUT", []) => {
+                let cid = match parse_body(&body).as_ref().and_then(|v| v.get("id")) {
+                    Some(Value::String(s)) => s.clone(),
+                    Some(Value::Number(n)) => n.to_string(),
+                    _ => String::new(),
+                };
+                if valid_id(&cid) {
                     let id = format!("{username}{CREDENTIALS}{cid}");
                     put(&mut client, &admin, "credentials", Some(&id), &body, if_match, false).await
+                } else {
+                    Ok(error(StatusCode::BAD_REQUEST, "`id` is required in the body (or in the path)"))
                 }
-                Some(Value::Number(n)) if valid_id(&n.to_string()) => {
-                    let id = format!("{username}{CREDENTIALS}{n}");
-                    put(&mut client, &admin, "credentials", Some(&id), &body, if_match, false).await
-                }
-                _ => Ok(error(StatusCode::BAD_REQUEST, "`id` is required in the body (or in the path)")),
-            },
+            }
             ("DELETE", [cid]) => {
                 delete(&mut client, &admin, "credentials", &format!("{username}{CREDENTIALS}{cid}")).await
             }

@@ -126,8 +126,7 @@ impl Plugin for BasicAuth {
         })
     }
     fn build(&self, conf: Conf, ctx: &BuildContext<'_>) -> Result<Arc<dyn PluginInstance>, String> {
-        let challenge = HeaderValue::from_str(&format!("Basic realm=\"{}\"", conf.realm.replace('"', "")))
-            .map_err(|_| "realm: not a valid header value".to_owned())?;
+        let challenge = auth::challenge("Basic", &conf.realm)?;
         Ok(Arc::new(Instance {
             hide_credentials: conf.hide_credentials,
             challenge,

@@ -277,8 +277,7 @@ impl Plugin for HmacAuth {
         for a in &conf.allowed_algorithms {
             algorithm(a).ok_or_else(|| format!("allowed_algorithms: unknown algorithm `{a}`"))?;
         }
-        let challenge = HeaderValue::from_str(&format!("hmac realm=\"{}\"", conf.realm))
-            .map_err(|_| "realm: not a valid header value".to_owned())?;
+        let challenge = auth::challenge("hmac", &conf.realm)?;
         let anonymous = auth::anonymous(conf.anonymous_consumer.as_deref(), ctx.consumers)?;
         Ok(Arc::new(Instance { conf, challenge, index, anonymous }))
     }

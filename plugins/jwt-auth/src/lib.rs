@@ -300,8 +300,7 @@ impl Plugin for JwtAuth {
         let index = ctx.shared_as::<CredentialIndex<Credential>>()?;
         let header = HeaderName::from_bytes(conf.header.as_bytes())
             .map_err(|_| format!("header: {:?} is not a valid header name", conf.header))?;
-        let challenge = HeaderValue::from_str(&format!("Bearer realm=\"{}\"", conf.realm))
-            .map_err(|_| "realm: not a valid header value".to_owned())?;
+        let challenge = auth::challenge("Bearer", &conf.realm)?;
         let anonymous = auth::anonymous(conf.anonymous_consumer.as_deref(), ctx.consumers)?;
         Ok(Arc::new(Instance { conf, header, challenge, index, anonymous, cache: VerifiedCache::default() }))
     }

@@ -211,6 +211,14 @@ pub fn remove_query_arg(query: &mut String, name: &str) {
     *query = kept.join("&");
 }
 
+/// The `WWW-Authenticate` challenge `<scheme> realm="<realm>"` of a plugin's 401 answers, made
+/// once per configuration (quotes in the realm are dropped; a realm that cannot be a header
+/// value refuses the configuration).
+pub fn challenge(scheme: &str, realm: &str) -> Result<HeaderValue, String> {
+    HeaderValue::from_str(&format!("{scheme} realm=\"{}\"", realm.replace('"', "")))
+        .map_err(|_| format!("realm: {realm:?} is not a valid header value"))
+}
+
 /// Removes every cookie named `name` from the request's `Cookie` headers (`hide_credentials`),
 /// keeping the others; a header left empty is dropped.
 pub fn remove_cookie(headers: &mut http::HeaderMap, name: &str) {
