@@ -373,6 +373,10 @@ fn admin_paths(paths: &mut Map<String, Value>) {
                 Some(Value::Array(params)) => params.insert(0, username.clone()),
                 _ => op["parameters"] = json!([username.clone()]),
             }
+            // Every operation checks the username (and id) in the path.
+            if let Some(Value::Object(responses)) = op.get_mut("responses") {
+                responses.entry("400").or_insert_with(|| error_response("An invalid username or id"));
+            }
         }
         paths.insert(to.to_owned(), Value::Object(ops));
     }

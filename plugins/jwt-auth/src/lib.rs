@@ -291,7 +291,10 @@ impl Plugin for JwtAuth {
         let mut items = Vec::with_capacity(consumers.len());
         for c in consumers {
             let conf: ConsumerConf = weir_plugin::parse_conf(c.conf)?;
-            let credential = conf.credential(c.username).map_err(|e| format!("consumer `{}`: {e}", c.username))?;
+            let credential = conf.credential(c.username).map_err(|e| match &c.consumer.credential_id {
+                Some(id) => format!("consumer `{}`, credential `{id}`: {e}", c.username),
+                None => format!("consumer `{}`: {e}", c.username),
+            })?;
             items.push((conf.key.into_bytes(), c.consumer, credential));
         }
         Ok(Some(Arc::new(CredentialIndex::build("key", items)?)))

@@ -12,6 +12,7 @@ impl Builder<'_> {
         credentials: &[(String, Arc<Credential>)],
     ) {
         let mut seen: std::collections::HashSet<(&str, &str)> = std::collections::HashSet::new();
+        let known: std::collections::HashSet<&str> = consumers.iter().map(|(_, c)| c.username.as_str()).collect();
         for (o, c) in consumers {
             for (j, cred) in c.credentials.iter().enumerate() {
                 if cred.consumer.as_ref().is_some_and(|n| *n != c.username) {
@@ -27,7 +28,7 @@ impl Builder<'_> {
                 self.issue(o, "consumer", "required key is missing (the consumer the credential belongs to)");
                 continue;
             };
-            if !consumers.iter().any(|(_, c)| c.username == name) {
+            if !known.contains(name) {
                 self.issue(o, "consumer", &format!("consumer `{name}` does not exist"));
             } else if !seen.insert((name, &cred.id.0)) {
                 self.issue(o, "id", &format!("consumer `{name}` has credential `{}` twice", cred.id));

@@ -106,6 +106,13 @@ impl Builder<'_> {
         let mut people = Vec::with_capacity(consumers.len());
         type Credentials = (Arc<PluginEntry>, Vec<(Arc<weir_plugin::Consumer>, Value)>);
         let mut per_plugin: HashMap<&'static str, Credentials> = HashMap::new();
+        // Top-level credentials by consumer (one pass, not one per consumer).
+        let mut top_level: HashMap<&str, Vec<&(String, Arc<Credential>)>> = HashMap::new();
+        for entry in credentials {
+            if let Some(name) = entry.1.consumer.as_deref() {
+                top_level.entry(name).or_default().push(entry);
+            }
+        }
         for (o, c) in consumers {
             let mut others = PluginConfs::new();
             let group = c.group_id.as_ref().and_then(|g| groups.iter().find(|(_, x)| x.id == *g));
@@ -127,7 +134,7 @@ impl Builder<'_> {
             for (j, cred) in c.credentials.iter().enumerate() {
                 sources.push((o, format!("credentials[{j}].plugins"), Some(&cred.id), &cred.plugins));
             }
-            for (co, cred) in credentials.iter().filter(|(_, x)| x.consumer.as_deref() == Some(&c.username)) {
+            for (co, cred) in top_level.get(c.username.as_str()).into_iter().flatten() {
                 sources.push((co, "plugins".into(), Some(&cred.id), &cred.plugins));
             }
             let mut found: Vec<(Arc<PluginEntry>, Value, Option<&Id>)> = Vec::new();
