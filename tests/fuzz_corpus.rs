@@ -51,6 +51,11 @@ fn jwt_token() {
     each_input("jwt_token", weir_plugin::jwt::fuzz_token);
 }
 
+#[test]
+fn expr() {
+    each_input("expr", weir_plugin::expr::fuzz_expr);
+}
+
 #[cfg(feature = "hmac-auth")]
 #[test]
 fn hmac_authorization() {

@@ -224,3 +224,29 @@ fn file_logger_reopens_on_sigusr1_and_flushes_on_shutdown() {
     let burst = read_lines(&log).iter().filter(|l| l["uri"].as_str().is_some_and(|u| u.starts_with("/burst/"))).count();
     assert_eq!((sent, burst), (200, 200));
 }
+
+/// `_meta.filter` (an APISIX expression) decides per request whether a plugin runs; one that
+/// cannot work refuses the start, naming its place.
+#[test]
+fn meta_filter_runs_a_plugin_only_where_it_holds() {
+    let u = common::upstream::Upstream::start("u");
+    let resources = format!(
+        "consumers:\n  - {{username: jack, plugins: {{key-auth: {{key: k}}}}}}\nroutes:\n  - {{id: 1, uri: /f, upstream: {{nodes: {{\"{}\": 1}}}}, plugins: {{key-auth: {{_meta: {{filter: [[\"arg_auth\", \"==\", \"yes\"], [\"http_x_env\", \"~~\", \"^prod\"]]}}}}}}}}\n",
+        u.node()
+    );
+    let (p, _w) = common::start(&resources);
+    assert_eq!(common::get(p.node(), "/f").status, 200, "the filter does not hold: key-auth is skipped");
+    assert_eq!(common::request(p.node(), "GET", "/f?auth=yes", &[("x-env", "staging")], b"").status, 200);
+    assert_eq!(common::request(p.node(), "GET", "/f?auth=yes", &[("x-env", "production")], b"").status, 401);
+    let ok = common::request(p.node(), "GET", "/f?auth=yes", &[("x-env", "production"), ("apikey", "k")], b"");
+    assert_eq!(ok.status, 200);
+
+    let bad = common::Prefix::new(
+        "",
+        "",
+        "routes:\n  - {id: 1, uri: /f, upstream: {nodes: {\"127.0.0.1:1\": 1}}, plugins: {key-auth: {_meta: {filter: [[\"arg_a\", \"=~\", \"x\"]]}}}}\n",
+    );
+    let (code, out) = common::start_refused(&bad);
+    assert_ne!(code, 0);
+    assert!(out.contains("plugins.key-auth._meta.filter[0][1]") && out.contains("unknown operator `=~`"), "{out}");
+}

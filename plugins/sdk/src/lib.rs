@@ -14,6 +14,7 @@
 pub mod auth;
 pub mod cidr;
 pub mod control;
+pub mod expr;
 pub mod headers;
 pub mod jwt;
 pub mod logfile;

@@ -18,9 +18,9 @@ pub struct Meta {
     pub disable: bool,
     /// Overrides the plugin's priority on this resource (higher runs first).
     pub priority: Option<i32>,
-    /// APISIX's expression deciding per request whether the plugin runs (`[["arg_v", "==", "1"]]`).
-    /// Refused at load until route expressions exist: a plugin that silently ran for every request
-    /// would not be what was configured.
+    /// APISIX's expression deciding per request whether the plugin runs (`[["arg_v", "==", "1"]]`,
+    /// see [`crate::expr`]), compiled at load (an invalid one refuses the configuration) and
+    /// evaluated before each of the plugin's phases.
     pub filter: Option<Vec<Value>>,
     /// The body of this plugin's own error answers (status 400 and above) instead of its own:
     /// a string as it is, an object as JSON.

@@ -67,7 +67,8 @@ impl Finish {
                 continue;
             }
             for p in chain.iter() {
-                if p.late.header_filter && p.instance.header_filter(ctx, head) == BodyFilter::Filter {
+                if p.late.header_filter && p.runs_for(ctx) && p.instance.header_filter(ctx, head) == BodyFilter::Filter
+                {
                     filters.push(at);
                 }
                 at = at.saturating_add(1);
@@ -109,7 +110,7 @@ impl Drop for Finish {
             self.ctx.request_length += received.get();
         }
         for chain in self.chains.iter().filter(|c| c.logs) {
-            for p in chain.iter().filter(|p| p.late.log) {
+            for p in chain.iter().filter(|p| p.late.log && p.runs_for(&self.ctx)) {
                 p.instance.log(&self.ctx);
             }
         }
@@ -209,7 +210,9 @@ pub(super) async fn access_phases(fin: &mut Finish) -> Option<PluginResponse> {
     {
         let Finish { ctx, chains, .. } = &mut *fin;
         for p in chains.iter().flat_map(|c| c.iter()) {
-            settle!(p.instance.rewrite(ctx), p);
+            if p.runs_for(ctx) {
+                settle!(p.instance.rewrite(ctx), p);
+            }
         }
     }
     let consumer_chain = fin
@@ -221,14 +224,18 @@ pub(super) async fn access_phases(fin: &mut Finish) -> Option<PluginResponse> {
         .cloned();
     if let Some(extra) = consumer_chain {
         for p in extra.iter() {
-            settle!(p.instance.rewrite(&mut fin.ctx), p);
+            if p.runs_for(&fin.ctx) {
+                settle!(p.instance.rewrite(&mut fin.ctx), p);
+            }
         }
         fin.chains[1] = merge_chains(&fin.chains[1], &extra);
         fin.late_headers |= extra.late_headers;
     }
     let Finish { ctx, chains, .. } = &mut *fin;
     for p in chains.iter().flat_map(|c| c.iter()) {
-        settle!(p.instance.access(ctx), p);
+        if p.runs_for(ctx) {
+            settle!(p.instance.access(ctx), p);
+        }
     }
     None
 }

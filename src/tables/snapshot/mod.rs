@@ -121,6 +121,16 @@ pub struct BoundPlugin {
     pub late: weir_plugin::Late,
     /// `_meta.error_response`: the body of this plugin's own error answers.
     pub error_response: Option<ErrorBody>,
+    /// `_meta.filter`: the plugin runs only for the requests it holds for.
+    pub filter: Option<Arc<weir_plugin::expr::Expr>>,
+}
+
+impl BoundPlugin {
+    /// Whether the plugin runs for this request (its `_meta.filter`, if any, holds).
+    #[inline]
+    pub fn runs_for(&self, ctx: &weir_plugin::RequestCtx) -> bool {
+        self.filter.as_ref().is_none_or(|f| f.matches(ctx))
+    }
 }
 
 /// A body that replaces a plugin's own error answers (`_meta.error_response`).

@@ -238,12 +238,15 @@ impl Builder<'_> {
                     continue;
                 }
             };
-            if meta.filter.is_some() {
-                let why = "not supported yet: Weir does not evaluate APISIX expressions on plugins (remove it, or \
-                           split the route with `vars` when route expressions land)";
-                self.issue(o, &format!("{path}.{META}.filter"), why);
-                continue;
-            }
+            let filter = match meta.filter.map(|f| weir_plugin::expr::Expr::compile(&Value::Array(f))) {
+                None => None,
+                Some(Ok(e)) => Some(Arc::new(e)),
+                Some(Err(why)) => {
+                    let (at, why) = why.split_once(": ").unwrap_or(("", &why));
+                    self.issue(o, &format!("{path}.{META}.filter{at}"), why);
+                    continue;
+                }
+            };
             if meta.disable {
                 continue;
             }
@@ -260,6 +263,7 @@ impl Builder<'_> {
                 entry,
                 instance,
                 error_response,
+                filter,
             });
         }
         Arc::new(Chain::from(chain))
