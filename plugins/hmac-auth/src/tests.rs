@@ -14,6 +14,15 @@ fn consumers() -> Vec<(&'static str, Value)> {
     ]
 }
 
+fn algorithm(name: &str) -> Option<hmac::Algorithm> {
+    match name {
+        "hmac-sha1" => Some(hmac::HMAC_SHA1_FOR_LEGACY_USE_ONLY),
+        "hmac-sha256" => Some(hmac::HMAC_SHA256),
+        "hmac-sha512" => Some(hmac::HMAC_SHA512),
+        _ => None,
+    }
+}
+
 fn http_date(offset: i64) -> String {
     (chrono::Utc::now() + chrono::Duration::seconds(offset)).format("%a, %d %b %Y %H:%M:%S GMT").to_string()
 }

@@ -43,38 +43,25 @@ pub fn merge_chains(base: &PluginChain, over: &PluginChain) -> PluginChain {
 
 impl Builder<'_> {
     pub(super) fn enabled_plugin(&mut self, o: &str, path: &str, name: &str) -> Option<Arc<PluginEntry>> {
-        if let Some(e) = self.enabled.get(name) {
-            return Some(e.clone());
+        match enabled_entry(self.enabled, name) {
+            Ok(e) => Some(e),
+            Err(reason) => {
+                self.issue(o, path, &reason);
+                None
+            }
         }
-        let known: Vec<String> = self.enabled.listed.iter().map(|e| e.name.to_owned()).collect();
-        let reason = if crate::plugins_catalog().get(name).is_some() {
-            format!("plugin `{name}` is compiled in but not enabled (add it to `plugins:` in config.yaml)")
-        } else {
-            unknown_plugin(name, &known)
-        };
-        self.issue(o, path, &reason);
-        None
     }
 
-    /// `conf` with its secret references (`$env://`) resolved and checked against `schema`;
-    /// the issues found (secrets replaced by their references) go to the builder.
+    /// `conf` with its secret references (`$env://`) resolved and checked against `schema`
+    /// ([`checked`]); the issues found go to the builder, under `path` of resource `o`.
     fn resolved<'c>(&mut self, o: &str, path: &str, conf: &'c Value, schema: &CompiledSchema) -> Option<Resolved<'c>> {
-        let resolved = match secrets::resolve(conf) {
-            Ok(r) => r,
-            Err((at, why)) => {
-                let at = if at.is_empty() { path.to_owned() } else { format!("{path}.{at}") };
-                self.issue(o, &at, &why);
-                return None;
+        match checked(conf, schema) {
+            Ok(r) => Some(r),
+            Err(found) => {
+                self.issues.extend(found.into_iter().map(|f| f.under(path).in_resource(o)));
+                None
             }
-        };
-        if let Err(found) = schema.check(&resolved.value) {
-            self.issues.extend(found.into_iter().map(|f| {
-                let f = Issue::new(f.path, resolved.redact(&f.reason));
-                f.under(path).in_resource(o)
-            }));
-            return None;
         }
-        Some(resolved)
     }
 
     /// Consumers with their plugins: a plugin with a consumer schema is a credential (indexed
@@ -324,6 +311,29 @@ impl Builder<'_> {
     }
 }
 
+/// The enabled plugin `name`, or why there is none (not enabled, or unknown with a suggestion).
+fn enabled_entry(enabled: &EnabledSet, name: &str) -> Result<Arc<PluginEntry>, String> {
+    if let Some(e) = enabled.get(name) {
+        return Ok(e.clone());
+    }
+    Err(if crate::plugins_catalog().get(name).is_some() {
+        format!("plugin `{name}` is compiled in but not enabled (add it to `plugins:` in config.yaml)")
+    } else {
+        let known: Vec<String> = enabled.listed.iter().map(|e| e.name.to_owned()).collect();
+        unknown_plugin(name, &known)
+    })
+}
+
+/// `conf` with its secret references (`$env://`) resolved, checked against `schema`; the issues
+/// (paths relative to `conf`) name a secret by its reference, never its value.
+fn checked<'c>(conf: &'c Value, schema: &CompiledSchema) -> Result<Resolved<'c>, Vec<Issue>> {
+    let resolved = secrets::resolve(conf).map_err(|(at, why)| vec![Issue::new(at, why)])?;
+    match schema.check(&resolved.value) {
+        Ok(()) => Ok(resolved),
+        Err(found) => Err(found.into_iter().map(|f| Issue::new(f.path, resolved.redact(&f.reason))).collect()),
+    }
+}
+
 /// The host's services while a snapshot is built, which can also build other plugins'
 /// instances (`Services::build_plugin`, for multi-auth) with this snapshot's consumers.
 struct Nested<'b> {
@@ -347,18 +357,9 @@ impl weir_plugin::Services for Nested<'_> {
         conf: &Value,
         owner: Owner<'_>,
     ) -> Result<(Arc<dyn PluginInstance>, Option<&'static str>), String> {
-        let Some(entry) = self.enabled.get(name) else {
-            return Err(if crate::plugins_catalog().get(name).is_some() {
-                format!("plugin `{name}` is compiled in but not enabled")
-            } else {
-                format!("unknown plugin `{name}`")
-            });
-        };
-        let resolved = secrets::resolve(conf).map_err(|(at, why)| format!("{name}.{at}: {why}"))?;
-        if let Err(found) = entry.schema.check(&resolved.value) {
-            let all: Vec<String> = found.iter().map(|i| resolved.redact(&i.clone().under(name).to_string())).collect();
-            return Err(all.join("; "));
-        }
+        let entry = enabled_entry(self.enabled, name)?;
+        let resolved = checked(conf, &entry.schema)
+            .map_err(|found| found.into_iter().map(|i| i.under(name).to_string()).collect::<Vec<_>>().join("; "))?;
         let ctx = BuildContext {
             owner,
             raw: &resolved.value,
