@@ -13,8 +13,8 @@ command -v cargo-deb >/dev/null 2>&1 || cargo install -q cargo-deb --locked
 cargo deb -q >/dev/null
 deb=$(ls -t "${CARGO_TARGET_DIR:-target}"/debian/weir_*_amd64.deb | head -n 1)
 echo "built $deb ($(du -h "$deb" | cut -f1))"
-dpkg-deb --contents "$deb" | grep -q './usr/bin/weir$' || fail "no /usr/bin/weir in the package"
-dpkg-deb -I "$deb" conffiles | grep -qx /etc/weir/conf/config.yaml || fail "config.yaml is not a conffile"
+grep -q './usr/bin/weir$' <<<"$(dpkg-deb --contents "$deb")" || fail "no /usr/bin/weir in the package"
+grep -qx /etc/weir/conf/config.yaml <<<"$(dpkg-deb -I "$deb" conffiles)" || fail "config.yaml is not a conffile"
 
 dpkg -i "$deb" >/dev/null
 cleanup() {
@@ -55,7 +55,9 @@ done
 [ "$(ps -o user= -p "$weir_pid")" = weir ] || fail "not running as weir"
 body=$(curl -fsS -H 'User-Agent: package-check' http://127.0.0.1:9080/pkg/hello.txt) || fail "proxying through the packaged gateway"
 [ "$body" = "hello from the upstream" ] || fail "unexpected body: $body"
-curl -fsS http://127.0.0.1:9091/weir/prometheus/metrics | grep -q '^weir_http_status{code="200",route="pkg",matched_uri="/pkg/\*"' \
+# Into a variable first: `curl | grep -q` fails under pipefail once grep stops reading early.
+metrics=$(curl -fsS http://127.0.0.1:9091/weir/prometheus/metrics) || fail "scraping the metrics"
+grep -q '^weir_http_status{code="200",route="pkg",matched_uri="/pkg/\*"' <<<"$metrics" \
   || fail "the request is not in the metrics"
 for _ in $(seq 1 30); do grep -q '"GET /pkg/hello.txt HTTP/1.1" 200 .*"package-check"' /var/log/weir/access.log 2>/dev/null && break; sleep 0.1; done
 grep -q '"GET /pkg/hello.txt HTTP/1.1" 200 .*"package-check"' /var/log/weir/access.log || fail "no access log line"

@@ -48,7 +48,7 @@ admin services/s1 '{"upstream_id": "u1", "plugins": {"request-id": {}}}'
 admin routes/r1 '{"uri": "/a/*", "service_id": "s1", "plugins": {"limit-count": {"count": 10, "time_window": 60}}}'
 admin consumers '{"username": "jack", "plugins": {"key-auth": {"key": "jack-key"}}}'
 admin plugin_metadata/example-plugin '{"skey": "s", "ikey": 1}'
-for _ in $(seq 1 50); do curl -s "127.0.0.1:$CONTROL/v1/routes" | grep -q r1 && break; sleep 0.1; done
+for _ in $(seq 1 50); do [[ "$(curl -s "127.0.0.1:$CONTROL/v1/routes")" == *r1* ]] && break; sleep 0.1; done
 
 checks=not_a_server_error,status_code_conformance,content_type_conformance,response_headers_conformance,response_schema_conformance
 status=0

@@ -33,7 +33,7 @@ etcd_single() {
     --listen-peer-urls "http://127.0.0.1:$peer" --initial-advertise-peer-urls "http://127.0.0.1:$peer" \
     --initial-cluster "$name=http://127.0.0.1:$peer" > "$dir/etcd.log" 2>&1 &
   ETCD_PID=$!
-  for _ in $(seq 1 100); do curl -s "127.0.0.1:$client/health" | grep -q true && return 0; sleep 0.1; done
+  for _ in $(seq 1 100); do [[ "$(curl -s "127.0.0.1:$client/health")" == *true* ]] && return 0; sleep 0.1; done
   echo "etcd did not start: $(tail -n 5 "$dir/etcd.log")" >&2
   return 1
 }
