@@ -49,7 +49,18 @@ pub fn path_route(data: &[u8]) {
         if rules.reject_escaped_slashes {
             assert!(!path.to_ascii_uppercase().contains("%2F"), "{raw:?} -> {path:?}");
         }
-        if let Some(m) = table().find("GET", "h", &path, IpAddr::V4(Ipv4Addr::LOCALHOST)) {
+        let ip = IpAddr::V4(Ipv4Addr::LOCALHOST);
+        let addr = std::net::SocketAddr::new(ip, 1);
+        let ctx = weir_plugin::RequestCtx::new(
+            http::Method::GET,
+            path.clone().into_owned(),
+            String::new(),
+            http::HeaderMap::new(),
+            addr,
+            std::sync::Arc::from("127.0.0.1"),
+            addr,
+        );
+        if let Some(m) = table().find("h", ip, &ctx) {
             match &*m.route.id {
                 "api" => assert!(path.starts_with("/api/"), "{path:?} matched /api/*"),
                 "pub" => assert!(path.starts_with("/pub/"), "{path:?} matched /pub/*"),

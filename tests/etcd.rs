@@ -647,3 +647,36 @@ fn credentials_through_the_admin_api() {
         .status
         == 401));
 }
+
+#[test]
+fn plugin_configs_through_the_admin_api() {
+    let Some(etcd) = Etcd::start() else {
+        return common::skip("plugin_configs_through_the_admin_api", "etcd/etcdctl are not installed");
+    };
+    let up = Upstream::start("u");
+    let (p, _w, admin) = gateway_with_admin(&etcd);
+    let call = |method: &str, path: &str, body: &str| admin_call(admin, method, path, Some(ADMIN_KEY), body);
+    // APISIX's plugin-config page, as written (the upstream pointed at a local server).
+    let config = json!({"desc": "enable limit-count plugin", "plugins": {"limit-count": {"count": 2, "time_window": 60, "rejected_code": 503}}});
+    let r = call("PUT", "/apisix/admin/plugin_configs/1", &config.to_string());
+    assert_eq!(r.status, 201, "{}", r.text());
+    let route = json!({"uris": ["/index.html"], "plugin_config_id": 1, "upstream": {"type": "roundrobin", "nodes": {up.node(): 1}}});
+    let r = call("PUT", "/apisix/admin/routes/1", &route.to_string());
+    assert_eq!(r.status, 201, "{}", r.text());
+    assert!(eventually(Duration::from_secs(5), || get(p.node(), "/index.html").status == 200));
+    let limited = eventually(Duration::from_secs(5), || get(p.node(), "/index.html").status == 503);
+    assert!(limited, "the config's limit-count applies to the route");
+
+    // A route naming a config that does not exist is refused; a config in use cannot be deleted.
+    let bad = json!({"uri": "/other", "plugin_config_id": "nope", "upstream": {"nodes": {up.node(): 1}}});
+    let r = call("PUT", "/apisix/admin/routes/2", &bad.to_string());
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.text().contains("plugin config `nope` does not exist"), "{}", r.text());
+    let r = call("DELETE", "/apisix/admin/plugin_configs/1", "");
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.text().contains("routes/1"), "{}", r.text());
+    assert_eq!(call("GET", "/apisix/admin/plugin_configs", "").json()["total"], 1);
+    // Once no route names it, it goes.
+    assert_eq!(call("DELETE", "/apisix/admin/routes/1", "").status, 200);
+    assert_eq!(call("DELETE", "/apisix/admin/plugin_configs/1", "").status, 200);
+}

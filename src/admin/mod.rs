@@ -613,6 +613,7 @@ fn users(values: &Values, admin: &Admin, kind: &str, id: &str) -> Vec<String> {
         "upstreams" => "upstream_id",
         "services" => "service_id",
         "consumer_groups" => "group_id",
+        "plugin_configs" => "plugin_config_id",
         _ => return Vec::new(),
     };
     let mut found = Vec::new();

@@ -47,6 +47,7 @@ fn singular(kind: &str) -> &str {
         "consumer_groups" => "consumer_group",
         "credentials" => "credential",
         "global_rules" => "global_rule",
+        "plugin_configs" => "plugin_config",
         "plugin_metadata" => "plugin_metadata",
         "ssls" => "ssl",
         "stream_routes" => "stream_route",

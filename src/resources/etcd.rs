@@ -18,7 +18,7 @@ use crate::config::{EtcdSection, EtcdTls};
 use crate::validate::Issue;
 
 /// Resource kinds stored in etcd, as `<prefix>/<kind>/<id>` (the lists of resources.yaml).
-pub const KINDS: [&str; 10] = [
+pub const KINDS: [&str; 11] = [
     "routes",
     "services",
     "upstreams",
@@ -26,6 +26,7 @@ pub const KINDS: [&str; 10] = [
     "consumer_groups",
     "credentials",
     "global_rules",
+    "plugin_configs",
     "plugin_metadata",
     "ssls",
     "stream_routes",

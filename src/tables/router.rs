@@ -6,7 +6,8 @@
 //! lengths that exist. Matching cost depends on the request path, not on the number of routes.
 //!
 //! Among the routes whose URI matches and whose filters (methods, hosts, remote addresses,
-//! status) accept the request, the winner is: higher `priority`, then exact over parameter over
+//! status, then `vars`, compiled once here and evaluated on the request's context) accept the
+//! request, the winner is: higher `priority`, then exact over parameter over
 //! prefix, then the longer prefix, then the route defined first.
 
 use std::net::IpAddr;
@@ -16,7 +17,9 @@ use crate::fastmap::FastMap;
 use crate::resources::cidr::Cidr;
 use crate::resources::model::{HttpMethod, Route};
 use crate::tables::snapshot::PluginChain;
-use crate::tables::upstream::CompiledUpstream;
+use crate::tables::upstream::{CompiledUpstream, Timeouts};
+use weir_plugin::expr::Expr;
+use weir_plugin::RequestCtx;
 
 /// A host filter.
 #[derive(Debug, Clone)]
@@ -73,6 +76,10 @@ pub struct CompiledRoute {
     pub order: usize,
     /// WebSocket handshakes are tunnelled (`enable_websocket` of the route or its service).
     pub websocket: bool,
+    /// `vars`, compiled (checked when the snapshot was built).
+    pub vars: Option<Expr>,
+    /// The route's own upstream timeouts (`timeout`), over the upstream's.
+    pub timeouts: Option<Timeouts>,
 }
 
 /// Bit of a method in [`CompiledRoute::methods`].
@@ -125,6 +132,12 @@ impl CompiledRoute {
             upstream,
             order,
             websocket: route.enable_websocket,
+            vars: route.vars().and_then(|v| Expr::compile(v).ok()),
+            timeouts: route.timeout().map(|t| Timeouts {
+                connect: std::time::Duration::from_secs_f64(t.connect),
+                send: std::time::Duration::from_secs_f64(t.send),
+                read: std::time::Duration::from_secs_f64(t.read),
+            }),
             route,
         }
     }
@@ -135,11 +148,12 @@ impl CompiledRoute {
         self.host_names.get(i).cloned()
     }
 
-    fn accepts(&self, method_bit: u16, host: &str, ip: IpAddr) -> bool {
+    fn accepts(&self, method_bit: u16, host: &str, ip: IpAddr, ctx: &RequestCtx) -> bool {
         self.route.status == 1
             && (self.methods == 0 || self.methods & method_bit != 0)
             && (self.hosts.is_empty() || self.hosts.iter().any(|h| h.matches(host)))
             && (self.remote_addrs.is_empty() || self.remote_addrs.iter().any(|c| c.contains(ip)))
+            && self.vars.as_ref().is_none_or(|v| v.matches(ctx))
     }
 }
 
@@ -166,6 +180,7 @@ pub struct RouteTable {
     prefix: FastMap<String, Vec<Entry>>,
     prefix_lens: Vec<usize>,
     len: usize,
+    reads_form: bool,
 }
 
 /// A matched route and its path parameters.
@@ -225,6 +240,7 @@ impl RouteTable {
         // Shared by every exact and prefix entry (an empty `Arc<[_]>` still allocates).
         let no_names: Arc<[Arc<str>]> = Arc::from([]);
         for route in routes {
+            t.reads_form |= route.route.vars().is_some_and(|v| v.to_string().contains("\"post_arg_"));
             for (i, uri) in route.route.uri_list().iter().enumerate() {
                 let ui = u16::try_from(i).unwrap_or(u16::MAX);
                 match classify(uri) {
@@ -283,8 +299,16 @@ impl RouteTable {
         self.len == 0
     }
 
-    /// The best route for a request.
-    pub fn find(&self, method: &str, host: &str, path: &str, ip: IpAddr) -> Option<Matched> {
+    /// Whether some route's `vars` reads a form body argument (`post_arg_*`): the body of a
+    /// form request is then read before routing.
+    pub fn reads_form(&self) -> bool {
+        self.reads_form
+    }
+
+    /// The best route for a request (`ctx` holds its method, path, headers and client address;
+    /// `host` is its Host without the port, `ip` the client address routes filter on).
+    pub fn find(&self, host: &str, ip: IpAddr, ctx: &RequestCtx) -> Option<Matched> {
+        let (method, path) = (ctx.method.as_str(), ctx.path.as_str());
         let bit = method_bit(method);
         let mut best: Option<(&Entry, Option<matchit::Params<'_, '_>>)> = None;
         let better = |e: &Entry, cur: &Option<(&Entry, Option<matchit::Params<'_, '_>>)>| match cur {
@@ -296,14 +320,14 @@ impl RouteTable {
         };
         if let Some(list) = self.exact.get(path) {
             for e in list {
-                if better(e, &best) && e.route.accepts(bit, host, ip) {
+                if better(e, &best) && e.route.accepts(bit, host, ip, ctx) {
                     best = Some((e, None));
                 }
             }
         }
         if let Ok(m) = self.params.at(path) {
             for e in m.value {
-                if better(e, &best) && e.route.accepts(bit, host, ip) {
+                if better(e, &best) && e.route.accepts(bit, host, ip, ctx) {
                     best = Some((e, Some(m.params.clone())));
                 }
             }
@@ -314,7 +338,7 @@ impl RouteTable {
             }
             if let Some(list) = self.prefix.get(&path[..len]) {
                 for e in list {
-                    if better(e, &best) && e.route.accepts(bit, host, ip) {
+                    if better(e, &best) && e.route.accepts(bit, host, ip, ctx) {
                         best = Some((e, None));
                     }
                 }
@@ -366,8 +390,46 @@ mod tests {
 
     const IP: IpAddr = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
 
+    fn ctx(m: &str, host: &str, path: &str, query: &str, headers: &[(&str, &str)]) -> RequestCtx {
+        let mut map = http::HeaderMap::new();
+        map.insert(http::header::HOST, http::HeaderValue::from_str(host).unwrap_or_else(|e| panic!("{e}")));
+        for (k, v) in headers {
+            let name = http::HeaderName::from_bytes(k.as_bytes()).unwrap_or_else(|e| panic!("{e}"));
+            map.append(name, http::HeaderValue::from_str(v).unwrap_or_else(|e| panic!("{e}")));
+        }
+        let method = http::Method::from_bytes(m.as_bytes()).unwrap_or_else(|e| panic!("{e}"));
+        let addr = std::net::SocketAddr::new(IP, 40000);
+        RequestCtx::new(method, path.into(), query.into(), map, addr, Arc::from("127.0.0.1"), addr)
+    }
+
+    fn find(t: &RouteTable, m: &str, host: &str, path: &str) -> Option<Matched> {
+        t.find(host, IP, &ctx(m, host, path, "", &[]))
+    }
+
     fn id(t: &RouteTable, m: &str, host: &str, path: &str) -> Option<String> {
-        t.find(m, host, path, IP).map(|m| m.route.id.to_string())
+        find(t, m, host, path).map(|m| m.route.id.to_string())
+    }
+
+    #[test]
+    fn vars_pick_among_routes_of_one_uri() {
+        let t = table(vec![
+            route("plain", "/api", serde_json::json!({})),
+            route(
+                "canary",
+                "/api",
+                serde_json::json!({"priority": 1, "vars": [["arg_name", "==", "jack"], ["http_x_env", "~~", "^ca"]]}),
+            ),
+            route("or", "/or", serde_json::json!({"vars": ["OR", [["arg_a", "==", "1"]], [["cookie_b", "==", "2"]]]})),
+        ]);
+        let pick = |path: &str, query: &str, headers: &[(&str, &str)]| {
+            t.find("h", IP, &ctx("GET", "h", path, query, headers)).map(|m| m.route.id.to_string())
+        };
+        assert_eq!(pick("/api", "name=jack", &[("x-env", "canary")]).as_deref(), Some("canary"));
+        assert_eq!(pick("/api", "name=jack", &[("x-env", "prod")]).as_deref(), Some("plain"));
+        assert_eq!(pick("/api", "name=jill", &[("x-env", "canary")]).as_deref(), Some("plain"));
+        assert_eq!(pick("/or", "a=1", &[]).as_deref(), Some("or"));
+        assert_eq!(pick("/or", "", &[("cookie", "x=1; b=2")]).as_deref(), Some("or"));
+        assert_eq!(pick("/or", "a=2", &[]), None);
     }
 
     #[test]
@@ -434,10 +496,10 @@ mod tests {
             route("u", "/users/:id/posts/{post}", serde_json::json!({})),
             route("v", "/users/:uid", serde_json::json!({})),
         ]);
-        let m = t.find("GET", "h", "/users/7/posts/9", IP).unwrap_or_else(|| panic!("no match"));
+        let m = find(&t, "GET", "h", "/users/7/posts/9").unwrap_or_else(|| panic!("no match"));
         let params: Vec<(String, String)> = m.params.iter().map(|(k, v)| (k.to_string(), v.clone())).collect();
         assert_eq!(params, vec![("id".into(), "7".into()), ("post".into(), "9".into())]);
-        let m = t.find("GET", "h", "/users/8", IP).unwrap_or_else(|| panic!("no match"));
+        let m = find(&t, "GET", "h", "/users/8").unwrap_or_else(|| panic!("no match"));
         assert_eq!(m.params[0].0.as_ref(), "uid");
         assert_eq!(id(&t, "GET", "h", "/users/"), None);
     }

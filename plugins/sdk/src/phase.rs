@@ -319,6 +319,38 @@ impl RequestCtx {
         }
     }
 
+    /// The header `http_<name>` names (`_` for `-`), looked up without allocating for names up
+    /// to 64 bytes.
+    fn header_var(&self, name: &str) -> Option<Cow<'_, str>> {
+        let mut buf = [0u8; 64];
+        let value = match buf.get_mut(..name.len()) {
+            Some(dst) => {
+                for (d, c) in dst.iter_mut().zip(name.bytes()) {
+                    *d = if c == b'_' { b'-' } else { c };
+                }
+                // Only ASCII bytes were replaced by ASCII: still UTF-8.
+                let h = std::str::from_utf8(dst).ok()?;
+                self.headers.get(h)
+            }
+            None => self.headers.get(name.replace('_', "-").as_str()),
+        };
+        value.and_then(|v| v.to_str().ok()).map(Cow::Borrowed)
+    }
+
+    /// The argument `name` of a form body (`application/x-www-form-urlencoded`) the host read
+    /// (`post_arg_<name>`): percent-decoded, `+` as a space.
+    fn post_arg(&self, name: &str) -> Option<Cow<'_, str>> {
+        let form = self.header("content-type")?.split(';').next()?.trim();
+        if !form.eq_ignore_ascii_case("application/x-www-form-urlencoded") {
+            return None;
+        }
+        let body = std::str::from_utf8(self.body.as_deref()?).ok()?;
+        body.split('&').find_map(|pair| {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            (form_decode(k) == name).then(|| form_decode(v))
+        })
+    }
+
     /// Resolves a variable by name (with or without the leading `$`): `host`, `uri`, `request_uri`,
     /// `args`, `request_method`, `scheme`, `remote_addr`, `remote_port`, `server_port`, `status`,
     /// (`request_uri` and `request` as the client sent them, before normalization and rewrites),
@@ -360,8 +392,10 @@ impl RequestCtx {
             "consumer_name" => self.consumer.as_ref().map(|c| Cow::Borrowed(&*c.username)),
             _ => {
                 if let Some(h) = name.strip_prefix("http_") {
-                    let h = h.replace('_', "-");
-                    return self.headers.get(h.as_str()).and_then(|v| v.to_str().ok()).map(Cow::Borrowed);
+                    return self.header_var(h);
+                }
+                if let Some(a) = name.strip_prefix("post_arg_") {
+                    return self.post_arg(a);
                 }
                 if let Some(a) = name.strip_prefix("arg_") {
                     return self.arg(a).map(Cow::Borrowed);
@@ -376,6 +410,38 @@ impl RequestCtx {
             }
         }
     }
+}
+
+/// Decodes a form component: `+` is a space, `%XX` a byte (invalid escapes kept as they are).
+fn form_decode(s: &str) -> Cow<'_, str> {
+    if !s.contains(['+', '%']) {
+        return Cow::Borrowed(s);
+    }
+    let bytes = s.as_bytes();
+    let hex = |c: u8| (c as char).to_digit(16);
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let escaped = match bytes.get(i..i + 3) {
+            Some([b'%', h, l]) => hex(*h).zip(hex(*l)).map(|(h, l)| (h * 16 + l) as u8),
+            _ => None,
+        };
+        match (bytes[i], escaped) {
+            (_, Some(b)) => {
+                out.push(b);
+                i += 3;
+            }
+            (b'+', None) => {
+                out.push(b' ');
+                i += 1;
+            }
+            (c, None) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    Cow::Owned(String::from_utf8_lossy(&out).into_owned())
 }
 
 /// `HTTP/1.1`, as `$server_protocol` spells a version.

@@ -67,7 +67,7 @@ const BUILTIN: &[&str] = &[
 ];
 
 /// Families of variables: a prefix and a name of the caller's choice.
-const FAMILIES: &[&str] = &["http_", "arg_", "cookie_", "param_"];
+const FAMILIES: &[&str] = &["http_", "arg_", "cookie_", "param_", "post_arg_"];
 
 /// Whether `name` (without `$`) is a variable a template may use.
 pub fn is_known(name: &str) -> bool {

@@ -18,7 +18,7 @@ use super::Response;
 use crate::dataplane::body::{Inbound, OnFinish, ResponseBody, UpstreamBody};
 use crate::dataplane::headers::strip_hop_by_hop;
 use crate::tables::snapshot::{merge_chains, BoundPlugin, PluginChain};
-use crate::tables::upstream::InFlight;
+use crate::tables::upstream::{InFlight, Timeouts};
 
 /// The log phase, run once the response is done; also carries body filters.
 pub struct Finish {
@@ -37,6 +37,8 @@ pub struct Finish {
     pub(super) body_received: Option<Rc<Cell<u64>>>,
     /// When the first upstream attempt began (`upstream_time` runs from here).
     pub(super) upstream_started: Option<Instant>,
+    /// The route's own upstream timeouts (`timeout`), over the upstream's.
+    pub(super) timeouts: Option<Timeouts>,
     pub(super) _inflight: Option<InFlight>,
 }
 
@@ -53,6 +55,7 @@ impl Finish {
             grpc: false,
             body_received: None,
             upstream_started: None,
+            timeouts: None,
             _inflight: None,
         })
     }

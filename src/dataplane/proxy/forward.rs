@@ -118,6 +118,7 @@ pub(super) async fn forward(
         Source::Stream(Some(ProxyBody::Client { stalled, .. })) => Some(stalled.clone()),
         _ => None,
     };
+    let timeouts = fin.timeouts.unwrap_or(upstream.timeouts);
     let mut tried = Tried::default();
     let mut last_timeout = false;
     // A failed attempt is reported to the health checker when it is retried (as the reference says).
@@ -182,10 +183,9 @@ pub(super) async fn forward(
             }
             *request.headers_mut() = headers;
             let answer = if tunnel.is_some() {
-                Box::pin(crate::dataplane::tunnel::handshake(&worker.pool, &node.pool_key, &upstream.timeouts, request))
-                    .await
+                Box::pin(crate::dataplane::tunnel::handshake(&worker.pool, &node.pool_key, &timeouts, request)).await
             } else {
-                Box::pin(worker.pool.send_h2(&node.pool_key, &upstream.timeouts, request)).await
+                Box::pin(worker.pool.send_h2(&node.pool_key, &timeouts, request)).await
             };
             answer.map(|r| r.map(Inbound::Hyper))
         } else {
@@ -194,18 +194,9 @@ pub(super) async fn forward(
             let (set, n) = proxy_headers.lines(host);
             let head =
                 RequestHead { method: &fin.ctx.method, target: &target, headers: &fin.ctx.headers, set: &set[..n] };
-            Pool::send(
-                &worker.pool,
-                &node.pool_key,
-                upstream.pool,
-                &upstream.timeouts,
-                &head,
-                body,
-                stalled.clone(),
-                idempotent,
-            )
-            .await
-            .map(|r| r.map(Inbound::H1))
+            Pool::send(&worker.pool, &node.pool_key, upstream.pool, &timeouts, &head, body, stalled.clone(), idempotent)
+                .await
+                .map(|r| r.map(Inbound::H1))
         };
         match exchange {
             Ok(resp) => {
@@ -214,7 +205,7 @@ pub(super) async fn forward(
                     c.report_status(node.addr, resp.status().as_u16());
                 }
                 if let (Some(t), StatusCode::SWITCHING_PROTOCOLS) = (tunnel.take(), resp.status()) {
-                    return upgraded(resp, t.client, fin, inflight, upstream.timeouts.read);
+                    return upgraded(resp, t.client, fin, inflight, timeouts.read);
                 }
                 return respond(resp, fin, inflight);
             }

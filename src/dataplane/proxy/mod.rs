@@ -162,6 +162,13 @@ fn authority_as_host(parts: &mut http::request::Parts) -> Result<(), &'static st
     }
 }
 
+/// A form body (`application/x-www-form-urlencoded`), whose arguments `post_arg_*` reads.
+fn is_form(headers: &http::HeaderMap) -> bool {
+    headers.get(http::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|v| {
+        v.split(';').next().is_some_and(|t| t.trim().eq_ignore_ascii_case("application/x-www-form-urlencoded"))
+    })
+}
+
 /// An HTTP/1.1 WebSocket handshake: `Upgrade: websocket` and `Connection: upgrade`.
 fn is_websocket(headers: &http::HeaderMap) -> bool {
     let has = |name: http::header::HeaderName, token: &str| {
@@ -207,7 +214,6 @@ async fn serve(
     // A shared handle on the header's bytes, for X-Forwarded-Host: no copy, no re-validation.
     let host_header: Option<HeaderValue> = parts.headers.get(http::header::HOST).cloned();
     let host = strip_port(host_header.as_ref().and_then(|v| v.to_str().ok()).unwrap_or(""));
-    let matched = snap.table.find(parts.method.as_str(), host, &path, remote.ip());
     let query = parts.uri.query().unwrap_or("").to_owned();
     let request_target = parts.uri.path_and_query().cloned();
     let declared_len: Option<u64> =
@@ -224,6 +230,27 @@ async fn serve(
     ctx.version = parts.version;
     ctx.request_target = request_target;
     ctx.request_length = request_length;
+    // A route's `vars` may read form arguments (`post_arg_*`): a small form body is then read
+    // before routing, and serves as the buffered body afterwards.
+    let mut early_body: Option<Bytes> = None;
+    if has_body
+        && snap.table.reads_form()
+        && is_form(&ctx.headers)
+        && declared_len.is_some_and(|n| n <= REPLAYABLE_BODY)
+    {
+        match read_body(&mut payload, REPLAYABLE_BODY as usize, remote).await {
+            Ok(Ok(b)) => {
+                ctx.body = Some(b.clone());
+                early_body = Some(b);
+            }
+            Ok(Err(_)) => return error_response(StatusCode::PAYLOAD_TOO_LARGE, "413 Request Entity Too Large"),
+            Err(resp) => return resp,
+        }
+    }
+    let matched = snap.table.find(host, remote.ip(), &ctx);
+    if early_body.is_some() {
+        ctx.body = None;
+    }
     let Some(matched) = matched else {
         // As APISIX: global rules run for unmatched requests too, then the 404 is sent.
         let mut fin = Finish::new(ctx, [snap.global_chain.clone(), PluginChain::default()]);
@@ -245,6 +272,7 @@ async fn serve(
     // the request waits (the future is dropped with `fin`; status 499, as nginx logs it).
     let mut fin = Finish::new(ctx, [snap.global_chain.clone(), route.plugins.clone()]);
     fin.grpc = route.upstream.as_ref().is_some_and(|u| u.scheme.grpc());
+    fin.timeouts = route.timeouts;
 
     let wants_body = fin.chains[0].wants_body || fin.chains[1].wants_body;
     // Small bodies, and the first REPLAYABLE_BODY bytes of chunked ones, are read before any
@@ -253,7 +281,9 @@ async fn serve(
     // streams at once (its framing is not ambiguous, and gRPC streams wait for answers).
     let small = declared_len.is_some_and(|n| n <= REPLAYABLE_BODY);
     let mut source = Source::Empty;
-    if has_body && (wants_body || small || chunked) {
+    if let Some(b) = early_body {
+        source = Source::Buffered(b);
+    } else if has_body && (wants_body || small || chunked) {
         let limit = if wants_body { MAX_BUFFERED_BODY } else { REPLAYABLE_BODY as usize };
         match read_body(&mut payload, limit, remote).await {
             Ok(Ok(b)) => source = Source::Buffered(b),

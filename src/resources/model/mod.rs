@@ -22,7 +22,7 @@ mod stream;
 mod upstream;
 
 pub use consumer::{Consumer, ConsumerGroup, Credential};
-pub use global::{GlobalRule, PluginMetadata};
+pub use global::{GlobalRule, PluginConfig, PluginMetadata};
 pub use route::{HttpMethod, Route, RouteMore, Service};
 pub use ssl::{Ssl, SslType};
 pub use stream::StreamRoute;

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use schemars::{JsonSchema, Schema, SchemaGenerator};
 use serde::{Deserialize, Serialize};
 
-use super::{one, Id, PluginConfs, Upstream};
+use super::{one, Id, PluginConfs, Timeout, Upstream};
 
 /// HTTP methods a route can match. The declaration order is the bit order of the router's method
 /// mask: append new methods at the end.
@@ -67,12 +67,27 @@ struct RouteDoc {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1))]
     remote_addrs: Option<Vec<String>>,
+    /// Conditions on request variables, in APISIX's expression language (lua-resty-expr):
+    /// `[["arg_name", "==", "jack"], ["http_x_env", "~~", "^ca"]]`, or a logical operator first:
+    /// `["OR", [...], [...]]`. Compiled when the configuration loads.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "vars_schema")]
+    vars: Option<serde_json::Value>,
+    /// APISIX's Lua filter function: refused (Weir runs no Lua; use `vars`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    filter_func: Option<String>,
     /// Higher wins among routes matching one request.
     #[serde(default)]
     priority: i64,
+    /// Upstream timeouts of this route, in seconds (overrides the upstream's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    timeout: Option<Timeout>,
     /// Plugins of this route.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     plugins: PluginConfs,
+    /// Reference to a plugin config (its plugins are merged under the route's own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    plugin_config_id: Option<Id>,
     /// Inline upstream (boxed: most routes name an upstream by id, and an inline `Upstream`
     /// is several hundred bytes that every route would otherwise carry).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -134,7 +149,16 @@ pub struct RouteMore {
     pub host: Option<String>,
     pub hosts: Option<Vec<String>>,
     pub remote_addrs: Option<Vec<String>>,
+    pub vars: Option<serde_json::Value>,
+    pub filter_func: Option<String>,
+    pub timeout: Option<Timeout>,
+    pub plugin_config_id: Option<Id>,
     pub labels: BTreeMap<String, String>,
+}
+
+/// `vars`: a list (an expression), checked further when it is compiled.
+fn vars_schema(_: &mut SchemaGenerator) -> Schema {
+    schemars::json_schema!({ "type": "array" })
 }
 
 impl Route {
@@ -166,6 +190,22 @@ impl Route {
     pub fn remote_addrs(&self) -> Option<&[String]> {
         self.more.as_ref()?.remote_addrs.as_deref()
     }
+    /// Conditions on request variables (uncompiled).
+    pub fn vars(&self) -> Option<&serde_json::Value> {
+        self.more.as_ref()?.vars.as_ref()
+    }
+    /// APISIX's Lua filter function (refused by the checks).
+    pub fn filter_func(&self) -> Option<&str> {
+        self.more.as_ref()?.filter_func.as_deref()
+    }
+    /// Upstream timeouts of this route.
+    pub fn timeout(&self) -> Option<&Timeout> {
+        self.more.as_ref()?.timeout.as_ref()
+    }
+    /// The plugin config whose plugins this route runs (under its own).
+    pub fn plugin_config_id(&self) -> Option<&Id> {
+        self.more.as_ref()?.plugin_config_id.as_ref()
+    }
 }
 
 impl From<RouteDoc> for Route {
@@ -178,6 +218,10 @@ impl From<RouteDoc> for Route {
             host: d.host,
             hosts: d.hosts,
             remote_addrs: d.remote_addrs,
+            vars: d.vars,
+            filter_func: d.filter_func,
+            timeout: d.timeout,
+            plugin_config_id: d.plugin_config_id,
             labels: d.labels,
         };
         Route {
@@ -208,8 +252,12 @@ impl From<Route> for RouteDoc {
             host: more.host,
             hosts: more.hosts,
             remote_addrs: more.remote_addrs,
+            vars: more.vars,
+            filter_func: more.filter_func,
             priority: r.priority,
+            timeout: more.timeout,
             plugins: r.plugins,
+            plugin_config_id: more.plugin_config_id,
             upstream: r.upstream,
             upstream_id: r.upstream_id,
             service_id: r.service_id,

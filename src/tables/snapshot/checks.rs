@@ -54,6 +54,18 @@ impl Builder<'_> {
         if let Some(u) = r.upstream.as_deref() {
             self.check_upstream(o, "upstream", u);
         }
+        if r.filter_func().is_some() {
+            self.issue(
+                o,
+                "filter_func",
+                "Lua filter functions cannot run in Weir; express the condition with `vars` (APISIX expressions)",
+            );
+        }
+        if let Some(vars) = r.vars() {
+            if let Err(e) = weir_plugin::expr::Expr::compile(vars) {
+                self.issue(o, "vars", e.trim_start_matches(": "));
+            }
+        }
     }
 
     /// Addresses, SNI and references of a stream route.

@@ -56,7 +56,7 @@ impl Builder<'_> {
                 (None, None) => service.as_ref().and_then(|s| service_upstreams.get(&s.id.0).cloned().flatten()),
             };
             // Routes without plugins have no chain entry: no lookup (and no key to build) for them.
-            let route_chain = match r.plugins.is_empty() {
+            let route_chain = match r.plugins.is_empty() && r.plugin_config_id().is_none() {
                 true => empty.clone(),
                 false => self.snap.chains.get(&("routes", r.id.0.clone())).cloned().unwrap_or_else(|| empty.clone()),
             };

@@ -53,6 +53,8 @@ struct ResourceFile {
     #[serde(default)]
     global_rules: Vec<Value>,
     #[serde(default)]
+    plugin_configs: Vec<Value>,
+    #[serde(default)]
     plugin_metadata: Vec<Value>,
     #[serde(default)]
     ssls: Vec<Value>,
@@ -87,6 +89,7 @@ impl KindSchemas {
                     ("consumer_group", compile(weir_plugin::schema_of::<ConsumerGroup>())),
                     ("credential", compile(weir_plugin::schema_of::<Credential>())),
                     ("global_rule", compile(weir_plugin::schema_of::<GlobalRule>())),
+                    ("plugin_config", compile(weir_plugin::schema_of::<PluginConfig>())),
                     ("plugin_metadata", compile(weir_plugin::schema_of::<PluginMetadata>())),
                     ("ssl", compile(weir_plugin::schema_of::<Ssl>())),
                     ("stream_route", compile(weir_plugin::schema_of::<StreamRoute>())),
@@ -210,6 +213,8 @@ pub struct Snapshot {
     pub consumer_groups: Vec<Arc<ConsumerGroup>>,
     /// Global rules.
     pub global_rules: Vec<Arc<GlobalRule>>,
+    /// Plugin configs.
+    pub plugin_configs: Vec<Arc<PluginConfig>>,
     /// Plugin metadata of enabled plugins, in the order of the enabled list.
     pub plugin_metadata: Vec<PluginMetadata>,
     /// Plugin chains of routes, services and global rules, keyed by `(kind, id)`.
@@ -368,6 +373,7 @@ impl Builder<'_> {
         let groups: Vec<(String, Arc<ConsumerGroup>)> = self.parse(raw, "consumer_groups", "consumer_group");
         let credentials: Vec<(String, Arc<Credential>)> = self.parse(raw, "credentials", "credential");
         let global_rules: Vec<(String, Arc<GlobalRule>)> = self.parse(raw, "global_rules", "global_rule");
+        let plugin_configs: Vec<(String, Arc<PluginConfig>)> = self.parse(raw, "plugin_configs", "plugin_config");
         let metadata: Vec<(String, Arc<PluginMetadata>)> = self.parse(raw, "plugin_metadata", "plugin_metadata");
         let ssls: Vec<(String, Arc<Ssl>)> = self.parse(raw, "ssls", "ssl");
         let stream_routes: Vec<(String, Arc<StreamRoute>)> = self.parse(raw, "stream_routes", "stream_route");
@@ -392,6 +398,7 @@ impl Builder<'_> {
         }
         self.check_credentials(&consumers, &credentials);
         self.index("global_rules", global_rules.iter().map(|(o, g)| (o, g.id.0.clone())));
+        self.index("plugin_configs", plugin_configs.iter().map(|(o, p)| (o, p.id.0.clone())));
         self.index("plugin_metadata", metadata.iter().map(|(o, m)| (o, m.id.clone())));
         self.index("ssls", ssls.iter().map(|(o, s)| (o, s.id.0.clone())));
         self.index("stream_routes", stream_routes.iter().map(|(o, r)| (o, r.id.0.clone())));
@@ -432,6 +439,11 @@ impl Builder<'_> {
                     self.issue(o, "service_id", &format!("service `{sid}` does not exist"));
                 }
             }
+            if let Some(pid) = r.plugin_config_id() {
+                if !self.snap.index.contains_key(&("plugin_configs", pid.0.clone())) {
+                    self.issue(o, "plugin_config_id", &format!("plugin config `{pid}` does not exist"));
+                }
+            }
         }
         let mut stream_chains = HashMap::new();
         for (o, r) in &stream_routes {
@@ -451,9 +463,30 @@ impl Builder<'_> {
         }
         let consumer_state = self.consumer_state(raw, &consumers, &groups, &credentials, &meta_by_plugin);
         let state = &consumer_state;
+        // Plugin configs on their own first: a malformed one is reported once, under its own name.
+        let mut shared_sets: HashMap<&str, &PluginConfs> = HashMap::new();
+        for (o, p) in &plugin_configs {
+            let before = self.issues.len();
+            self.chain(("plugin_configs", &p.id.0, o), &p.plugins, state, &meta_by_plugin);
+            if self.issues.len() == before {
+                shared_sets.insert(&p.id.0, &p.plugins);
+            }
+        }
         // Resources without plugins get no entry: lookups fall back to an empty chain.
-        for (o, r) in routes.iter().filter(|(_, r)| !r.plugins.is_empty()) {
-            let chain = self.chain(("routes", &r.id.0, o), &r.plugins, state, &meta_by_plugin);
+        for (o, r) in routes.iter().filter(|(_, r)| !r.plugins.is_empty() || r.plugin_config_id().is_some()) {
+            // A plugin config's plugins under the route's own (the route's configuration wins).
+            let merged;
+            let confs = match r.plugin_config_id().map(|id| shared_sets.get(id.0.as_str())) {
+                None => &r.plugins,
+                Some(None) => continue,
+                Some(Some(shared)) => {
+                    let mut all = PluginConfs::clone(shared);
+                    all.extend(r.plugins.iter().map(|(k, v)| (k.clone(), v.clone())));
+                    merged = all;
+                    &merged
+                }
+            };
+            let chain = self.chain(("routes", &r.id.0, o), confs, state, &meta_by_plugin);
             self.snap.chains.insert(("routes", r.id.0.clone()), chain);
         }
         for (o, s) in services.iter().filter(|(_, s)| !s.plugins.is_empty()) {
@@ -479,6 +512,7 @@ impl Builder<'_> {
         self.snap.consumers = consumers.into_iter().map(|(_, c)| c).collect();
         self.snap.consumer_groups = groups.into_iter().map(|(_, g)| g).collect();
         self.snap.global_rules = global_rules.into_iter().map(|(_, g)| g).collect();
+        self.snap.plugin_configs = plugin_configs.into_iter().map(|(_, p)| p).collect();
         self.snap.stream_routes = stream_routes.into_iter().map(|(_, r)| r).collect();
         self.compile_data_plane(stream_chains);
         if !self.issues.is_empty() {
