@@ -52,6 +52,11 @@ fn jwt_token() {
 }
 
 #[test]
+fn proxy_protocol() {
+    each_input("proxy_protocol", weir::fuzzing::proxy_protocol);
+}
+
+#[test]
 fn expr() {
     each_input("expr", weir_plugin::expr::fuzz_expr);
 }

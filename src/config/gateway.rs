@@ -45,6 +45,62 @@ pub struct GatewaySection {
     /// Weir's own log; standard error when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error_log: Option<ErrorLogSection>,
+    /// Listeners whose clients speak the PROXY protocol (v1 or v2), as APISIX's
+    /// `apisix.proxy_protocol`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proxy_protocol: Option<ProxyProtocolSection>,
+    /// The client's real address behind trusted proxies (nginx's realip); off when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub real_ip: Option<RealIpSection>,
+}
+
+/// `gateway.proxy_protocol:` section.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ProxyProtocolSection {
+    /// A further plain HTTP listener (on 0.0.0.0) whose connections open with a PROXY header.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub listen_http_port: Option<u16>,
+    /// A further TLS listener (on 0.0.0.0) whose connections open with a PROXY header (before
+    /// the TLS handshake).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub listen_https_port: Option<u16>,
+    /// The stream proxy's TCP listeners expect a PROXY header.
+    #[serde(default)]
+    pub enable_tcp_pp: bool,
+    /// The stream proxy sends a PROXY v1 header to its upstreams, naming the client.
+    #[serde(default)]
+    pub enable_tcp_pp_to_upstream: bool,
+}
+
+/// `gateway.real_ip:` section: which peers may name the client, and in which header.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RealIpSection {
+    /// Peers (IPs or CIDRs) whose header is believed; nobody else's is.
+    #[schemars(length(min = 1))]
+    pub trusted_addresses: Vec<String>,
+    /// The header naming the client: `X-Real-IP` (default, as nginx) or `X-Forwarded-For`.
+    #[serde(default)]
+    pub header: RealIpHeader,
+    /// `X-Forwarded-For`: walk from the right past trusted addresses (default false: the last
+    /// address), as nginx's `real_ip_recursive`.
+    #[serde(default)]
+    pub recursive: bool,
+}
+
+/// The header of `gateway.real_ip`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum RealIpHeader {
+    /// `X-Real-IP: 1.2.3.4`.
+    #[default]
+    #[serde(rename = "X-Real-IP")]
+    XRealIp,
+    /// `X-Forwarded-For: client, proxy1, proxy2`.
+    #[serde(rename = "X-Forwarded-For")]
+    XForwardedFor,
 }
 
 /// `gateway.access_log:` section.
@@ -198,6 +254,8 @@ impl Default for GatewaySection {
             stream_proxy: None,
             access_log: None,
             error_log: None,
+            proxy_protocol: None,
+            real_ip: None,
         }
     }
 }

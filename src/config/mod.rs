@@ -26,7 +26,8 @@ pub use deployment::{
 };
 pub use gateway::{
     AccessLogSection, AutoWord, Control, ControlRouter, ErrorLogSection, EscapedSlashes, GatewaySection, Listen,
-    ListenAddr, SslSection, StreamListen, StreamListenAddr, StreamProxy, WorkerProcesses,
+    ListenAddr, ProxyProtocolSection, RealIpHeader, RealIpSection, SslSection, StreamListen, StreamListenAddr,
+    StreamProxy, WorkerProcesses,
 };
 pub use load::{parse_yaml, read_yaml, Prefix};
 pub use rules::unknown_plugin;

@@ -4,7 +4,7 @@
 
 use std::net::SocketAddr;
 
-use super::{Config, ConfigProvider, StreamListen, EXAMPLE_ADMIN_KEY};
+use super::{Config, ConfigProvider, Listen, StreamListen, EXAMPLE_ADMIN_KEY};
 use crate::plugins::Catalog;
 use crate::validate::{did_you_mean, Issue};
 
@@ -67,10 +67,34 @@ impl Config {
                 format!("control port {} conflicts with gateway.ssl.listen", control.port),
             ));
         }
+        if let Some(real) = &self.gateway.real_ip {
+            for (i, a) in real.trusted_addresses.iter().enumerate() {
+                if let Err(e) = weir_plugin::cidr::Cidr::parse(a) {
+                    issues.push(Issue::new(format!("gateway.real_ip.trusted_addresses[{i}]"), e));
+                }
+            }
+        }
+        let pp = self.gateway.proxy_protocol.clone().unwrap_or_default();
+        if pp.enable_tcp_pp && self.gateway.stream_proxy.as_ref().is_none_or(|s| s.tcp.is_empty()) {
+            issues.push(Issue::new(
+                "gateway.proxy_protocol.enable_tcp_pp",
+                "there is no stream proxy TCP listener (gateway.stream_proxy.tcp) to expect PROXY headers on",
+            ));
+        }
+        if pp.listen_https_port.is_some() && !ssl.enable {
+            issues.push(Issue::new(
+                "gateway.proxy_protocol.listen_https_port",
+                "a TLS listener needs gateway.ssl.enable: true",
+            ));
+        }
+        let pp_http: Vec<Listen> = pp.listen_http_port.map(Listen::Port).into_iter().collect();
+        let pp_https: Vec<Listen> = pp.listen_https_port.map(Listen::Port).into_iter().collect();
         let mut seen = Vec::new();
         let ssl_listen = if ssl.enable { &ssl.listen[..] } else { &[] };
         let all = self.gateway.node_listen.iter().map(|l| ("gateway.node_listen", l)).enumerate();
         let all = all.chain(ssl_listen.iter().map(|l| ("gateway.ssl.listen", l)).enumerate());
+        let all = all.chain(pp_http.iter().map(|l| ("gateway.proxy_protocol.listen_http_port", l)).enumerate());
+        let all = all.chain(pp_https.iter().map(|l| ("gateway.proxy_protocol.listen_https_port", l)).enumerate());
         let all = all.map(|(i, (key, l))| (i, key, l.addr()));
         let tcp: &[StreamListen] = self.gateway.stream_proxy.as_ref().map_or(&[], |s| &s.tcp[..]);
         let all = all.chain(tcp.iter().enumerate().map(|(i, l)| (i, "gateway.stream_proxy.tcp", l.addr())));
@@ -96,7 +120,9 @@ impl Config {
                 s.port() == addr.port() && (*s == addr || s.ip().is_unspecified() || addr.ip().is_unspecified())
             });
             if clash {
-                issues.push(Issue::new(format!("{key}[{i}]"), format!("{addr} is already a listener")));
+                let key =
+                    if key.starts_with("gateway.proxy_protocol") { key.to_owned() } else { format!("{key}[{i}]") };
+                issues.push(Issue::new(key, format!("{addr} is already a listener")));
             }
             seen.push(addr);
         }

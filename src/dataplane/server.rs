@@ -132,6 +132,7 @@ impl DataPlane {
         let mut listeners = Vec::new();
         let mut udp = Vec::new();
         let ssl = &config.gateway.ssl;
+        let pp = config.gateway.proxy_protocol.clone().unwrap_or_default();
         let mut tls = TlsConfigs::new(&gateway, ssl);
         if let Some(stream) = &config.gateway.stream_proxy {
             for listen in &stream.udp {
@@ -145,21 +146,35 @@ impl DataPlane {
                 let addr = listen.addr();
                 let l = bind(addr).map_err(|e| format!("cannot listen on {addr} (gateway.stream_proxy.tcp): {e}"))?;
                 let config = if listen.tls() { Some(tls.get(false)?) } else { None };
-                listeners.push((l, Kind::Stream(config)));
+                listeners.push((l, Kind::Stream(config), pp.enable_tcp_pp));
             }
         }
         if ssl.enable {
             for listen in &ssl.listen {
                 let addr = listen.addr();
                 let l = bind(addr).map_err(|e| format!("cannot listen on {addr} (gateway.ssl.listen): {e}"))?;
-                listeners.push((l, Kind::Tls(tls.get(listen.http2(true))?)));
+                listeners.push((l, Kind::Tls(tls.get(listen.http2(true))?), false));
+            }
+            if let Some(port) = pp.listen_https_port {
+                let addr = SocketAddr::from(([0, 0, 0, 0], port));
+                let l = bind(addr)
+                    .map_err(|e| format!("cannot listen on {addr} (gateway.proxy_protocol.listen_https_port): {e}"))?;
+                listeners.push((l, Kind::Tls(tls.get(true)?), true));
             }
         }
         for listen in &config.gateway.node_listen {
             let addr = listen.addr();
             let l = bind(addr).map_err(|e| format!("cannot listen on {addr} (gateway.node_listen): {e}"))?;
-            listeners.push((l, Kind::Plain { h2c: listen.http2(false) }));
+            listeners.push((l, Kind::Plain { h2c: listen.http2(false) }, false));
         }
+        if let Some(port) = pp.listen_http_port {
+            let addr = SocketAddr::from(([0, 0, 0, 0], port));
+            let l = bind(addr)
+                .map_err(|e| format!("cannot listen on {addr} (gateway.proxy_protocol.listen_http_port): {e}"))?;
+            listeners.push((l, Kind::Plain { h2c: false }, true));
+        }
+        let real_ip = config.gateway.real_ip.as_ref().map(|r| Arc::new(super::real_ip::RealIp::new(r)));
+        let pp_to_upstream = pp.enable_tcp_pp_to_upstream;
         let rules = PathRules {
             merge_slashes: config.gateway.merge_slashes,
             reject_escaped_slashes: config.gateway.escaped_slashes == EscapedSlashes::Reject,
@@ -169,16 +184,17 @@ impl DataPlane {
         for i in 0..config.gateway.worker_processes.count() {
             let mine = listeners
                 .iter()
-                .map(|(l, kind)| l.try_clone().map(|l| (l, kind.clone())))
+                .map(|(l, kind, pp)| l.try_clone().map(|l| (l, kind.clone(), *pp)))
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(|e| format!("cannot share the data-plane listener with worker {i}: {e}"))?;
             let gateway = gateway.clone();
             let stopped = stopped.clone();
             // UDP sessions live on the first worker (a datagram socket has no accept to share).
             let udp = if i == 0 { std::mem::take(&mut udp) } else { Vec::new() };
+            let settings = WorkerSettings { rules, real_ip: real_ip.clone(), pp_to_upstream };
             let handle = std::thread::Builder::new()
                 .name(format!("weir-worker-{i}"))
-                .spawn(move || run_worker(gateway, mine, udp, rules, stopped))
+                .spawn(move || run_worker(gateway, mine, udp, settings, stopped))
                 .map_err(|e| format!("cannot start data-plane worker {i}: {e}"))?;
             workers.push(handle);
         }
@@ -211,11 +227,21 @@ fn bind(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
 /// `net.core.somaxconn`).
 pub const BACKLOG: u32 = 2048;
 
+/// What every worker is configured with.
+struct WorkerSettings {
+    rules: PathRules,
+    real_ip: Option<Arc<super::real_ip::RealIp>>,
+    pp_to_upstream: bool,
+}
+
+/// A listener, what it serves, and whether its connections open with a PROXY header.
+type Listening = (std::net::TcpListener, Kind, bool);
+
 fn run_worker(
     gateway: Arc<Gateway>,
-    listeners: Vec<(std::net::TcpListener, Kind)>,
+    listeners: Vec<Listening>,
     udp: Vec<std::net::UdpSocket>,
-    rules: PathRules,
+    settings: WorkerSettings,
     stopped: watch::Receiver<bool>,
 ) {
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
@@ -227,8 +253,8 @@ fn run_worker(
     };
     let local = tokio::task::LocalSet::new();
     local.block_on(&runtime, async move {
-        let worker = Rc::new(Worker::new(rules));
-        let streams = Rc::new(StreamWorker::default());
+        let worker = Rc::new(Worker::new(settings.rules, settings.real_ip));
+        let streams = Rc::new(StreamWorker { pp_to_upstream: settings.pp_to_upstream, ..Default::default() });
         let open = Rc::new(Cell::new(0usize));
         for socket in udp {
             match tokio::net::UdpSocket::from_std(socket) {
@@ -244,12 +270,13 @@ fn run_worker(
                 Err(e) => log::error!("stream UDP listener: {e}"),
             }
         }
-        for (l, kind) in listeners {
+        for (l, kind, pp) in listeners {
             match TcpListener::from_std(l) {
                 Ok(l) => {
                     tokio::task::spawn_local(accept_loop(
                         l,
                         kind,
+                        pp,
                         gateway.clone(),
                         worker.clone(),
                         streams.clone(),
@@ -270,9 +297,11 @@ fn run_worker(
     });
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn accept_loop(
     listener: TcpListener,
     kind: Kind,
+    pp: bool,
     gateway: Arc<Gateway>,
     worker: Rc<Worker>,
     streams: Rc<StreamWorker>,
@@ -300,17 +329,47 @@ async fn accept_loop(
         let local = if local.ip().is_unspecified() { stream.local_addr().unwrap_or(local) } else { local };
         if let Kind::Stream(tls) = &kind {
             let (gateway, streams, tls) = (gateway.clone(), streams.clone(), tls.clone());
-            tokio::task::spawn_local(crate::stream::tcp::serve(stream, peer, local, tls, gateway, streams));
+            if pp {
+                tokio::task::spawn_local(async move {
+                    let mut stream = stream;
+                    let Some(peer) = client_of(&mut stream, peer).await else { return };
+                    crate::stream::tcp::serve(stream, peer, local, tls, gateway, streams).await
+                });
+            } else {
+                tokio::task::spawn_local(crate::stream::tcp::serve(stream, peer, local, tls, gateway, streams));
+            }
             continue;
         }
         let scheme = if matches!(kind, Kind::Tls(_)) { "https" } else { "http" };
-        let info = ConnInfo { peer, peer_ip: Arc::from(peer.ip().to_string()), local, scheme };
         bump(&worker.stats.accepted, 1);
         // Counted open from now until its task ends, however it ends.
         let counted = OpenConn::new(open.clone(), worker.stats.clone());
         let (gateway, worker, stopped) = (gateway.clone(), worker.clone(), stopped.clone());
         let kind = kind.clone();
-        tokio::task::spawn_local(serve(stream, kind, info, gateway, worker, stopped, counted));
+        if pp {
+            tokio::task::spawn_local(async move {
+                let mut stream = stream;
+                let Some(peer) = reading(&worker.stats, client_of(&mut stream, peer)).await else { return };
+                let info = ConnInfo { peer, peer_ip: Arc::from(peer.ip().to_string()), local, scheme };
+                Box::pin(serve(stream, kind, info, gateway, worker, stopped, counted)).await
+            });
+        } else {
+            let info = ConnInfo { peer, peer_ip: Arc::from(peer.ip().to_string()), local, scheme };
+            tokio::task::spawn_local(serve(stream, kind, info, gateway, worker, stopped, counted));
+        }
+    }
+}
+
+/// The client a PROXY header names (the connection's own peer for a `LOCAL`/`UNKNOWN` one);
+/// `None` closes the connection: without a valid header, nobody is believed.
+async fn client_of(stream: &mut TcpStream, peer: SocketAddr) -> Option<SocketAddr> {
+    match within(HEADER_TIMEOUT, "PROXY protocol header", super::proxy_protocol::read(stream)).await {
+        Ok(Some((client, _))) => Some(client),
+        Ok(None) => Some(peer),
+        Err(why) => {
+            log::debug!("client {peer}: {why}");
+            None
+        }
     }
 }
 

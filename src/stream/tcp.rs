@@ -30,6 +30,9 @@ const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 pub struct StreamWorker {
     /// The buffer every relay of this worker reads into (see `copy::relay`).
     pub scratch: RefCell<Vec<u8>>,
+    /// Upstreams are told the client with a PROXY v1 header
+    /// (`gateway.proxy_protocol.enable_tcp_pp_to_upstream`).
+    pub pp_to_upstream: bool,
 }
 
 /// Runs the log phase when the connection is done, whatever way it ends.
@@ -188,6 +191,15 @@ pub async fn serve(
             return;
         }
     };
+    let mut up = up;
+    if worker.pp_to_upstream {
+        use tokio::io::AsyncWriteExt;
+        let line = crate::dataplane::proxy_protocol::v1_header(peer, local);
+        if let Err(e) = up.write_all(line.as_bytes()).await {
+            logged.ctx.close_reason = format!("PROXY header to {addr}: {e}");
+            return;
+        }
+    }
     logged.ctx.upstream_addr = Some(addr);
     for p in route.plugins.iter() {
         p.instance.connect(&mut logged.ctx);

@@ -13,6 +13,7 @@
 
 pub mod auth;
 pub mod cidr;
+pub mod client_ip;
 pub mod control;
 pub mod expr;
 pub mod headers;

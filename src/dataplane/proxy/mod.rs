@@ -56,18 +56,20 @@ pub struct ConnInfo {
 pub struct Worker {
     pool: Rc<Pool>,
     rules: PathRules,
+    /// `gateway.real_ip`, when set.
+    real_ip: Option<Arc<super::real_ip::RealIp>>,
     /// This worker's connection and request counters (`metrics`).
     pub stats: Arc<WorkerStats>,
 }
 
 impl Worker {
-    /// A worker normalizing paths with `rules`.
-    pub fn new(rules: PathRules) -> Self {
+    /// A worker normalizing paths with `rules`, believing `real_ip`'s trusted proxies.
+    pub fn new(rules: PathRules, real_ip: Option<Arc<super::real_ip::RealIp>>) -> Self {
         let pool = Rc::new(Pool::default());
         // Plugins' own requests on this thread share the worker's pool.
         super::outbound::set_worker_pool(pool.clone());
         super::outbound::register();
-        Worker { pool, rules, stats: WorkerStats::register() }
+        Worker { pool, rules, real_ip, stats: WorkerStats::register() }
     }
 }
 
@@ -192,7 +194,11 @@ async fn serve(
     // Request line and header limits were enforced by the framer (`framing`) before hyper parsed
     // (HTTP/1.1), or by the HTTP/2 settings (`server`).
     let (mut parts, mut payload) = req.into_parts();
-    let remote = conn.peer;
+    // The client: the connection's peer (after a PROXY header), or whom a trusted proxy names.
+    let (remote, remote_ip) = match worker.real_ip.as_ref().and_then(|r| r.client(conn.peer, &parts.headers)) {
+        Some(client) => (client, Arc::from(client.ip().to_string())),
+        None => (conn.peer, conn.peer_ip),
+    };
     let h2 = parts.version == http::Version::HTTP_2;
     if h2 {
         if let Err(why) = authority_as_host(&mut parts) {
@@ -225,7 +231,7 @@ async fn serve(
     let target_len = request_target.as_ref().map_or(path.len(), |t| t.as_str().len());
     let request_length = request_head_bytes(&parts.method, target_len, &parts.headers);
     strip_hop_by_hop(&mut parts.headers);
-    let mut ctx = RequestCtx::new(parts.method, path, query, parts.headers, remote, conn.peer_ip, conn.local);
+    let mut ctx = RequestCtx::new(parts.method, path, query, parts.headers, remote, remote_ip, conn.local);
     ctx.scheme = conn.scheme;
     ctx.version = parts.version;
     ctx.request_target = request_target;
