@@ -6,7 +6,8 @@
 //! (every field line, in order), the non-recursive choice is the last address (the one the
 //! trusted peer added); the recursive one walks from the right past every trusted address and
 //! takes the first untrusted one (or the leftmost, when all are trusted). A value that is not an
-//! IP address (`unknown`, a host name, garbage) stops the walk: nothing is believed from it.
+//! IP address (`unknown`, a host name, garbage) met on the walk makes nothing believed (nginx
+//! declines such a header too).
 //!
 //! ```
 //! use weir_plugin::cidr::Cidr;
@@ -121,7 +122,7 @@ mod tests {
         assert_eq!(pick(&["1.1.1.1, 2.2.2.2, 10.0.0.9"], true), Some(ip("2.2.2.2")));
         assert_eq!(pick(&["1.1.1.1", "10.1.1.1"], true), Some(ip("1.1.1.1")), "several field lines");
         assert_eq!(pick(&["10.0.0.1, 10.0.0.2"], true), Some(ip("10.0.0.1")), "all trusted: the leftmost");
-        assert_eq!(pick(&["junk, 10.0.0.2"], true), Some(ip("10.0.0.2")), "the walk stops at garbage");
+        assert_eq!(pick(&["junk, 10.0.0.2"], true), None, "garbage: nothing is believed, as nginx declines");
         assert_eq!(pick(&["1.1.1.1, junk"], true), None);
         assert_eq!(pick(&[""], false), None);
         assert_eq!(pick(&["[2001:db8::1]:443"], false), Some(ip("2001:db8::1")));
