@@ -218,6 +218,8 @@ pub struct UpstreamBody<F: OnFinish> {
     done: bool,
     /// Body bytes handed to the client so far (told to `hooks` when the body is dropped).
     sent: u64,
+    /// Trailers held back while the body filters' last bytes go first.
+    trailers: Option<http::HeaderMap>,
 }
 
 impl<F: OnFinish> Drop for UpstreamBody<F> {
@@ -230,7 +232,7 @@ impl<F: OnFinish> UpstreamBody<F> {
     /// Wraps `inner`; `len` is the upstream's Content-Length.
     pub fn new(inner: Inbound, len: Option<u64>, hooks: F) -> Self {
         let len = len.filter(|_| !hooks.filters_body());
-        UpstreamBody { inner, len, hooks, done: false, sent: 0 }
+        UpstreamBody { inner, len, hooks, done: false, sent: 0, trailers: None }
     }
 
     /// The upstream body was read to the end.
@@ -249,7 +251,7 @@ impl<F: OnFinish + Unpin> Body for UpstreamBody<F> {
     fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.get_mut();
         if this.done {
-            return Poll::Ready(None);
+            return Poll::Ready(this.trailers.take().map(|t| Ok(Frame::trailers(t))));
         }
         loop {
             // Read timeouts are enforced on the upstream socket (see `client`).
@@ -271,8 +273,21 @@ impl<F: OnFinish + Unpin> Body for UpstreamBody<F> {
                 Poll::Ready(Some(Ok(frame))) => {
                     let mut data = match frame.into_data() {
                         Ok(data) => data,
-                        // Trailers (gRPC's status) pass through as they are; they end the body.
-                        Err(frame) if frame.is_trailers() => return Poll::Ready(Some(Ok(frame))),
+                        // Trailers (gRPC's status) pass through as they are; they end the body,
+                        // after what the body filters still had to say.
+                        Err(frame) if frame.is_trailers() => {
+                            if this.hooks.filters_body() {
+                                this.finished();
+                                let mut last = Bytes::new();
+                                this.hooks.chunk(&mut last, true);
+                                if !last.is_empty() {
+                                    this.trailers = frame.into_trailers().ok();
+                                    this.sent += last.len() as u64;
+                                    return Poll::Ready(Some(Ok(Frame::data(last))));
+                                }
+                            }
+                            return Poll::Ready(Some(Ok(frame)));
+                        }
                         Err(_) => continue,
                     };
                     if this.hooks.filters_body() {

@@ -12,6 +12,7 @@
 //! `inventory`, sorts them by priority (descending) and name, and rejects duplicates.
 
 pub mod auth;
+pub mod body;
 pub mod cidr;
 pub mod client_ip;
 pub mod control;
