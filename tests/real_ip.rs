@@ -195,3 +195,18 @@ fn stream_listeners_read_and_send_proxy_headers() {
     assert!(matches!(c.read(&mut buf), Ok(0) | Err(_)), "closed");
     assert!(received.recv_timeout(Duration::from_millis(300)).is_err(), "no upstream connection");
 }
+
+#[test]
+fn ip_restriction_sees_the_address_real_ip_set() {
+    let u = Upstream::start("u");
+    // APISIX's ip-restriction example with real-ip, as written (the upstream pointed at a local server).
+    let (p, _w) = start(&format!(
+        "routes:\n  - id: ip-restriction-route\n    uri: /anything\n    plugins:\n      real-ip: {{source: http_x_forwarded_for, trusted_addresses: [\"127.0.0.0/24\"]}}\n      ip-restriction: {{whitelist: [\"192.168.1.241\"]}}\n    upstream: {u}\n",
+        u = up(&u)
+    ));
+    let r = request(p.node(), "GET", "/anything", &[("x-forwarded-for", "192.168.1.241")], b"");
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r = request(p.node(), "GET", "/anything", &[("x-forwarded-for", "192.168.10.24")], b"");
+    assert_eq!((r.status, r.json()["message"].as_str()), (403, Some("Your IP address is not allowed")));
+    assert_eq!(get(p.node(), "/anything").status, 403, "without the header: the connection's own address");
+}

@@ -23,6 +23,7 @@ pub mod logfile;
 pub mod meta;
 pub mod metrics;
 pub mod phase;
+pub mod resub;
 pub mod schema;
 pub mod services;
 pub mod slots;

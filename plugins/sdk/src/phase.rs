@@ -354,7 +354,8 @@ impl RequestCtx {
     /// Resolves a variable by name (with or without the leading `$`): `host`, `uri`, `request_uri`,
     /// `args`, `request_method`, `scheme`, `remote_addr`, `remote_port`, `server_port`, `status`,
     /// (`request_uri` and `request` as the client sent them, before normalization and rewrites),
-    /// `request_time`, `upstream_addr`, `upstream_response_time`, `request_length`, `bytes_sent`,
+    /// `request_time`, `upstream_addr`, `balancer_ip` and `balancer_port` (the node that answered),
+    /// `upstream_response_time`, `request_length`, `bytes_sent`,
     /// `body_bytes_sent`, `server_protocol`, `request` (the request line), `remote_user` (none:
     /// `-`), `route_id`, `service_id`, `consumer_name`, `http_<name>`,
     /// `arg_<name>`, `param_<name>`, `cookie_<name>`, and any plugin-set variable.
@@ -378,6 +379,8 @@ impl RequestCtx {
                 let addrs: Vec<String> = self.upstream_addrs.iter().map(|a| a.to_string()).collect();
                 (!addrs.is_empty()).then(|| Cow::Owned(addrs.join(", ")))
             }
+            "balancer_ip" => self.upstream_addrs.last().map(|a| Cow::Owned(a.ip().to_string())),
+            "balancer_port" => self.upstream_addrs.last().map(|a| Cow::Owned(a.port().to_string())),
             "upstream_response_time" => self.upstream_time.map(|t| Cow::Owned(format!("{:.3}", t.as_secs_f64()))),
             "request_length" => owned(self.request_length.to_string()),
             "bytes_sent" => owned((self.head_bytes_sent + self.body_bytes_sent).to_string()),

@@ -49,6 +49,8 @@ const BUILTIN: &[&str] = &[
     "status",
     "request_time",
     "upstream_addr",
+    "balancer_ip",
+    "balancer_port",
     "upstream_response_time",
     "request_length",
     "bytes_sent",
