@@ -231,28 +231,28 @@ async fn serve(
     let target_len = request_target.as_ref().map_or(path.len(), |t| t.as_str().len());
     let request_length = request_head_bytes(&parts.method, target_len, &parts.headers);
     strip_hop_by_hop(&mut parts.headers);
+    // A route's `vars` may read form arguments (`post_arg_*`): a small form body is then read
+    // before routing, and serves as the buffered body afterwards. Read before the context is
+    // made, so that no context is held across this wait (it would make every request's future
+    // larger).
+    let mut early_body: Option<Bytes> = None;
+    if has_body
+        && snap.table.reads_form()
+        && is_form(&parts.headers)
+        && declared_len.is_some_and(|n| n <= REPLAYABLE_BODY)
+    {
+        match Box::pin(read_body(&mut payload, REPLAYABLE_BODY as usize, remote)).await {
+            Ok(Ok(b)) => early_body = Some(b),
+            Ok(Err(_)) => return error_response(StatusCode::PAYLOAD_TOO_LARGE, "413 Request Entity Too Large"),
+            Err(resp) => return resp,
+        }
+    }
     let mut ctx = RequestCtx::new(parts.method, path, query, parts.headers, remote, remote_ip, conn.local);
     ctx.scheme = conn.scheme;
     ctx.version = parts.version;
     ctx.request_target = request_target;
     ctx.request_length = request_length;
-    // A route's `vars` may read form arguments (`post_arg_*`): a small form body is then read
-    // before routing, and serves as the buffered body afterwards.
-    let mut early_body: Option<Bytes> = None;
-    if has_body
-        && snap.table.reads_form()
-        && is_form(&ctx.headers)
-        && declared_len.is_some_and(|n| n <= REPLAYABLE_BODY)
-    {
-        match read_body(&mut payload, REPLAYABLE_BODY as usize, remote).await {
-            Ok(Ok(b)) => {
-                ctx.body = Some(b.clone());
-                early_body = Some(b);
-            }
-            Ok(Err(_)) => return error_response(StatusCode::PAYLOAD_TOO_LARGE, "413 Request Entity Too Large"),
-            Err(resp) => return resp,
-        }
-    }
+    ctx.body = early_body.clone();
     let matched = snap.table.find(host, remote.ip(), &ctx);
     if early_body.is_some() {
         ctx.body = None;
