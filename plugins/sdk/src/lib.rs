@@ -17,6 +17,7 @@ pub mod control;
 pub mod expr;
 pub mod headers;
 pub mod jwt;
+pub mod limit;
 pub mod logfile;
 pub mod meta;
 pub mod metrics;
