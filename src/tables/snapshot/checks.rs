@@ -95,10 +95,11 @@ impl Builder<'_> {
             let path = format!("plugins.{name}");
             let Some(entry) = self.enabled.stream_get(name).cloned() else {
                 let catalog = crate::plugins_catalog();
-                let reason = if catalog.get(name).is_some() {
-                    format!("`{name}` is an HTTP plugin; stream routes take stream plugins")
-                } else if catalog.stream_get(name).is_some() {
+                // A name may be both (limit-conn): then it is a stream plugin not enabled.
+                let reason = if catalog.stream_get(name).is_some() {
                     format!("stream plugin `{name}` is compiled in but not enabled (add it to `stream_plugins:` in config.yaml)")
+                } else if catalog.get(name).is_some() {
+                    format!("`{name}` is an HTTP plugin; stream routes take stream plugins")
                 } else {
                     format!(
                         "unknown stream plugin `{name}`; compiled into this binary: {}",
