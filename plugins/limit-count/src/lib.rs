@@ -78,13 +78,16 @@ struct Instance {
 struct Outcome {
     /// The quota headers' names, unless `show_limit_quota_header` is off.
     headers: Option<[HeaderName; 3]>,
+    /// `X-RateLimit-Limit`'s value when `count` is a number.
+    limit_value: Option<HeaderValue>,
     rejection: Rejection,
 }
 
 impl Outcome {
     fn headers(&self, limit: u64, v: Verdict) -> Option<[(HeaderName, HeaderValue); 3]> {
         let [l, r, t] = self.headers.clone()?;
-        Some([(l, HeaderValue::from(limit)), (r, HeaderValue::from(v.remaining)), (t, HeaderValue::from(v.reset))])
+        let limit = self.limit_value.clone().unwrap_or_else(|| HeaderValue::from(limit));
+        Some([(l, limit), (r, HeaderValue::from(v.remaining)), (t, HeaderValue::from(v.reset))])
     }
 
     fn apply(&self, ctx: &mut RequestCtx, limit: u64, v: Verdict) -> Flow<'static> {
@@ -301,6 +304,7 @@ impl Plugin for LimitCount {
         };
         let outcome = Outcome {
             headers,
+            limit_value: count.fixed().map(HeaderValue::from),
             rejection: Rejection::new(
                 conf.rejected_code,
                 conf.rejected_msg.as_deref().unwrap_or("rate limit exceeded"),
