@@ -601,3 +601,115 @@ fn limiters_work_on_a_redis_cluster() {
     assert!(req.iter().filter(|n| **n > 0).count() >= 2, "spread over the shards: {req:?}");
     assert_eq!(count("weir:limit-count:*").iter().sum::<usize>(), 12, "one window key per user");
 }
+
+/// A self-signed certificate for 127.0.0.1 in `dir`: (cert, key) paths.
+fn self_signed(dir: &std::path::Path) -> (String, String) {
+    let key = rcgen::KeyPair::generate().expect("key");
+    let params = rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()]).expect("params");
+    let cert = params.self_signed(&key).expect("sign");
+    let (c, k) = (dir.join("redis.crt"), dir.join("redis.key"));
+    std::fs::write(&c, cert.pem()).expect("write cert");
+    std::fs::write(&k, key.serialize_pem()).expect("write key");
+    (common::path_str(&c), common::path_str(&k))
+}
+
+/// A child process killed on drop.
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn redis_over_tls_and_behind_sentinel() {
+    if !common::redis::installed() {
+        return common::skip("redis_over_tls_and_behind_sentinel", "redis-server is not installed");
+    }
+    let pki = Redis::scratch();
+    let (cert, key) = self_signed(&pki);
+    let tls_port = common::free_port();
+    let tls_args = [
+        "--tls-port",
+        &tls_port.to_string(),
+        "--tls-cert-file",
+        &cert,
+        "--tls-key-file",
+        &key,
+        "--tls-ca-cert-file",
+        &cert,
+        "--tls-auth-clients",
+        "no",
+    ]
+    .map(str::to_owned);
+    let tls_args: Vec<&str> = tls_args.iter().map(String::as_str).collect();
+    let Some(tls) = Redis::single(&tls_args) else { return };
+
+    // Sentinel in front of a plain master.
+    let master = Redis::single(&[]).expect("master");
+    let sentinel_port = common::free_port();
+    let conf = pki.join("sentinel.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "port {sentinel_port}\nbind 127.0.0.1\ndir {}\nsentinel monitor mymaster 127.0.0.1 {} 1\n",
+            common::path_str(&pki),
+            master.ports[0]
+        ),
+    )
+    .expect("sentinel.conf");
+    let sentinel = Killed(
+        std::process::Command::new("redis-server")
+            .arg(&conf)
+            .arg("--sentinel")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start sentinel"),
+    );
+    let knows = eventually(Duration::from_secs(10), || {
+        master
+            .cli(sentinel_port, &["sentinel", "get-master-addr-by-name", "mymaster"])
+            .contains(&master.ports[0].to_string())
+    });
+    assert!(knows, "the sentinel did not come up");
+
+    let u = Upstream::start("u");
+    let resources = format!(
+        "routes:\n{}{}{}",
+        route("tls", "/tls", &u, &format!("{{limit-count: {{count: 1, time_window: 60, policy: redis, redis_host: 127.0.0.1, redis_port: {tls_port}, redis_ssl: true}}}}")),
+        route(
+            "verify",
+            "/verify",
+            &u,
+            &format!("{{limit-count: {{count: 1, time_window: 60, policy: redis, redis_host: 127.0.0.1, redis_port: {tls_port}, redis_ssl: true, redis_ssl_verify: true, redis_timeout: 500}}}}")
+        ),
+        route(
+            "sentinel",
+            "/sentinel",
+            &u,
+            &format!("{{limit-count: {{count: 1, time_window: 60, policy: redis-sentinel, redis_sentinels: [{{host: 127.0.0.1, port: {sentinel_port}}}], redis_master_name: mymaster}}}}")
+        ),
+    );
+    let (p, w) = start(&resources);
+    assert_eq!(get(p.node(), "/tls").status, 200);
+    assert_eq!(get(p.node(), "/tls").status, 503, "counted over TLS");
+    let keys = tls.cli(tls.ports[0], &["--scan", "--pattern", "weir:limit-count:routes/tls:*"]);
+    assert_eq!(keys.lines().count(), 1, "{keys}");
+    let r = get(p.node(), "/verify");
+    assert_eq!(
+        r.json(),
+        json!({"error_msg": "limit-count: the rate-limit store is unavailable"}),
+        "a self-signed certificate fails verification"
+    );
+    assert!(w.log_text().contains("rediss 127.0.0.1"), "{}", w.log_text());
+
+    assert_eq!(get(p.node(), "/sentinel").status, 200);
+    assert_eq!(get(p.node(), "/sentinel").status, 503);
+    let keys = master.cli(master.ports[0], &["--scan", "--pattern", "weir:limit-count:routes/sentinel:*"]);
+    assert_eq!(keys.lines().count(), 1, "counted on the master the sentinel named: {keys}");
+    drop(sentinel);
+    let _ = std::fs::remove_dir_all(&pki);
+}
