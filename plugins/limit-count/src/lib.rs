@@ -114,7 +114,8 @@ impl Instance {
     fn limits(&self, ctx: &RequestCtx) -> Result<(u64, u64), String> {
         let count = self.count.get(ctx).map_err(|e| format!("count: {e}"))?;
         let window = self.window.get(ctx).map_err(|e| format!("time_window: {e}"))?;
-        Ok((count, window.saturating_mul(1000)))
+        // Whole milliseconds Redis accepts as an expiry (~285,000 years).
+        Ok((count, window.saturating_mul(1000).min(1 << 53)))
     }
 
     fn shared<'a>(&'a self, ctx: &'a mut RequestCtx, redis: &'a RedisStore, limit: u64, window_ms: u64) -> Flow<'a> {
