@@ -100,6 +100,12 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_counter_is_small() {
+        // docs/plugins/limit-count.md states the memory per key from this.
+        assert_eq!(std::mem::size_of::<Counter>(), 32);
+    }
+
+    #[test]
     fn fixed_window_counts_and_resets() {
         let s = Store::new("test", 1000);
         let h = s.hash(1, "a");

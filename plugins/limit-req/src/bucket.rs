@@ -75,6 +75,12 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_bucket_is_small() {
+        // docs/plugins/limit-req.md states the memory per key from this.
+        assert_eq!(std::mem::size_of::<Bucket>(), 16);
+    }
+
+    #[test]
     fn rate_burst_and_delay() {
         let s = Store::new("test", 1000);
         let h = s.hash(1, "a");
