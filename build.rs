@@ -2,8 +2,8 @@
 //! `["dep:weir-plugin-…"]`. For each one enabled, this links the plugin crate (`extern crate`,
 //! without which the linker drops the crate and its `inventory` registration) and lists it in
 //! `PLUGIN_FEATURES` with its kind (a crate that registers with `register_stream_plugin!` is a
-//! stream plugin; one that registers with both macros is listed once per kind). A new plugin is
-//! its crate plus its lines in Cargo.toml; nothing else in the host names it.
+//! stream plugin; one that also registers with `register_plugin!` is listed as both). A new
+//! plugin is its crate plus its lines in Cargo.toml; nothing else in the host names it.
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -38,11 +38,11 @@ fn main() {
         let lib = Path::new(&dir).join(path).join("src/lib.rs");
         println!("cargo:rerun-if-changed={}", lib.display());
         let source = std::fs::read_to_string(&lib).unwrap_or_else(|e| panic!("{}: {e}", lib.display()));
-        // One crate may register both kinds under one name (ip-restriction, as in APISIX).
+        let _ = writeln!(externs, "extern crate {};", krate.replace('-', "_"));
+        // A crate may register both kinds under one name (limit-conn, as APISIX has it).
         let stream = source.contains("register_stream_plugin!(");
         let http = source.contains("register_plugin!(") || !stream;
-        let _ = writeln!(externs, "extern crate {};", krate.replace('-', "_"));
-        for (on, kind) in [(http, "http"), (stream, "stream")] {
+        for (kind, on) in [("http", http), ("stream", stream)] {
             if on {
                 let _ = writeln!(list, "    ({feature:?}, {kind:?}),");
             }

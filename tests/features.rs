@@ -26,6 +26,8 @@ fn schema_lists_exactly_the_compiled_plugins() {
     let stream: Vec<(&str, bool)> =
         weir::PLUGIN_FEATURES.iter().map(|(name, kind)| (*name, *kind == "stream")).collect();
     assert!(!cfg!(feature = "limit-conn") || stream.contains(&("limit-conn", true)), "{stream:?}");
+    // limit-conn is both, as in APISIX.
+    assert!(!cfg!(feature = "limit-conn") || compiled.contains(&("limit-conn", true)), "{compiled:?}");
     let mut expected: Vec<&str> = stream.iter().filter(|(_, on)| *on).map(|(name, _)| *name).collect();
     expected.sort_unstable();
     let mut listed: Vec<String> =

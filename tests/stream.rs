@@ -332,9 +332,12 @@ fn stream_configuration_errors_name_the_key() {
     let (code, out) = start_refused(&p);
     assert_ne!(code, 0);
     assert!(out.contains("stream_plugins[0]: `key-auth` is an HTTP plugin: list it under `plugins`"), "{out}");
-    p.write_config("", "plugins: [limit-conn]\n");
+    p.write_config("", "plugins: [stream-file-logger]\n");
     let (_, out) = start_refused(&p);
-    assert!(out.contains("plugins[0]: `limit-conn` is a stream plugin: list it under `stream_plugins`"), "{out}");
+    assert!(
+        out.contains("plugins[0]: `stream-file-logger` is a stream plugin: list it under `stream_plugins`"),
+        "{out}"
+    );
     p.write_config("", "");
     for (resources, expected) in [
         (

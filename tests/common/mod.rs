@@ -350,6 +350,7 @@ pub fn path_str(p: &Path) -> String {
     p.to_string_lossy().into_owned()
 }
 
+pub mod redis;
 pub mod upstream;
 
 /// Uploads `n` bytes (Content-Length) in 64 KiB writes without holding them; returns the response.

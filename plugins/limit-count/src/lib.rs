@@ -1,117 +1,31 @@
-//! `limit-count`: at most `count` requests per `time_window` seconds per key (fixed window).
+//! `limit-count`: at most `count` requests per `time_window` seconds per key, in a fixed or a
+//! sliding window (APISIX 3.x's fields: `key_type`, `group`, `window_type`, `sync_interval`,
+//! `show_limit_quota_header`, the Redis policies).
 //!
-//! Counters live in a store chosen by `policy`: `local` keeps them in this process, shared by its
-//! workers ([`local`]); `redis` and `redis-cluster` keep them in Redis, shared by every instance
-//! that names the same server ([`shared`]). Counters are owned by the plugin, not by a snapshot,
-//! so a reload that keeps a route's configuration keeps its counts.
+//! Counters live in a store chosen by `policy`: `local` keeps them in this process, in the
+//! plugin's bounded store ([`local`]); the Redis policies keep them in Redis, shared by every
+//! instance naming the same server ([`shared`]), optionally counted locally between syncs
+//! ([`sync`]). Counters belong to the plugin, not to a snapshot, so a reload that keeps a
+//! route's configuration keeps its counts; a changed configuration starts new windows (as
+//! APISIX keys counters by configuration version), unless the route is in a `group`.
 
+mod conf;
 mod local;
 mod shared;
+mod sync;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use schemars::JsonSchema;
-use serde::Deserialize;
-use weir_plugin::http::{HeaderName, HeaderValue, StatusCode};
+use weir_plugin::http::{HeaderName, HeaderValue};
+use weir_plugin::limit::redis::{RedisStore, RedisTarget, Registry, Shared};
+use weir_plugin::limit::{self, Amount, LimitKey, MaxKeys, Rejection, DEFAULT_MAX_KEYS};
 use weir_plugin::{
-    register_plugin, BuildContext, Flow, Late, Owner, Plugin, PluginInstance, PluginResponse, RequestCtx,
+    register_plugin, BuildContext, Flow, InitEnv, Late, Owner, Plugin, PluginInstance, PluginResponse, RequestCtx,
+    Value,
 };
 
-pub use local::LocalStore;
-pub use shared::{RedisStore, RedisTarget};
-
-/// Where counters live.
-#[derive(Debug, Clone, Copy, Default, Deserialize, JsonSchema, PartialEq, Eq)]
-#[serde(rename_all = "kebab-case")]
-pub enum Policy {
-    /// In this process, shared by its workers.
-    #[default]
-    Local,
-    /// In one Redis server (`redis_host`, `redis_port`...), shared by every instance using it.
-    Redis,
-    /// In a Redis Cluster (`redis_cluster_nodes`), shared by every instance using it.
-    RedisCluster,
-}
-
-/// Route configuration (field names as APISIX's limit-count).
-#[derive(Debug, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct Conf {
-    /// Requests allowed per window.
-    #[schemars(range(min = 1))]
-    pub count: u64,
-    /// Window length in seconds.
-    #[schemars(range(min = 1))]
-    pub time_window: u64,
-    /// What is counted: `remote_addr` (default), `consumer_name`, or any `$variable`.
-    #[serde(default = "default_key")]
-    #[schemars(length(min = 1))]
-    pub key: String,
-    /// Status of rejected requests.
-    #[serde(default = "default_code")]
-    #[schemars(range(min = 200, max = 599))]
-    pub rejected_code: u16,
-    /// Message of rejected requests (`{"error_msg": ...}`).
-    #[serde(default)]
-    pub rejected_msg: Option<String>,
-    /// Counter store.
-    #[serde(default)]
-    pub policy: Policy,
-    /// Send `X-RateLimit-Limit`, `-Remaining`, `-Reset`.
-    #[serde(default = "yes")]
-    pub show_limit_quota_header: bool,
-    /// When the shared store cannot be reached: `false` (default) rejects with 503, `true` lets
-    /// the request through (and logs the outage once).
-    #[serde(default)]
-    pub allow_degradation: bool,
-    /// `policy: redis`: server host name or address.
-    #[serde(default)]
-    #[schemars(length(min = 1))]
-    pub redis_host: Option<String>,
-    /// `policy: redis`: server port.
-    #[serde(default = "default_redis_port")]
-    #[schemars(range(min = 1, max = 65535))]
-    pub redis_port: u16,
-    /// `policy: redis` / `redis-cluster`: ACL user name (Redis 6+); empty = the default user.
-    #[serde(default)]
-    pub redis_username: Option<String>,
-    /// `policy: redis` / `redis-cluster`: password (`AUTH`); empty = none.
-    #[serde(default)]
-    pub redis_password: Option<String>,
-    /// `policy: redis`: database number.
-    #[serde(default)]
-    #[schemars(range(min = 0))]
-    pub redis_database: u32,
-    /// `policy: redis` / `redis-cluster`: connect and command timeout, milliseconds.
-    #[serde(default = "default_redis_timeout")]
-    #[schemars(range(min = 1))]
-    pub redis_timeout: u64,
-    /// `policy: redis-cluster`: seed nodes, `host:port` each.
-    #[serde(default)]
-    #[schemars(length(min = 1))]
-    pub redis_cluster_nodes: Option<Vec<String>>,
-    /// `policy: redis-cluster`: a name for the cluster (accepted for APISIX compatibility; used in
-    /// log lines).
-    #[serde(default)]
-    pub redis_cluster_name: Option<String>,
-}
-
-fn default_key() -> String {
-    "remote_addr".into()
-}
-fn default_code() -> u16 {
-    503
-}
-fn yes() -> bool {
-    true
-}
-fn default_redis_port() -> u16 {
-    6379
-}
-fn default_redis_timeout() -> u64 {
-    1000
-}
+pub use conf::{Conf, Metadata, Policy, WindowType};
 
 /// The result of counting one request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -120,56 +34,137 @@ pub struct Verdict {
     pub allowed: bool,
     /// Requests left in the window.
     pub remaining: u64,
-    /// Seconds until the window resets.
+    /// Seconds until the window resets (or, refused in a sliding window, until one fits).
     pub reset: u64,
 }
 
-/// The plugin: the process-wide local store and the shared stores in use, by target.
-#[derive(Default)]
-pub struct LimitCount {
-    local: Arc<LocalStore>,
-    shared: shared::Registry,
+impl Verdict {
+    const REJECT: Verdict = Verdict { allowed: false, remaining: 0, reset: 0 };
 }
 
-enum Store {
-    Local(Arc<LocalStore>),
-    Shared(Arc<RedisStore>),
+/// The plugin: the process-wide bounded store and the Redis targets in use.
+pub struct LimitCount {
+    local: Arc<local::Store>,
+    redis: Registry,
+}
+
+impl Default for LimitCount {
+    fn default() -> Self {
+        LimitCount { local: local::Store::new("limit-count", DEFAULT_MAX_KEYS), redis: Registry::new("limit-count") }
+    }
+}
+
+enum Mode {
+    Local(Arc<local::Store>),
+    Redis(Arc<RedisStore>),
+    /// `sync_interval`; windows not longer than the interval go to Redis on every request.
+    Synced(Arc<sync::Syncer>, Arc<RedisStore>, u64),
 }
 
 struct Instance {
-    conf: Conf,
-    /// The counters' namespace (part of the Redis key), and its hash (the local store's key).
+    key: LimitKey,
+    count: Amount,
+    window: Amount,
+    window_type: WindowType,
+    /// The counters' namespace (part of Redis keys), and its hash (part of the local keys).
     scope: Arc<str>,
     scope_id: u64,
-    store: Store,
+    mode: Mode,
     outcome: Outcome,
+    degrade: bool,
 }
 
-const LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
-const REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
-const RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
-
-/// What the rejected or accepted request gets, once the store has counted it (made once per
-/// configuration).
-#[derive(Clone)]
+/// What the accepted or rejected request gets (made once per configuration).
 struct Outcome {
-    show_headers: bool,
-    limit_header: HeaderValue,
-    rejected: StatusCode,
-    message: Arc<str>,
+    /// The quota headers' names, unless `show_limit_quota_header` is off.
+    headers: Option<[HeaderName; 3]>,
+    /// `X-RateLimit-Limit`'s value when `count` is a number.
+    limit_value: Option<HeaderValue>,
+    rejection: Rejection,
 }
 
 impl Outcome {
-    fn headers(&self, v: Verdict) -> [(HeaderName, HeaderValue); 3] {
-        [
-            (LIMIT, self.limit_header.clone()),
-            (REMAINING, HeaderValue::from(v.remaining)),
-            (RESET, HeaderValue::from(v.reset)),
-        ]
+    fn headers(&self, limit: u64, v: Verdict) -> Option<[(HeaderName, HeaderValue); 3]> {
+        let [l, r, t] = self.headers.clone()?;
+        let limit = self.limit_value.clone().unwrap_or_else(|| HeaderValue::from(limit));
+        Some([(l, limit), (r, HeaderValue::from(v.remaining)), (t, HeaderValue::from(v.reset))])
     }
 
-    fn rejection(&self) -> PluginResponse {
-        PluginResponse::json(self.rejected, &serde_json::json!({ "error_msg": &*self.message }))
+    fn apply(&self, ctx: &mut RequestCtx, limit: u64, v: Verdict) -> Flow<'static> {
+        let headers = self.headers(limit, v);
+        if v.allowed {
+            ctx.response_headers.extend(headers.into_iter().flatten());
+            return Flow::Continue;
+        }
+        let mut resp = self.rejection.response();
+        for (k, v) in headers.into_iter().flatten() {
+            resp.headers.append(k, v);
+        }
+        Flow::Respond(resp)
+    }
+}
+
+fn failed(why: &str) -> PluginResponse {
+    log::error!("limit-count: {why}");
+    Rejection::new(500, "failed to limit count").response()
+}
+
+impl Instance {
+    /// The limit and window of this request (they may be variables).
+    fn limits(&self, ctx: &RequestCtx) -> Result<(u64, u64), String> {
+        let count = self.count.get(ctx).map_err(|e| format!("count: {e}"))?;
+        let window = self.window.get(ctx).map_err(|e| format!("time_window: {e}"))?;
+        // Whole milliseconds Redis accepts as an expiry (~285,000 years).
+        Ok((count, window.saturating_mul(1000).min(1 << 53)))
+    }
+
+    fn shared<'a>(&'a self, ctx: &'a mut RequestCtx, redis: &'a RedisStore, limit: u64, window_ms: u64) -> Flow<'a> {
+        let sliding = self.window_type == WindowType::Sliding;
+        let key = self.key.with(ctx, |k| {
+            if sliding {
+                shared::sliding_base(&self.scope, k)
+            } else {
+                shared::fixed_key(&self.scope, k)
+            }
+        });
+        Flow::wait(async move {
+            let counted = if sliding {
+                shared::sliding(redis, &key, limit, window_ms, limit::wall_ms()).await
+            } else {
+                shared::fixed(redis, &key, limit, window_ms).await
+            };
+            match counted {
+                Ok(v) => self.outcome.apply(ctx, limit, v),
+                Err(_) if self.degrade => Flow::Continue,
+                Err(_) => Flow::Respond(limit::store_unavailable("limit-count")),
+            }
+        })
+    }
+
+    fn synced<'a>(
+        &'a self,
+        ctx: &'a mut RequestCtx,
+        syncer: &'a Arc<sync::Syncer>,
+        limit: u64,
+        window_ms: u64,
+    ) -> Flow<'a> {
+        let now = limit::wall_ms();
+        let (hash, key) = self.key.with(ctx, |k| (syncer.hash(self.scope_id, k), syncer.redis_key(&self.scope, k)));
+        match syncer.local(hash, now) {
+            sync::Local::Decided { verdict, queue } => {
+                if queue {
+                    syncer.queue(hash, key, limit, window_ms);
+                }
+                self.outcome.apply(ctx, limit, verdict)
+            }
+            sync::Local::Ask => Flow::wait(async move {
+                match syncer.ask(hash, &key, limit, window_ms, now).await {
+                    Ok(v) => self.outcome.apply(ctx, limit, v),
+                    Err(_) if self.degrade => Flow::Continue,
+                    Err(_) => Flow::Respond(limit::store_unavailable("limit-count")),
+                }
+            }),
+        }
     }
 }
 
@@ -178,52 +173,28 @@ impl PluginInstance for Instance {
         Late::NONE
     }
     fn access<'a>(&'a self, ctx: &'a mut RequestCtx) -> Flow<'a> {
-        let key = match ctx.var(&self.conf.key) {
-            Some(v) if !v.is_empty() => v,
-            _ => std::borrow::Cow::Borrowed(&*ctx.remote_ip),
+        let (limit, window_ms) = match self.limits(ctx) {
+            Ok(l) => l,
+            Err(_) if self.degrade => return Flow::Continue,
+            Err(e) => return Flow::Respond(failed(&e)),
         };
-        let window = Duration::from_secs(self.conf.time_window);
-        match &self.store {
-            Store::Local(local) => {
-                let v = local.incoming(self.scope_id, &key, self.conf.count, window);
-                let outcome = &self.outcome;
-                if outcome.show_headers {
-                    ctx.response_headers.extend(outcome.headers(v));
-                }
-                if v.allowed {
-                    Flow::Continue
-                } else {
-                    Flow::Respond(outcome.rejection())
-                }
+        match &self.mode {
+            Mode::Local(store) => {
+                let hash = self.key.with(ctx, |k| store.hash(self.scope_id, k));
+                let v = match self.window_type {
+                    WindowType::Fixed => local::fixed(store, hash, limit, window_ms, limit::mono_ms()),
+                    WindowType::Sliding => local::sliding(store, hash, limit, window_ms, limit::wall_ms()),
+                };
+                self.outcome.apply(ctx, limit, v)
             }
-            Store::Shared(store) => {
-                let store = store.clone();
-                let key = store.key(&self.scope, &key);
-                let (limit, degrade, outcome) = (self.conf.count, self.conf.allow_degradation, self.outcome.clone());
-                Flow::wait(async move {
-                    match store.incoming(&key, limit, window).await {
-                        Ok(v) => {
-                            let headers = if outcome.show_headers { outcome.headers(v).to_vec() } else { Vec::new() };
-                            if v.allowed {
-                                ctx.response_headers.extend(headers);
-                                Flow::Continue
-                            } else {
-                                let mut resp = outcome.rejection();
-                                for (k, v) in headers {
-                                    resp.headers.append(k, v);
-                                }
-                                Flow::Respond(resp)
-                            }
-                        }
-                        Err(()) if degrade => Flow::Continue,
-                        Err(()) => Flow::Respond(PluginResponse::json(
-                            StatusCode::SERVICE_UNAVAILABLE,
-                            &serde_json::json!({
-                                "error_msg": "limit-count: the rate-limit store is unavailable"
-                            }),
-                        )),
-                    }
-                })
+            Mode::Redis(redis) => self.shared(ctx, redis, limit, window_ms),
+            Mode::Synced(syncer, redis, interval_ms) => {
+                if window_ms <= *interval_ms {
+                    // A window (from a variable) not longer than the interval: no point in syncing.
+                    self.shared(ctx, redis, limit, window_ms)
+                } else {
+                    self.synced(ctx, syncer, limit, window_ms)
+                }
             }
         }
     }
@@ -239,9 +210,9 @@ fn scope_name(owner: &Owner<'_>) -> String {
     }
 }
 
-/// 64-bit FNV-1a: stable across builds and hosts (the scope is part of shared Redis keys).
-fn fnv1a64(data: &[u8]) -> u64 {
-    data.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3))
+fn header(name: &str, field: &str) -> Result<HeaderName, String> {
+    HeaderName::from_bytes(name.as_bytes())
+        .map_err(|_| format!("plugin metadata: {field}: `{name}` is not a header name"))
 }
 
 impl Plugin for LimitCount {
@@ -252,65 +223,109 @@ impl Plugin for LimitCount {
     fn priority(&self) -> i32 {
         1002
     }
+    fn metadata_schema(&self) -> Option<Value> {
+        Some(weir_plugin::schema_of::<Metadata>())
+    }
+    fn attr_schema(&self) -> Option<Value> {
+        Some(MaxKeys::schema())
+    }
+    fn init(&self, attr: Option<&Value>, env: &InitEnv) -> Result<(), String> {
+        let max = MaxKeys::of(attr)?;
+        if !env.check_only {
+            self.local.set_max_keys(max);
+        }
+        Ok(())
+    }
+    fn checks_together(&self) -> bool {
+        true
+    }
+    fn check_together(&self, confs: &[(Owner<'_>, &Value)]) -> Vec<(usize, String)> {
+        conf::check_groups(confs)
+    }
     fn build(&self, conf: Conf, ctx: &BuildContext<'_>) -> Result<Arc<dyn PluginInstance>, String> {
-        let parsed = conf;
-        // A changed configuration starts new windows (as APISIX keys counters by conf version);
-        // an unchanged one keeps its counts across reloads and instances. `conf` is a sorted map,
-        // so its text is the same wherever it was parsed.
-        let scope: Arc<str> =
-            Arc::from(format!("{}:{:016x}", scope_name(&ctx.owner), fnv1a64(ctx.raw.to_string().as_bytes())));
-        let store = match parsed.policy {
-            Policy::Local => Store::Local(self.local.clone()),
-            Policy::Redis | Policy::RedisCluster => {
-                let target = RedisTarget::from_conf(&parsed)?;
+        let count = Amount::compile(&conf.count, "count", false)?;
+        let window = Amount::compile(&conf.time_window, "time_window", false)?;
+        let key = LimitKey::compile(conf.key_type, &conf.key)?;
+        let shared = match conf.policy {
+            Policy::Local => None,
+            Policy::Redis => Some(Shared::Redis),
+            Policy::RedisCluster => Some(Shared::Cluster),
+            Policy::RedisSentinel => Some(Shared::Sentinel(&conf.sentinel)),
+        };
+        let sync = conf.sync_interval;
+        if shared.is_some() && sync != -1.0 {
+            if !sync.is_finite() || sync < 0.1 {
+                return Err("sync_interval should not be smaller than 0.1".into());
+            }
+            if window.fixed().is_some_and(|w| sync >= w as f64) {
+                return Err("sync_interval should be smaller than time_window".into());
+            }
+        }
+        // A changed configuration starts new windows (APISIX keys counters by configuration
+        // version); a group's members share theirs. `raw` is a sorted map: the same text
+        // wherever it was parsed.
+        let scope: Arc<str> = match &conf.group {
+            Some(g) => Arc::from(format!("group/{g}")),
+            None => {
+                Arc::from(format!("{}:{:016x}", scope_name(&ctx.owner), limit::fnv1a64(ctx.raw.to_string().as_bytes())))
+            }
+        };
+        let scope_id = limit::fnv1a64(scope.as_bytes());
+        let mode = match shared {
+            None => Mode::Local(self.local.clone()),
+            Some(policy) => {
+                let target = RedisTarget::from_conf(policy, &conf.redis)?;
                 if ctx.check_only {
-                    Store::Local(self.local.clone())
+                    Mode::Local(self.local.clone())
                 } else {
-                    Store::Shared(self.shared.get(target))
+                    let redis = self.redis.get(target);
+                    if sync == -1.0 {
+                        Mode::Redis(redis)
+                    } else {
+                        let window = match conf.window_type {
+                            WindowType::Fixed => sync::Window::Fixed,
+                            WindowType::Sliding => sync::Window::Sliding,
+                        };
+                        let interval = Duration::from_secs_f64(sync);
+                        let syncer = sync::Syncer::new(redis.clone(), self.local.clone(), interval, window);
+                        Mode::Synced(syncer, redis, interval.as_millis() as u64)
+                    }
                 }
             }
         };
-        let scope_id = fnv1a64(scope.as_bytes());
-        let outcome = Outcome {
-            show_headers: parsed.show_limit_quota_header,
-            limit_header: HeaderValue::from(parsed.count),
-            rejected: StatusCode::from_u16(parsed.rejected_code).unwrap_or(StatusCode::SERVICE_UNAVAILABLE),
-            message: Arc::from(parsed.rejected_msg.as_deref().unwrap_or("rate limit exceeded")),
+        let metadata = ctx.metadata_as::<Metadata>()?.unwrap_or_default();
+        let headers = if conf.show_limit_quota_header {
+            Some([
+                header(&metadata.limit_header, "limit_header")?,
+                header(&metadata.remaining_header, "remaining_header")?,
+                header(&metadata.reset_header, "reset_header")?,
+            ])
+        } else {
+            None
         };
-        Ok(Arc::new(Instance { conf: parsed, scope, scope_id, store, outcome }))
+        let outcome = Outcome {
+            headers,
+            limit_value: count.fixed().map(HeaderValue::from),
+            rejection: Rejection::new(
+                conf.rejected_code,
+                conf.rejected_msg.as_deref().unwrap_or("rate limit exceeded"),
+            ),
+        };
+        Ok(Arc::new(Instance {
+            key,
+            count,
+            window,
+            window_type: conf.window_type,
+            scope,
+            scope_id,
+            mode,
+            outcome,
+            degrade: conf.allow_degradation,
+        }))
     }
 }
 
 register_plugin!(LimitCount::default());
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn scope_names_are_stable_across_reordering() {
-        let owner = |label, id| Owner { kind: "routes", id, label };
-        assert_eq!(scope_name(&owner("routes[2] (id 7)", "7")), "routes/7");
-        assert_eq!(scope_name(&owner("routes[0] (id 7)", "7")), "routes/7");
-        assert_eq!(scope_name(&owner("routes[1]", "")), "routes[1]");
-    }
-
-    #[test]
-    fn shared_policies_need_their_servers() {
-        let conf = |v: serde_json::Value| -> Conf { serde_json::from_value(v).expect("conf") };
-        let e = RedisTarget::from_conf(&conf(serde_json::json!({"count": 1, "time_window": 1, "policy": "redis"})))
-            .err()
-            .unwrap_or_default();
-        assert!(e.contains("redis_host"), "{e}");
-        let e = RedisTarget::from_conf(&conf(serde_json::json!({
-            "count": 1, "time_window": 1, "policy": "redis-cluster"
-        })))
-        .err()
-        .unwrap_or_default();
-        assert!(e.contains("redis_cluster_nodes"), "{e}");
-        let ok = RedisTarget::from_conf(&conf(serde_json::json!({
-            "count": 1, "time_window": 1, "policy": "redis", "redis_host": "127.0.0.1"
-        })));
-        assert!(ok.is_ok());
-    }
-}
+mod tests;

@@ -1,35 +1,23 @@
-//! The `redis` and `redis-cluster` policies: fixed-window counters in Redis, so that every
-//! instance naming the same server enforces one limit together.
+//! The `redis`, `redis-cluster` and `redis-sentinel` policies: counters in Redis, so that every
+//! instance naming the same Redis enforces one limit together. One request is one round trip: a
+//! server-side script decides and counts atomically. Connections, timeouts and outages are the
+//! SDK's (`weir_plugin::limit::redis`).
 //!
-//! One request is one round trip: a server-side script increments the key and sets its expiry on
-//! the window's first request, atomically (`INCR` + `PEXPIRE` in one `EVALSHA`), and returns the
-//! count and the time left. Each worker thread keeps its own multiplexed connection per target, so
-//! workers never wait on each other. When Redis fails, the target is marked down for a second:
-//! requests in that second do not wait on it (they are rejected or let through at once, by
-//! `allow_degradation`), and the change of state is logged once each way.
+//! - Fixed window: `weir:limit-count:<scope>:<key>`, incremented, expiring with its window.
+//! - Sliding window: `weir:limit-count:{<scope>:<key>}:<window number>` for the current and the
+//!   previous window (one hash tag, so one Redis Cluster slot: one script sees both).
 
-use std::collections::HashMap;
-use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, LazyLock, Weak};
-use std::thread::ThreadId;
-use std::time::{Duration, Instant};
+use std::sync::LazyLock;
 
-use parking_lot::Mutex;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::cluster::ClusterClient;
-use redis::cluster_async::ClusterConnection;
-use redis::{ConnectionAddr, IntoConnectionInfo, RedisConnectionInfo, Script};
+use weir_plugin::limit::redis::{RedisStore, Script, Unavailable};
 
-use crate::{Conf, Policy, Verdict};
+use crate::local::slide;
+use crate::Verdict;
 
-/// How long a failed target is left alone before it is tried again.
-const DOWN_FOR: Duration = Duration::from_secs(1);
-
-/// Counts one request in the window of `KEYS[1]` (`ARGV[1]` milliseconds long); returns the
-/// count so far and the milliseconds left.
-const COUNT_SCRIPT: &str = r"
-local n = redis.call('INCR', KEYS[1])
+/// Adds `ARGV[2]` to the window of `KEYS[1]` (`ARGV[1]` ms long, started by its first
+/// request); returns the count and the milliseconds left.
+const FIXED: &str = r"
+local n = redis.call('INCRBY', KEYS[1], ARGV[2])
 local ttl = redis.call('PTTL', KEYS[1])
 if ttl < 0 then
   redis.call('PEXPIRE', KEYS[1], ARGV[1])
@@ -38,227 +26,101 @@ end
 return {n, ttl}
 ";
 
-static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(COUNT_SCRIPT));
+/// The sliding-window decision, atomically: KEYS[1] is the current window, KEYS[2] the
+/// previous one; ARGV: limit, window ms, ms left of the current window. Counts the request only
+/// when it is let through. Returns {let through (0/1), current count before it, previous count}.
+const SLIDING: &str = r"
+local limit = tonumber(ARGV[1])
+local window = tonumber(ARGV[2])
+local left = tonumber(ARGV[3])
+local prev = tonumber(redis.call('GET', KEYS[2]) or '0')
+local last = prev
+if last > limit then last = limit end
+local cur = tonumber(redis.call('GET', KEYS[1]) or '0')
+if cur >= limit or last * left / window + cur >= limit then
+  return {0, cur, prev}
+end
+redis.call('INCR', KEYS[1])
+if redis.call('PTTL', KEYS[1]) < 0 then redis.call('PEXPIRE', KEYS[1], window * 2) end
+return {1, cur, prev}
+";
 
-/// Which Redis a configuration counts in: the identity under which stores are shared.
-#[derive(Clone, PartialEq, Eq, Hash)]
-pub enum RedisTarget {
-    /// One server.
-    Single { host: String, port: u16, db: u32, auth: Auth, timeout: Duration },
-    /// A Redis Cluster, by its seed nodes.
-    Cluster { name: String, nodes: Vec<String>, auth: Auth, timeout: Duration },
+/// Adds ARGV[2] to the current sliding window KEYS[1] (expiring after two windows of ARGV[1]
+/// ms) and reads the previous one KEYS[2]: {current count, previous count}.
+const SLIDING_ADD: &str = r"
+local n = redis.call('INCRBY', KEYS[1], ARGV[2])
+if redis.call('PTTL', KEYS[1]) < 0 then redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[1]) * 2) end
+return {n, tonumber(redis.call('GET', KEYS[2]) or '0')}
+";
+
+static FIXED_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(FIXED));
+static SLIDING_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(SLIDING));
+static SLIDING_ADD_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(SLIDING_ADD));
+
+/// The Redis key of a fixed window.
+pub fn fixed_key(scope: &str, key: &str) -> String {
+    format!("weir:limit-count:{scope}:{key}")
 }
 
-/// Credentials (never printed).
-#[derive(Clone, PartialEq, Eq, Hash, Default)]
-pub struct Auth {
-    username: Option<String>,
-    password: Option<String>,
+/// The common part of a sliding window's two Redis keys.
+pub fn sliding_base(scope: &str, key: &str) -> String {
+    format!("weir:limit-count:{{{scope}:{key}}}")
 }
 
-impl RedisTarget {
-    /// The target of a `redis` / `redis-cluster` configuration, or what is missing.
-    pub fn from_conf(conf: &Conf) -> Result<RedisTarget, String> {
-        let nonempty = |s: &Option<String>| s.as_ref().filter(|s| !s.is_empty()).cloned();
-        let auth = Auth { username: nonempty(&conf.redis_username), password: nonempty(&conf.redis_password) };
-        let timeout = Duration::from_millis(conf.redis_timeout);
-        match conf.policy {
-            Policy::Redis => {
-                let host = nonempty(&conf.redis_host).ok_or("policy redis needs redis_host")?;
-                Ok(RedisTarget::Single { host, port: conf.redis_port, db: conf.redis_database, auth, timeout })
-            }
-            Policy::RedisCluster => {
-                let nodes = conf.redis_cluster_nodes.clone().unwrap_or_default();
-                if nodes.is_empty() {
-                    return Err("policy redis-cluster needs redis_cluster_nodes (host:port, at least one)".into());
-                }
-                for n in &nodes {
-                    let port = n.rsplit_once(':').and_then(|(h, p)| (!h.is_empty()).then_some(p));
-                    if port.and_then(|p| p.parse::<u16>().ok()).is_none_or(|p| p == 0) {
-                        return Err(format!("redis_cluster_nodes: {n:?} is not host:port"));
-                    }
-                }
-                let name = conf.redis_cluster_name.clone().unwrap_or_else(|| "redis-cluster".into());
-                Ok(RedisTarget::Cluster { name, nodes, auth, timeout })
-            }
-            Policy::Local => Err("policy local has no Redis target".into()),
-        }
-    }
-
-    fn timeout(&self) -> Duration {
-        match self {
-            RedisTarget::Single { timeout, .. } | RedisTarget::Cluster { timeout, .. } => *timeout,
-        }
-    }
-
-    fn settings(auth: &Auth, db: u32) -> RedisConnectionInfo {
-        let mut s = RedisConnectionInfo::default().set_db(i64::from(db));
-        if let Some(u) = &auth.username {
-            s = s.set_username(u);
-        }
-        if let Some(p) = &auth.password {
-            s = s.set_password(p);
-        }
-        s
-    }
-
-    async fn connect(&self) -> redis::RedisResult<Conn> {
-        match self {
-            RedisTarget::Single { host, port, db, auth, timeout } => {
-                let info = ConnectionAddr::Tcp(host.clone(), *port)
-                    .into_connection_info()?
-                    .set_redis_settings(Self::settings(auth, *db));
-                let client = redis::Client::open(info)?;
-                // No response timeout of the client's own: `incoming` bounds the whole call (one
-                // timer per request, not two).
-                let config = ConnectionManagerConfig::new()
-                    .set_connection_timeout(Some(*timeout))
-                    .set_response_timeout(None)
-                    .set_number_of_retries(0);
-                Ok(Conn::Single(ConnectionManager::new_with_config(client, config).await?))
-            }
-            RedisTarget::Cluster { nodes, auth, timeout, .. } => {
-                let mut infos = Vec::with_capacity(nodes.len());
-                for n in nodes {
-                    let (host, port) = n.rsplit_once(':').unwrap_or((n, "6379"));
-                    let port = port.parse().unwrap_or(6379);
-                    infos.push(ConnectionAddr::Tcp(host.to_owned(), port).into_connection_info()?);
-                }
-                let mut b = ClusterClient::builder(infos).connection_timeout(*timeout).response_timeout(*timeout);
-                if let Some(u) = &auth.username {
-                    b = b.username(u);
-                }
-                if let Some(p) = &auth.password {
-                    b = b.password(p);
-                }
-                Ok(Conn::Cluster(b.build()?.get_async_connection().await?))
-            }
-        }
-    }
+/// Adds `cost` to a fixed window: (count now, ms left).
+pub async fn fixed_add(redis: &RedisStore, key: &str, cost: u64, window_ms: u64) -> Result<(u64, u64), Unavailable> {
+    let mut call = FIXED_SCRIPT.key(key);
+    call.arg(window_ms).arg(cost);
+    let (n, ttl): (u64, i64) = redis.eval(&call).await?;
+    Ok((n, ttl.max(0) as u64))
 }
 
-impl fmt::Display for RedisTarget {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            RedisTarget::Single { host, port, db, .. } => write!(f, "redis {host}:{port}/{db}"),
-            RedisTarget::Cluster { name, nodes, .. } => write!(f, "redis-cluster {name} ({})", nodes.join(", ")),
-        }
-    }
+/// Counts one request in a fixed window.
+pub async fn fixed(redis: &RedisStore, key: &str, limit: u64, window_ms: u64) -> Result<Verdict, Unavailable> {
+    let (n, ttl) = fixed_add(redis, key, 1, window_ms).await?;
+    Ok(Verdict { allowed: n <= limit, remaining: limit.saturating_sub(n), reset: ttl.div_ceil(1000) })
 }
 
-#[derive(Clone)]
-enum Conn {
-    Single(ConnectionManager),
-    Cluster(ClusterConnection),
+fn window_keys(base: &str, id: u64) -> (String, String) {
+    (format!("{base}:{id}"), format!("{base}:{}", id.wrapping_sub(1)))
 }
 
-impl Conn {
-    async fn count(&mut self, key: &str, window_ms: u64) -> redis::RedisResult<(u64, i64)> {
-        let mut call = SCRIPT.key(key);
-        call.arg(window_ms);
-        match self {
-            Conn::Single(c) => call.invoke_async(c).await,
-            Conn::Cluster(c) => call.invoke_async(c).await,
-        }
+/// Counts one request in a sliding window; `now` is wall-clock ms.
+pub async fn sliding(
+    redis: &RedisStore,
+    base: &str,
+    limit: u64,
+    window_ms: u64,
+    now: u64,
+) -> Result<Verdict, Unavailable> {
+    let (id, left) = (now / window_ms, window_ms - now % window_ms);
+    let (cur_key, prev_key) = window_keys(base, id);
+    let mut call = SLIDING_SCRIPT.key(&cur_key);
+    call.key(&prev_key).arg(limit).arg(window_ms).arg(left);
+    let (accepted, cur, prev): (u8, u64, u64) = redis.eval(&call).await?;
+    let mut v = slide(limit, window_ms, left, cur, prev);
+    // The script decided; the same arithmetic here gives the headers.
+    v.allowed = accepted == 1;
+    if !v.allowed {
+        v.remaining = 0;
     }
+    Ok(v)
 }
 
-/// Counters in one Redis target, with a connection per worker thread.
-pub struct RedisStore {
-    target: RedisTarget,
-    conns: Mutex<Vec<(ThreadId, Conn)>>,
-    born: Instant,
-    /// Milliseconds after `born` until which the target is not tried (0: up).
-    down_until: AtomicU64,
-    /// Whether the last attempt failed (for logging changes of state once).
-    failing: AtomicBool,
-}
-
-impl RedisStore {
-    fn new(target: RedisTarget) -> RedisStore {
-        RedisStore {
-            target,
-            conns: Mutex::new(Vec::new()),
-            born: Instant::now(),
-            down_until: AtomicU64::new(0),
-            failing: AtomicBool::new(false),
-        }
-    }
-
-    /// The Redis key of `key`'s counter in `scope`.
-    pub fn key(&self, scope: &str, key: &str) -> String {
-        format!("weir:limit-count:{scope}:{key}")
-    }
-
-    fn now_ms(&self) -> u64 {
-        self.born.elapsed().as_millis() as u64
-    }
-
-    /// Counts one request; `Err` when Redis could not be asked (already logged).
-    pub async fn incoming(&self, key: &str, limit: u64, window: Duration) -> Result<Verdict, ()> {
-        let down_until = self.down_until.load(Ordering::Relaxed);
-        if down_until != 0 && self.now_ms() < down_until {
-            return Err(());
-        }
-        let window_ms = window.as_millis() as u64;
-        let result = tokio::time::timeout(self.target.timeout(), self.count(key, window_ms)).await;
-        let failure = match result {
-            Ok(Ok((n, ttl_ms))) => {
-                self.down_until.store(0, Ordering::Relaxed);
-                if self.failing.swap(false, Ordering::Relaxed) {
-                    log::info!("limit-count: {} is reachable again", self.target);
-                }
-                let reset = (ttl_ms.max(0) as u64).div_ceil(1000);
-                return Ok(Verdict { allowed: n <= limit, remaining: limit.saturating_sub(n), reset });
-            }
-            Ok(Err(e)) => e.to_string(),
-            Err(_) => format!("no answer within {} ms", self.target.timeout().as_millis()),
-        };
-        self.conns.lock().retain(|(t, _)| *t != std::thread::current().id());
-        self.down_until.store(self.now_ms() + DOWN_FOR.as_millis() as u64, Ordering::Relaxed);
-        if !self.failing.swap(true, Ordering::Relaxed) {
-            log::error!(
-                "limit-count: {} is unavailable ({failure}); routes reject with 503 unless allow_degradation is set",
-                self.target
-            );
-        }
-        Err(())
-    }
-
-    async fn count(&self, key: &str, window_ms: u64) -> redis::RedisResult<(u64, i64)> {
-        let me = std::thread::current().id();
-        let found = self.conns.lock().iter().find(|(t, _)| *t == me).map(|(_, c)| c.clone());
-        let mut conn = match found {
-            Some(c) => c,
-            None => {
-                let c = self.target.connect().await?;
-                let mut conns = self.conns.lock();
-                if !conns.iter().any(|(t, _)| *t == me) {
-                    conns.push((me, c.clone()));
-                }
-                c
-            }
-        };
-        conn.count(key, window_ms).await
-    }
-}
-
-/// The stores in use, by target: routes naming the same Redis share its connections.
-#[derive(Default)]
-pub struct Registry {
-    stores: Mutex<HashMap<RedisTarget, Weak<RedisStore>>>,
-}
-
-impl Registry {
-    /// The store of `target`, shared with every live configuration naming it.
-    pub fn get(&self, target: RedisTarget) -> Arc<RedisStore> {
-        let mut stores = self.stores.lock();
-        if let Some(s) = stores.get(&target).and_then(Weak::upgrade) {
-            return s;
-        }
-        stores.retain(|_, w| w.strong_count() > 0);
-        let s = Arc::new(RedisStore::new(target.clone()));
-        stores.insert(target, Arc::downgrade(&s));
-        s
-    }
+/// Adds `cost` to the current sliding window: (what is left of the limit, ms left).
+pub async fn sliding_add(
+    redis: &RedisStore,
+    base: &str,
+    cost: u64,
+    limit: u64,
+    window_ms: u64,
+    now: u64,
+) -> Result<(i64, u64), Unavailable> {
+    let (id, left) = (now / window_ms, window_ms - now % window_ms);
+    let (cur_key, prev_key) = window_keys(base, id);
+    let mut call = SLIDING_ADD_SCRIPT.key(&cur_key);
+    call.key(&prev_key).arg(window_ms).arg(cost);
+    let (n, prev): (u64, u64) = redis.eval(&call).await?;
+    let weighted = prev.min(limit) as f64 * left as f64 / window_ms as f64;
+    Ok(((limit as f64 - n as f64 - weighted).floor() as i64, left))
 }

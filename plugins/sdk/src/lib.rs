@@ -19,6 +19,7 @@ pub mod control;
 pub mod expr;
 pub mod headers;
 pub mod jwt;
+pub mod limit;
 pub mod logfile;
 pub mod meta;
 pub mod metrics;
@@ -243,6 +244,18 @@ pub trait Plugin: Send + Sync + 'static {
     /// configuration (instances are reused while their configuration, metadata and consumer
     /// state are unchanged), never per request.
     fn build(&self, conf: Self::Conf, ctx: &BuildContext<'_>) -> Result<Arc<dyn PluginInstance>, String>;
+    /// Whether [`Plugin::check_together`] is to be called (nothing is collected otherwise).
+    fn checks_together(&self) -> bool {
+        false
+    }
+    /// Checks every configuration of this plugin in one resource document together, once per
+    /// build, after each was checked alone (and its instance built or reused): for rules that
+    /// span resources, such as limit-count's `group` (routes sharing a group must configure it
+    /// identically). The configurations come as written (`_meta` included). Returns the problems
+    /// as (index into `confs`, message); any refuses the document.
+    fn check_together(&self, _confs: &[(Owner<'_>, &Value)]) -> Vec<(usize, String)> {
+        Vec::new()
+    }
 }
 
 /// The host's view of a plugin: [`Plugin`] with its configuration type erased. Implemented for
@@ -278,6 +291,10 @@ pub trait DynPlugin: Send + Sync + 'static {
     fn prepare_consumers(&self, consumers: &[ConsumerRef<'_>]) -> Result<Option<SharedState>, String>;
     /// Parses a validated configuration (without its `_meta`) into [`Plugin::Conf`] and builds.
     fn build(&self, conf: &Value, ctx: &BuildContext<'_>) -> Result<Arc<dyn PluginInstance>, String>;
+    /// [`Plugin::checks_together`].
+    fn checks_together(&self) -> bool;
+    /// [`Plugin::check_together`].
+    fn check_together(&self, confs: &[(Owner<'_>, &Value)]) -> Vec<(usize, String)>;
 }
 
 impl<P: Plugin> DynPlugin for P {
@@ -329,6 +346,12 @@ impl<P: Plugin> DynPlugin for P {
             Some(_) => parse_conf(&meta::without_meta(conf))?,
         };
         Plugin::build(self, parsed, ctx)
+    }
+    fn checks_together(&self) -> bool {
+        Plugin::checks_together(self)
+    }
+    fn check_together(&self, confs: &[(Owner<'_>, &Value)]) -> Vec<(usize, String)> {
+        Plugin::check_together(self, confs)
     }
 }
 

@@ -107,7 +107,7 @@ impl Builder<'_> {
             let path = format!("plugins.{name}");
             let Some(entry) = self.enabled.stream_get(name).cloned() else {
                 let catalog = crate::plugins_catalog();
-                // A name may be both kinds (ip-restriction): the stream one is meant here.
+                // A name may be both kinds (ip-restriction, limit-conn): the stream one is meant here.
                 let reason = if catalog.stream_get(name).is_some() {
                     format!("stream plugin `{name}` is compiled in but not enabled (add it to `stream_plugins:` in config.yaml)")
                 } else if catalog.get(name).is_some() {

@@ -311,6 +311,7 @@ impl Snapshot {
             cache: &mut cache,
             check_only,
             previous,
+            together: Default::default(),
         };
         let result = builder.run(raw);
         // What this build parsed is what the next one may reuse (a failed build keeps its valid
@@ -333,6 +334,8 @@ struct Builder<'a> {
     check_only: bool,
     /// The snapshot serving now, whose unchanged parts this build reuses ([`Mode::Apply`]).
     previous: Option<&'a Snapshot>,
+    /// The configurations of plugins that check theirs together (`Plugin::check_together`).
+    together: plugins::Together,
 }
 
 /// `routes[2] (id 7)`: how a resource is named in messages. Built for every entry of every
@@ -498,6 +501,7 @@ impl Builder<'_> {
             self.snap.chains.insert(("global_rules", g.id.0.clone()), chain);
         }
         self.snap.consumer_state = Some(consumer_state);
+        self.check_together();
         if !self.issues.is_empty() {
             return Err(self.issues);
         }

@@ -24,6 +24,10 @@ pub(crate) struct ConsumerState {
     pub shared: HashMap<&'static str, SharedState>,
 }
 
+/// Per plugin that checks its configurations together: the plugin and each configuration with
+/// its owner `(kind, id, label)`.
+pub(super) type Together = HashMap<&'static str, (Arc<PluginEntry>, Vec<(&'static str, String, String, Value)>)>;
+
 /// `(kind, id, label)` of the resource a chain belongs to.
 pub(super) type ChainOwner<'o> = (&'static str, &'o str, &'o str);
 
@@ -237,6 +241,10 @@ impl Builder<'_> {
             if meta.disable {
                 continue;
             }
+            if entry.plugin.checks_together() {
+                let (_, confs) = self.together.entry(entry.name).or_insert_with(|| (entry.clone(), Vec::new()));
+                confs.push((kind, id.to_owned(), o.to_owned(), conf.clone()));
+            }
             let meta_value = metadata.get(name).map(|m| Value::Object(m.fields.clone()));
             let built = self.instance(&entry, (kind, id, o), (conf, &resolved), meta_value.as_ref(), consumers, &path);
             let Some(instance) = built else { continue };
@@ -254,6 +262,19 @@ impl Builder<'_> {
             });
         }
         Arc::new(Chain::from(chain))
+    }
+
+    /// `Plugin::check_together` of every plugin that asked, on this document's configurations.
+    pub(super) fn check_together(&mut self) {
+        for (name, (entry, confs)) in std::mem::take(&mut self.together) {
+            let owners: Vec<(Owner<'_>, &Value)> =
+                confs.iter().map(|(kind, id, label, conf)| (Owner { kind, id, label }, conf)).collect();
+            for (i, why) in entry.plugin.check_together(&owners) {
+                if let Some((_, _, label, _)) = confs.get(i) {
+                    self.issue(label, &format!("plugins.{name}"), &why);
+                }
+            }
+        }
     }
 
     /// One instance: the previous snapshot's for the same plugin, owner, configuration and
