@@ -218,8 +218,9 @@ pub struct UpstreamBody<F: OnFinish> {
     done: bool,
     /// Body bytes handed to the client so far (told to `hooks` when the body is dropped).
     sent: u64,
-    /// Trailers held back while the body filters' last bytes go first.
-    trailers: Option<http::HeaderMap>,
+    /// Trailers held back while the body filters' last bytes go first (boxed: rare, and this
+    /// body is moved several times per response).
+    trailers: Option<Box<http::HeaderMap>>,
 }
 
 impl<F: OnFinish> Drop for UpstreamBody<F> {
@@ -251,7 +252,7 @@ impl<F: OnFinish + Unpin> Body for UpstreamBody<F> {
     fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.get_mut();
         if this.done {
-            return Poll::Ready(this.trailers.take().map(|t| Ok(Frame::trailers(t))));
+            return Poll::Ready(this.trailers.take().map(|t| Ok(Frame::trailers(*t))));
         }
         loop {
             // Read timeouts are enforced on the upstream socket (see `client`).
@@ -281,7 +282,7 @@ impl<F: OnFinish + Unpin> Body for UpstreamBody<F> {
                                 let mut last = Bytes::new();
                                 this.hooks.chunk(&mut last, true);
                                 if !last.is_empty() {
-                                    this.trailers = frame.into_trailers().ok();
+                                    this.trailers = frame.into_trailers().ok().map(Box::new);
                                     this.sent += last.len() as u64;
                                     return Poll::Ready(Some(Ok(Frame::data(last))));
                                 }
