@@ -5,7 +5,7 @@
 //! runtime instance), the request-phase hooks of [`PluginInstance`] (which may wait with the
 //! request in hand), the per-request [`RequestCtx`] with typed [`slots`], the host's
 //! [`services`] (its upstream client, upstream choice), waiting without blocking ([`timer`]),
-//! the credential kit of [`auth`], the
+//! bounded requests that outlive the client's ([`background`]), the credential kit of [`auth`], the
 //! `$var` [`template`] engine, and the [`register_plugin!`] macro that makes a plugin visible to
 //! the host at link time. `docs/plugin-sdk.md` (the [`guide`]) walks through each with examples.
 //!
@@ -13,6 +13,7 @@
 //! `inventory`, sorts them by priority (descending) and name, and rejects duplicates.
 
 pub mod auth;
+pub mod background;
 pub mod cidr;
 pub mod control;
 pub mod expr;

@@ -126,11 +126,21 @@ impl std::fmt::Display for OutboundError {
 /// The future of [`HttpClient::send`]; runs on the calling worker (not `Send`).
 pub type SendFuture = Pin<Box<dyn Future<Output = Result<OutboundResponse, OutboundError>>>>;
 
+/// Work detached from any request, run on the calling worker ([`HttpClient::spawn`]).
+pub type LocalTask = Pin<Box<dyn Future<Output = ()>>>;
+
 /// The host's HTTP client, for plugins.
 pub trait HttpClient: Send + Sync {
     /// Sends `req` and reads the whole answer. On a data-plane worker it uses that worker's
     /// upstream connection pool.
     fn send(&self, req: OutboundRequest) -> SendFuture;
+    /// Runs `task` on the calling data-plane worker, detached from the request that started it
+    /// (it may outlive it); `false`, with the task dropped unrun, when there is no worker here.
+    /// Plugins use it through [`crate::background::Background`], which bounds it.
+    fn spawn(&self, task: LocalTask) -> bool {
+        drop(task);
+        false
+    }
 }
 
 /// The host's services, given to [`Plugin::build`](crate::Plugin::build).
