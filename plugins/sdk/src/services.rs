@@ -150,6 +150,13 @@ pub trait Services: Send + Sync {
     /// Compiles an upstream object (the `upstreams` schema, `nodes` and all) for
     /// [`RequestCtx::upstream`](crate::RequestCtx); errors name the key at fault.
     fn compile_upstream(&self, conf: &Value) -> Result<UpstreamRef, String>;
+    /// The `upstreams` object `id` of the resources being loaded, for
+    /// [`RequestCtx::upstream`](crate::RequestCtx): an error naming it when there is none, so
+    /// that a configuration naming a missing upstream is refused at load (and rebuilt when the
+    /// set of upstream ids changes). The object itself is found per request, as it is then.
+    fn upstream_by_id(&self, id: &str) -> Result<UpstreamRef, String> {
+        Err(format!("upstream `{id}` cannot be looked up here"))
+    }
     /// Builds an instance of another enabled plugin, `name`, from `conf` (checked against its
     /// schema, secrets resolved, its consumer state given), for the same owner: how a plugin
     /// that runs others (multi-auth) gets them. Returns the instance and the plugin's type.
