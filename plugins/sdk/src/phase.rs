@@ -213,7 +213,9 @@ pub struct RequestCtx {
     pub head_bytes_sent: u64,
     /// When the request arrived.
     pub started: Instant,
-    /// The request body, present only when a plugin asked for it (`wants_request_body`).
+    /// The whole request body: present when a plugin asked for it (`wants_request_body`), and
+    /// when the gateway read it before the phases anyway (a `Content-Length` up to 64 KiB, or a
+    /// chunked body that ended within 64 KiB). `None` for a body that streams.
     pub body: Option<Bytes>,
     /// Headers to add to the response, set by rewrite/access hooks (e.g. rate-limit headers).
     pub response_headers: Vec<(HeaderName, HeaderValue)>,
