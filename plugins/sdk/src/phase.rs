@@ -362,8 +362,13 @@ impl RequestCtx {
             "consumer_name" => self.consumer.as_ref().map(|c| Cow::Borrowed(&*c.username)),
             _ => {
                 if let Some(h) = name.strip_prefix("http_") {
-                    let h = h.replace('_', "-");
-                    return self.headers.get(h.as_str()).and_then(|v| v.to_str().ok()).map(Cow::Borrowed);
+                    // `http_x_api_key` names `x-api-key`; a name without `_` is looked up as it is.
+                    let value = if h.contains('_') {
+                        self.headers.get(h.replace('_', "-").as_str())
+                    } else {
+                        self.headers.get(h)
+                    };
+                    return value.and_then(|v| v.to_str().ok()).map(Cow::Borrowed);
                 }
                 if let Some(a) = name.strip_prefix("arg_") {
                     return self.arg(a).map(Cow::Borrowed);
