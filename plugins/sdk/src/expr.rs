@@ -311,6 +311,12 @@ mod tests {
         ctx.headers.insert("user-id", http::HeaderValue::from_static("3"));
         assert!(!three.matches(&ctx));
         assert!(e(json!([["http_missing", "~=", "x"]])).matches(&ctx), "a missing header: only ~= holds");
+        ctx.headers.insert("content-type", http::HeaderValue::from_static("application/x-www-form-urlencoded"));
+        ctx.body = Some(bytes::Bytes::from_static(b"a=1&id=1%202&name=j+k&bad=%zz"));
+        assert!(e(json!([["post_arg_id", "==", "1 2"], ["post_arg_name", "==", "j k"]])).matches(&ctx));
+        assert!(e(json!([["post_arg_bad", "==", "%zz"]])).matches(&ctx), "a stray % stays as it is");
+        ctx.headers.insert("content-type", http::HeaderValue::from_static("application/json"));
+        assert!(!e(json!([["post_arg_a", "==", "1"]])).matches(&ctx), "only form bodies have post args");
     }
 
     #[test]

@@ -301,6 +301,21 @@ impl RequestCtx {
         })
     }
 
+    /// The first value of field `name` of an `application/x-www-form-urlencoded` request body
+    /// (`$post_arg_<name>`, decoded), when the body is in [`RequestCtx::body`]. `None` for
+    /// another content type, a body not read, or a value that is not UTF-8 once decoded.
+    pub fn post_arg(&self, name: &str) -> Option<Cow<'_, str>> {
+        let form = self.header("content-type")?;
+        if !form.trim_start().to_ascii_lowercase().starts_with("application/x-www-form-urlencoded") {
+            return None;
+        }
+        let body = std::str::from_utf8(self.body.as_deref()?).ok()?;
+        body.split('&').find_map(|pair| {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            (form_decode(k)? == name).then(|| form_decode(v)).flatten()
+        })
+    }
+
     /// The typed per-request state of type `T` ([`crate::slots`]).
     pub fn slot<T: std::any::Any>(&self) -> Option<&T> {
         self.slots.get()
@@ -327,7 +342,8 @@ impl RequestCtx {
     /// `request_time`, `upstream_addr`, `upstream_response_time`, `request_length`, `bytes_sent`,
     /// `body_bytes_sent`, `server_protocol`, `request` (the request line), `remote_user` (none:
     /// `-`), `route_id`, `service_id`, `consumer_name`, `http_<name>`,
-    /// `arg_<name>`, `param_<name>`, `cookie_<name>`, and any plugin-set variable.
+    /// `arg_<name>`, `post_arg_<name>` ([`RequestCtx::post_arg`]), `param_<name>`,
+    /// `cookie_<name>`, and any plugin-set variable.
     pub fn var(&self, name: &str) -> Option<Cow<'_, str>> {
         let name = name.strip_prefix('$').unwrap_or(name);
         let owned = |s: String| Some(Cow::Owned(s));
@@ -370,6 +386,9 @@ impl RequestCtx {
                     };
                     return value.and_then(|v| v.to_str().ok()).map(Cow::Borrowed);
                 }
+                if let Some(a) = name.strip_prefix("post_arg_") {
+                    return self.post_arg(a);
+                }
                 if let Some(a) = name.strip_prefix("arg_") {
                     return self.arg(a).map(Cow::Borrowed);
                 }
@@ -383,6 +402,33 @@ impl RequestCtx {
             }
         }
     }
+}
+
+/// A form field decoded (`+` is a space, `%XX` a byte); borrowed when nothing needs decoding.
+/// `None` when the bytes are not UTF-8.
+fn form_decode(s: &str) -> Option<Cow<'_, str>> {
+    if !s.contains(['+', '%']) {
+        return Some(Cow::Borrowed(s));
+    }
+    let raw = s.as_bytes();
+    let mut out = Vec::with_capacity(raw.len());
+    let mut i = 0;
+    while i < raw.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        match raw[i] {
+            b'+' => out.push(b' '),
+            b'%' if i + 2 < raw.len() => match (hex(raw[i + 1]), hex(raw[i + 2])) {
+                (Some(h), Some(l)) => {
+                    out.push((h * 16 + l) as u8); // two hex digits: at most 255
+                    i += 2;
+                }
+                _ => out.push(b'%'),
+            },
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8(out).ok().map(Cow::Owned)
 }
 
 /// `HTTP/1.1`, as `$server_protocol` spells a version.

@@ -3,8 +3,8 @@
 //! configuration, it does not render empty for ever), rendered per request without parsing.
 //!
 //! Variables are those of [`RequestCtx::var`] (`uri`, `host`, `remote_addr`, `route_id`,
-//! `consumer_name`...), the families `http_<header>`, `arg_<name>`, `cookie_<name>` and
-//! `param_<name>`, the clock (`time_local`, `time_iso8601`, `msec`), and the variables plugins
+//! `consumer_name`...), the families `http_<header>`, `arg_<name>`, `post_arg_<name>` (a form
+//! body's field), `cookie_<name>` and `param_<name>`, the clock (`time_local`, `time_iso8601`, `msec`), and the variables plugins
 //! declare with [`declare_var!`](crate::declare_var) (request-id's `$request_id`).
 //!
 //! ```
@@ -67,7 +67,7 @@ const BUILTIN: &[&str] = &[
 ];
 
 /// Families of variables: a prefix and a name of the caller's choice.
-const FAMILIES: &[&str] = &["http_", "arg_", "cookie_", "param_"];
+const FAMILIES: &[&str] = &["http_", "arg_", "post_arg_", "cookie_", "param_"];
 
 /// Whether `name` (without `$`) is a variable a template may use.
 pub fn is_known(name: &str) -> bool {
