@@ -45,21 +45,25 @@ impl Future for Sleep {
 }
 
 /// Waits `duration` without blocking the worker (see the module documentation). A zero
-/// duration is ready at once and costs no timer.
+/// duration is ready at once and costs no timer; one too long to represent waits for ever.
 pub fn sleep(duration: Duration) -> Sleep {
-    if duration.is_zero() {
+    if duration.is_zero() || !on_runtime() {
         return Sleep { inner: None };
     }
-    sleep_until(Instant::now() + duration)
+    Sleep { inner: Some(Box::pin(tokio::time::sleep(duration))) }
+}
+
+fn on_runtime() -> bool {
+    let on = tokio::runtime::Handle::try_current().is_ok();
+    if !on {
+        log::warn!("timer::sleep outside the host's runtime: not waiting");
+    }
+    on
 }
 
 /// Waits until `deadline` (a deadline already past is ready at once).
 pub fn sleep_until(deadline: Instant) -> Sleep {
-    if deadline <= Instant::now() {
-        return Sleep { inner: None };
-    }
-    if tokio::runtime::Handle::try_current().is_err() {
-        log::warn!("timer::sleep outside the host's runtime: not waiting");
+    if deadline <= Instant::now() || !on_runtime() {
         return Sleep { inner: None };
     }
     Sleep { inner: Some(Box::pin(tokio::time::sleep_until(deadline.into()))) }
@@ -88,9 +92,16 @@ mod tests {
         assert!(took >= Duration::from_millis(100) && took < Duration::from_millis(600), "{took:?}");
     }
 
+    fn futures_poll(s: Pin<&mut Sleep>) -> Poll<()> {
+        s.poll(&mut Context::from_waker(std::task::Waker::noop()))
+    }
+
     #[test]
     fn zero_and_past_deadlines_are_ready_at_once() {
         runtime().block_on(async {
+            // The longest duration saturates instead of overflowing the deadline.
+            let mut forever = std::pin::pin!(sleep(Duration::MAX));
+            assert!(futures_poll(forever.as_mut()).is_pending());
             sleep(Duration::ZERO).await;
             sleep_until(Instant::now().checked_sub(Duration::from_millis(1)).unwrap_or_else(Instant::now)).await;
         });
