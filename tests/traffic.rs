@@ -134,3 +134,36 @@ fn traffic_split_keeps_the_health_checks_of_the_upstream_it_names() {
     let got = tally(&p, 20, "/h", &[]);
     assert_eq!(got.get("live"), Some(&20), "the dead node is skipped without retries: {got:?}");
 }
+
+#[test]
+fn fault_injection_aborts_and_delays_when_its_vars_hold() {
+    let up = Upstream::start("up");
+    let (p, _w) = start(&format!(
+        "routes:\n  - id: 1\n    uri: /anything\n    upstream: {{nodes: {n}}}\n    plugins:\n      fault-injection:\n        abort: {{http_status: 404, body: \"APISIX Fault Injection for $remote_addr\", headers: {{X-APISIX-Remote-Addr: $remote_addr}}, vars: [[[arg_name, ==, john]]]}}\n        delay: {{duration: 0.6, vars: [[[http_x-slow, ==, \"1\"]], [[arg_name, ==, slow]]]}}\n",
+        n = nodes(&up)
+    ));
+    let r = get(p.node(), "/anything?name=john");
+    assert_eq!((r.status, r.text().as_str()), (404, "APISIX Fault Injection for 127.0.0.1"));
+    assert_eq!(r.header("x-apisix-remote-addr"), Some("127.0.0.1"));
+    assert_eq!(up.hits(), 0, "an abort never reaches the upstream");
+    let r = get(p.node(), "/anything?name=jane");
+    assert_eq!(answered_by(&r), "up");
+
+    // A delayed request waits without holding up the worker's other requests (one worker).
+    let node = p.node();
+    let slow = std::thread::spawn(move || {
+        let started = Instant::now();
+        let r = request(node, "GET", "/anything", &[("x-slow", "1")], b"");
+        (r.status, started.elapsed())
+    });
+    std::thread::sleep(Duration::from_millis(100));
+    let started = Instant::now();
+    assert_eq!(get(p.node(), "/anything").status, 200);
+    assert!(started.elapsed() < Duration::from_millis(300), "not delayed: {:?}", started.elapsed());
+    let (status, took) = slow.join().expect("slow request");
+    assert_eq!(status, 200);
+    assert!(took >= Duration::from_millis(600), "{took:?}");
+    let started = Instant::now();
+    assert_eq!(get(p.node(), "/anything?name=slow").status, 200, "the second expression (OR)");
+    assert!(started.elapsed() >= Duration::from_millis(600));
+}
