@@ -167,3 +167,41 @@ fn fault_injection_aborts_and_delays_when_its_vars_hold() {
     assert_eq!(get(p.node(), "/anything?name=slow").status, 200, "the second expression (OR)");
     assert!(started.elapsed() >= Duration::from_millis(600));
 }
+
+#[test]
+fn api_breaker_opens_after_failures_doubles_and_closes_after_successes() {
+    let up = Upstream::start("up");
+    let (p, _w) = start(&format!(
+        "routes:\n  - id: 1\n    uri: /*\n    upstream: {{nodes: {n}, retries: 0}}\n    plugins:\n      api-breaker:\n        break_response_code: 503\n        break_response_body: \"breaker open\"\n        break_response_headers: [{{key: X-Client-Addr, value: \"$remote_addr\"}}]\n        unhealthy: {{http_statuses: [500, 502], failures: 2}}\n        healthy: {{http_statuses: [200], successes: 2}}\n",
+        n = nodes(&up)
+    ));
+    let status = |path: &str| get(p.node(), path).status;
+    assert_eq!(status("/status/500"), 500);
+    assert_eq!(status("/status/404"), 404, "neither healthy nor unhealthy");
+    assert_eq!(status("/status/500"), 500, "the second failure is still the upstream's answer");
+    let hits = up.hits();
+    let r = get(p.node(), "/status/200");
+    assert_eq!((r.status, r.text().as_str()), (503, "breaker open"));
+    assert_eq!(r.header("x-client-addr"), Some("127.0.0.1"));
+    assert_eq!(up.hits(), hits, "an open breaker never reaches the upstream");
+    let opened = Instant::now();
+    // Open for 2 s (2^1), then requests go through again: the third failure does not reopen it
+    // (2 failures per opening), the fourth does, for 4 s (2^2).
+    assert!(eventually(Duration::from_secs(4), || status("/status/500") == 500));
+    assert!(opened.elapsed() >= Duration::from_millis(1900), "{:?}", opened.elapsed());
+    assert_eq!(status("/status/500"), 500);
+    let reopened = Instant::now();
+    assert_eq!(status("/status/200"), 503);
+    std::thread::sleep(Duration::from_millis(3000));
+    assert_eq!(status("/status/200"), 503, "still open after 3 s: the time doubled");
+    assert!(eventually(Duration::from_secs(3), || status("/status/200") == 200));
+    assert!(reopened.elapsed() >= Duration::from_millis(3900), "{:?}", reopened.elapsed());
+    // That was the first of two successes: a failure restarts their count, and as the fifth
+    // (not a multiple of 2) it does not reopen the breaker.
+    assert_eq!(status("/status/500"), 500);
+    assert_eq!(status("/status/200"), 200);
+    assert_eq!(status("/status/200"), 200);
+    // Closed and forgotten: one failure opens nothing.
+    assert_eq!(status("/status/500"), 500);
+    assert_eq!(status("/status/200"), 200);
+}
