@@ -106,9 +106,13 @@ async fn exchange(req: OutboundRequest) -> Result<OutboundResponse, OutboundErro
         (true, false) => format!("[{host}]:{port}"),
     };
     let mut headers = req.headers;
-    headers.remove(HOST);
     let length = req.body.len().to_string();
-    let mut set: Vec<(&HeaderName, &[u8])> = vec![(&HOST, host_value.as_bytes())];
+    let mut set: Vec<(&HeaderName, &[u8])> = Vec::with_capacity(2);
+    // A Host the caller set goes as it is (a mirror passes the client's, as nginx's mirror
+    // location does); without one, the URL's.
+    let given_host = headers.get(HOST).cloned();
+    headers.remove(HOST);
+    set.push((&HOST, given_host.as_ref().map_or(host_value.as_bytes(), |h| h.as_bytes())));
     if !req.body.is_empty() || !matches!(req.method.as_str(), "GET" | "HEAD" | "OPTIONS" | "DELETE") {
         headers.remove(CONTENT_LENGTH);
         set.push((&CONTENT_LENGTH, length.as_bytes()));

@@ -66,7 +66,8 @@ pub struct OutboundRequest {
     pub method: Method,
     /// Absolute `http://` or `https://` URL.
     pub url: String,
-    /// Headers (the client sets `Host` from the URL and `Content-Length` from the body).
+    /// Headers (the client sets `Content-Length` from the body, and `Host` from the URL unless
+    /// one is given here).
     pub headers: HeaderMap,
     /// Body.
     pub body: Bytes,
