@@ -217,6 +217,9 @@ pub struct RequestCtx {
     /// when the gateway read it before the phases anyway (a `Content-Length` up to 64 KiB, or a
     /// chunked body that ended within 64 KiB). `None` for a body that streams.
     pub body: Option<Bytes>,
+    /// The request has a body that streams to the upstream as it arrives (too large to be read
+    /// first, and not asked for whole): it is not in [`RequestCtx::body`].
+    pub body_streams: bool,
     /// Headers to add to the response, set by rewrite/access hooks (e.g. rate-limit headers).
     pub response_headers: Vec<(HeaderName, HeaderValue)>,
     /// Variables set by plugins, readable as `$name`.
@@ -266,6 +269,7 @@ impl RequestCtx {
             head_bytes_sent: 0,
             started: Instant::now(),
             body: None,
+            body_streams: false,
             response_headers: Vec::new(),
             vars: Vec::new(),
             non_idempotent: false,

@@ -272,7 +272,10 @@ async fn serve(
     }
     match &source {
         Source::Buffered(b) => fin.ctx.request_length += b.len() as u64,
-        Source::Stream(Some(body)) => fin.body_received = body.received(),
+        Source::Stream(Some(body)) => {
+            fin.body_received = body.received();
+            fin.ctx.body_streams = true;
+        }
         _ => {}
     }
     // A body read whole (asked for, or small enough to be read before proxying) is the
