@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use common::upstream::Upstream;
 use common::*;
+use serde_json::json;
 
 fn nodes(u: &Upstream) -> String {
     format!("{{\"{}\": 1}}", u.node())
@@ -204,4 +205,184 @@ fn api_breaker_opens_after_failures_doubles_and_closes_after_successes() {
     // Closed and forgotten: one failure opens nothing.
     assert_eq!(status("/status/500"), 500);
     assert_eq!(status("/status/200"), 200);
+}
+
+/// What a mirror target received.
+#[derive(Debug, Clone)]
+struct Seen {
+    method: String,
+    target: String,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+impl Seen {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+    }
+}
+
+/// A mirror target on loopback: records each request; answers 200, or never (`hang`).
+struct Target {
+    addr: std::net::SocketAddr,
+    seen: std::sync::Arc<std::sync::Mutex<Vec<Seen>>>,
+}
+
+impl Target {
+    fn start(hang: bool) -> Target {
+        use std::io::{BufRead, BufReader, Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let log = seen.clone();
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(conn) = conn else { continue };
+                let log = log.clone();
+                std::thread::spawn(move || {
+                    let mut reader = BufReader::new(conn.try_clone().expect("clone"));
+                    let mut writer = conn;
+                    loop {
+                        let mut line = String::new();
+                        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                            return;
+                        }
+                        let mut parts = line.split_whitespace();
+                        let (method, target) =
+                            (parts.next().unwrap_or("").to_owned(), parts.next().unwrap_or("").to_owned());
+                        let mut headers = Vec::new();
+                        loop {
+                            let mut h = String::new();
+                            if reader.read_line(&mut h).unwrap_or(0) == 0 {
+                                return;
+                            }
+                            let h = h.trim_end();
+                            if h.is_empty() {
+                                break;
+                            }
+                            if let Some((k, v)) = h.split_once(':') {
+                                headers.push((k.trim().to_ascii_lowercase(), v.trim().to_owned()));
+                            }
+                        }
+                        let len: usize = headers
+                            .iter()
+                            .find(|(k, _)| k == "content-length")
+                            .and_then(|(_, v)| v.parse().ok())
+                            .unwrap_or(0);
+                        let mut body = vec![0; len];
+                        if reader.read_exact(&mut body).is_err() {
+                            return;
+                        }
+                        log.lock().unwrap_or_else(|e| e.into_inner()).push(Seen { method, target, headers, body });
+                        if hang {
+                            std::thread::sleep(Duration::from_secs(120));
+                            return;
+                        }
+                        if writer.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nmirror").is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        Target { addr, seen }
+    }
+
+    fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+/// A sample of the proxy-mirror metrics: `outcome` of `weir_proxy_mirror_requests_total`, or
+/// another family by its full name and labels.
+fn metric(p: &Prefix, line_start: &str) -> Option<f64> {
+    let text = get(p.metrics(), "/weir/prometheus/metrics").text();
+    text.lines().find(|l| l.starts_with(line_start)).and_then(|l| l.rsplit(' ').next()).and_then(|v| v.parse().ok())
+}
+
+#[test]
+fn proxy_mirror_copies_the_rewritten_request_and_the_client_gets_the_primary_answer() {
+    let primary = Upstream::start("primary");
+    let target = Target::start(false);
+    let (p, _w) = start(&format!(
+        "routes:\n  - id: 1\n    uri: /orig/*\n    upstream: {{nodes: {n}}}\n    plugins:\n      proxy-rewrite: {{uri: /v2$uri, headers: {{set: {{X-Rewritten: yes}}, remove: [X-Secret]}}}}\n      proxy-mirror: {{host: \"http://{t}\", path: /copy, path_concat_mode: prefix}}\n      key-auth: {{}}\nconsumers:\n  - {{username: jack, plugins: {{key-auth: {{key: k1}}}}}}\n",
+        n = nodes(&primary),
+        t = target.addr,
+    ));
+    let headers = [("apikey", "k1"), ("x-secret", "s"), ("host", "shop.example"), ("content-type", "text/plain")];
+    let r = request(p.node(), "POST", "/orig/a?x=1", &headers, b"hello mirror");
+    assert_eq!(answered_by(&r), "primary", "the client gets the primary's answer, never the mirror's");
+    assert_eq!(r.json()["path"], "/v2/orig/a");
+    assert!(eventually(Duration::from_secs(5), || target.seen().len() == 1), "{:?}", target.seen());
+    let copy = &target.seen()[0];
+    assert_eq!((copy.method.as_str(), copy.target.as_str()), ("POST", "/copy/v2/orig/a?x=1"));
+    assert_eq!(copy.header("x-rewritten"), Some("yes"), "headers as proxy-rewrite left them");
+    assert_eq!(copy.header("x-secret"), None);
+    assert_eq!(copy.header("host"), Some("shop.example"), "the client's Host, as APISIX sends $upstream_host");
+    assert_eq!(copy.header("x-consumer-username"), Some("jack"), "after authentication");
+    assert_eq!(copy.body, b"hello mirror");
+    // A request a plugin answered (401) went nowhere, and is not copied either.
+    assert_eq!(request(p.node(), "GET", "/orig/b", &[], b"").status, 401);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(target.seen().len(), 1, "{:?}", target.seen());
+    // A body too large to be read first streams to the primary and is not copied (counted).
+    let r = upload(p.node(), "/orig/upload?apikey=k1", 300 * 1024);
+    assert_eq!((r.status, &r.json()["body_len"]), (200, &json!(300 * 1024)), "the primary got it all");
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(target.seen().len(), 1);
+    assert_eq!(metric(&p, "weir_proxy_mirror_skipped_total{reason=\"body\"}"), Some(1.0));
+}
+
+/// Mean latency of `n` sequential requests to `path`.
+fn mean_latency(p: &Prefix, path: &str, n: u32) -> Duration {
+    let started = Instant::now();
+    for _ in 0..n {
+        let r = get(p.node(), path);
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    started.elapsed() / n
+}
+
+#[test]
+fn a_hanging_or_refusing_mirror_costs_the_client_nothing_and_the_bound_drops_and_counts() {
+    let primary = Upstream::start("primary");
+    let hanging = Target::start(true);
+    let refusing = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let a = l.local_addr().expect("addr");
+        drop(l);
+        a
+    };
+    let p = Prefix::new(
+        "",
+        "plugin_attr:\n  proxy-mirror:\n    max_in_flight: 4\n    timeout: {connect: 1s, read: 60s, send: 1s}\n",
+        &format!(
+            "routes:\n  - {{id: plain, uri: /plain, upstream: {{nodes: {n}}}}}\n  - {{id: hang, uri: /hang, upstream: {{nodes: {n}}}, plugins: {{proxy-mirror: {{host: \"http://{h}\"}}}}}}\n  - {{id: refuse, uri: /refuse, upstream: {{nodes: {n}}}, plugins: {{proxy-mirror: {{host: \"http://{r}\"}}}}}}\n",
+            n = nodes(&primary),
+            h = hanging.addr,
+            r = refusing,
+        ),
+    );
+    let w = Weir::start(&p);
+    w.wait_ready(p.node());
+    w.wait_ready(p.metrics());
+    let _ = mean_latency(&p, "/plain", 10); // warm up the pool
+    let plain = mean_latency(&p, "/plain", 40);
+    let hang = mean_latency(&p, "/hang", 40);
+    let refuse = mean_latency(&p, "/refuse", 40);
+    eprintln!("mean latency: plain {plain:?}, hanging mirror {hang:?}, refusing mirror {refuse:?}");
+    let budget = plain * 3 + Duration::from_millis(5);
+    assert!(hang < budget && refuse < budget, "plain {plain:?}, hanging mirror {hang:?}, refusing mirror {refuse:?}");
+    // 40 copies to the hanging target: 4 in flight (its bound), the other 36 dropped.
+    assert!(eventually(Duration::from_secs(5), || hanging.seen().len() == 4), "{}", hanging.seen().len());
+    let counted = |outcome: &str| metric(&p, &format!("weir_proxy_mirror_requests_total{{outcome=\"{outcome}\"}}"));
+    assert!(
+        eventually(Duration::from_secs(5), || counted("failed") == Some(40.0)),
+        "the refused copies: {:?}",
+        counted("failed")
+    );
+    assert_eq!(counted("dropped"), Some(36.0));
+    assert_eq!(counted("started"), Some(44.0));
+    assert_eq!(metric(&p, "weir_proxy_mirror_in_flight "), Some(4.0));
+    assert!(w.log_text().lines().all(|l| !l.contains("panic")), "{}", w.log_text());
 }
