@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use common::upstream::Upstream;
 use common::*;
-use serde_json::json;
+use serde_json::{json, Value};
 
 fn nodes(u: &Upstream) -> String {
     format!("{{\"{}\": 1}}", u.node())
@@ -385,4 +385,268 @@ fn a_hanging_or_refusing_mirror_costs_the_client_nothing_and_the_bound_drops_and
     assert_eq!(counted("started"), Some(44.0));
     assert_eq!(metric(&p, "weir_proxy_mirror_in_flight "), Some(4.0));
     assert!(w.log_text().lines().all(|l| !l.contains("panic")), "{}", w.log_text());
+}
+
+/// The Admin API examples of APISIX's pages for the four plugins (docs/en/latest/plugins/*.md),
+/// as they are written there, but for their nodes and the mirror target: `H1`, `H2`, `H3`
+/// (httpbin.org, mock.api7.ai and postman-echo.com on 443) become local HTTPS servers, `PLAIN` a
+/// local HTTP server, `MIRROR` a local mirror target.
+const DOC_EXAMPLES: &[(&str, &str)] = &[
+    (
+        "traffic-split",
+        r#"{"uri": "/headers", "id": "traffic-split-route", "plugins": {"traffic-split": {"rules": [{"weighted_upstreams": [{"upstream": {"type": "roundrobin", "scheme": "https", "pass_host": "node", "nodes": {"H1": 1}}, "weight": 3}, {"weight": 2}]}]}}, "upstream": {"type": "roundrobin", "scheme": "https", "pass_host": "node", "nodes": {"H2": 1}}}"#,
+    ),
+    (
+        "traffic-split",
+        r#"{"uri": "/headers", "id": "traffic-split-route", "plugins": {"traffic-split": {"rules": [{"match": [{"vars": [["http_release","==","new_release"]]}], "weighted_upstreams": [{"upstream": {"type": "roundrobin", "scheme": "https", "pass_host": "node", "nodes": {"H1": 1}}}]}]}}, "upstream": {"type": "roundrobin", "scheme": "https", "pass_host": "node", "nodes": {"H2": 1}}}"#,
+    ),
+    (
+        "traffic-split",
+        r#"{"uri": "/post", "methods": ["POST"], "id": "traffic-split-route", "plugins": {"traffic-split": {"rules": [{"match": [{"vars": [["post_arg_id", "==", "1"]]}], "weighted_upstreams": [{"upstream": {"type": "roundrobin", "scheme": "https", "pass_host": "node", "nodes": {"H1": 1}}}]}]}}, "upstream": {"type": "roundrobin", "scheme": "https", "pass_host": "node", "nodes": {"H2": 1}}}"#,
+    ),
+    (
+        "traffic-split",
+        r#"{"uri": "/headers", "id": "traffic-split-route", "plugins": {"traffic-split": {"rules": [{"match": [{"vars": [["arg_name", "==", "jack"], ["http_user-id", ">", "23"], ["http_apisix-key", "~~", "[a-z]+"]]}], "weighted_upstreams": [{"upstream": {"type": "roundrobin", "scheme": "https", "pass_host": "node", "nodes": {"H1": 1}}, "weight": 3}, {"weight": 2}]}]}}, "upstream": {"type": "roundrobin", "scheme": "https", "pass_host": "node", "nodes": {"H2": 1}}}"#,
+    ),
+    (
+        "traffic-split",
+        r#"{"uri": "/headers", "id": "traffic-split-route", "plugins": {"traffic-split": {"rules": [{"match": [{"vars": [["arg_name", "==", "jack"], ["http_user-id", ">", "23"], ["http_apisix-key", "~~", "[a-z]+"]]}, {"vars": [["arg_name2", "==", "rose"], ["http_user-id2", "!", ">", "33"], ["http_apisix-key2", "~~", "[a-z]+"]]}], "weighted_upstreams": [{"upstream": {"type": "roundrobin", "scheme": "https", "pass_host": "node", "nodes": {"H1": 1}}, "weight": 3}, {"weight": 2}]}]}}, "upstream": {"type": "roundrobin", "scheme": "https", "pass_host": "node", "nodes": {"H2": 1}}}"#,
+    ),
+    (
+        "traffic-split",
+        r#"{"uri": "/headers", "id": "traffic-split-route", "plugins": {"traffic-split": {"rules": [{"match": [{"vars": [["http_x-api-id","==","1"]]}], "weighted_upstreams": [{"upstream": {"type": "roundrobin", "scheme": "https", "pass_host": "node", "nodes": {"H1": 1}}, "weight": 1}]}, {"match": [{"vars": [["http_x-api-id","==","2"]]}], "weighted_upstreams": [{"upstream": {"type": "roundrobin", "scheme": "https", "pass_host": "node", "nodes": {"H2": 1}}, "weight": 1}]}]}}, "upstream": {"type": "roundrobin", "nodes": {"H3": 1}, "scheme": "https", "pass_host": "node"}}"#,
+    ),
+    (
+        "proxy-mirror",
+        r#"{"id": "traffic-mirror-route", "uri": "/get", "plugins": {"proxy-mirror": {"host": "http://MIRROR", "sample_ratio": 0.5}}, "upstream": {"nodes": {"PLAIN": 1}, "type": "roundrobin"}}"#,
+    ),
+    (
+        "fault-injection",
+        r#"{"id": "fault-injection-route", "uri": "/anything", "plugins": {"fault-injection": {"abort": {"http_status": 404, "body": "APISIX Fault Injection"}}}, "upstream": {"type": "roundrobin", "nodes": {"PLAIN": 1}}}"#,
+    ),
+    (
+        "fault-injection",
+        r#"{"id": "fault-injection-route", "uri": "/anything", "plugins": {"fault-injection": {"delay": {"duration": 3}}}, "upstream": {"type": "roundrobin", "nodes": {"PLAIN": 1}}}"#,
+    ),
+    (
+        "fault-injection",
+        r#"{"id": "fault-injection-route", "uri": "/anything", "plugins": {"fault-injection": {"abort": {"http_status": 404, "body": "APISIX Fault Injection", "headers": {"X-APISIX-Remote-Addr": "$remote_addr"}, "vars": [[["arg_name","==","john"]]]}}}, "upstream": {"type": "roundrobin", "nodes": {"PLAIN": 1}}}"#,
+    ),
+    (
+        "api-breaker",
+        r#"{"id": "1", "plugins": {"api-breaker": {"break_response_code": 502, "unhealthy": {"http_statuses": [500, 503], "failures": 3}, "healthy": {"http_statuses": [200], "successes": 1}}}, "upstream": {"type": "roundrobin", "nodes": {"PLAIN": 1}}, "uri": "/hello"}"#,
+    ),
+];
+
+/// Local servers standing in for the examples' hosts.
+struct ExampleHosts {
+    https: [common::tls_upstream::TlsUpstream; 3],
+    plain: Upstream,
+    mirror: Target,
+    /// The HTTPS servers' certificate, trusted by the gateway (SSL_CERT_FILE).
+    ca: std::path::PathBuf,
+}
+
+impl ExampleHosts {
+    fn start() -> ExampleHosts {
+        use common::tls_upstream::TlsUpstream;
+        let https = [TlsUpstream::start(), TlsUpstream::start(), TlsUpstream::start()];
+        // One file per set of servers: tests run in parallel, each gateway trusting its own.
+        let ca =
+            std::env::temp_dir().join(format!("weir-traffic-ca-{}-{}.pem", std::process::id(), https[0].addr.port()));
+        let pem: String = https.iter().map(|u| u.cert_pem.clone()).collect();
+        std::fs::write(&ca, pem).expect("write CA file");
+        ExampleHosts { https, plain: Upstream::start("plain"), mirror: Target::start(false), ca }
+    }
+
+    /// An example with its hosts pointed here.
+    fn local(&self, example: &str) -> Value {
+        let text = example
+            .replace("H1", &self.https[0].addr.to_string())
+            .replace("H2", &self.https[1].addr.to_string())
+            .replace("H3", &self.https[2].addr.to_string())
+            .replace("PLAIN", &self.plain.node())
+            .replace("MIRROR", &self.mirror.addr.to_string());
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"))
+    }
+
+    fn env(&self) -> [(&str, &str); 1] {
+        [("SSL_CERT_FILE", self.ca.to_str().unwrap_or_default())]
+    }
+}
+
+impl Drop for ExampleHosts {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.ca);
+    }
+}
+
+/// A request the example's page makes, and the status it expects.
+fn try_example(p: &Prefix, plugin: &str, route: &Value) {
+    let uri = route["uri"].as_str().unwrap_or("/");
+    let r = match (plugin, uri) {
+        (_, "/post") => {
+            request(p.node(), "POST", "/post", &[("content-type", "application/x-www-form-urlencoded")], b"id=1")
+        }
+        ("traffic-split", _) => request(
+            p.node(),
+            "GET",
+            "/headers?name=jack",
+            &[("user-id", "30"), ("apisix-key", "hello"), ("x-api-id", "1"), ("release", "new_release")],
+            b"",
+        ),
+        ("fault-injection", _) => get(p.node(), "/anything?name=john"),
+        _ => get(p.node(), uri),
+    };
+    let expected = if route.to_string().contains("\"abort\"") { 404 } else { 200 };
+    assert_eq!(
+        r.status,
+        expected,
+        "{plugin} {route}: {}\n{}",
+        r.text(),
+        std::fs::read_to_string(p.log_path()).unwrap_or_default()
+    );
+    if plugin == "traffic-split" {
+        assert_eq!(r.json()["tls"], true, "answered over TLS by a local server: {}", r.text());
+    }
+}
+
+#[test]
+fn the_apisix_documentation_examples_load_from_resources_yaml_and_work() {
+    let hosts = ExampleHosts::start();
+    for (plugin, example) in DOC_EXAMPLES {
+        let route = hosts.local(example);
+        let p = Prefix::new("", "", &json!({ "routes": [route] }).to_string());
+        let w = Weir::spawn_env(&p, &hosts.env());
+        w.wait_ready(p.control());
+        w.wait_ready(p.node());
+        assert_eq!(
+            get(p.control(), &format!("/v1/route/{}", route["id"].as_str().unwrap_or("?"))).status,
+            200,
+            "{}",
+            w.log_text()
+        );
+        try_example(&p, plugin, &route);
+        drop(w);
+    }
+    // proxy-mirror's example copies about half the requests.
+    let before = hosts.mirror.seen().len();
+    let route = hosts.local(DOC_EXAMPLES[6].1);
+    let (p, _w) = start(&json!({ "routes": [route] }).to_string());
+    for _ in 0..40 {
+        assert_eq!(get(p.node(), "/get").status, 200);
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let copies = hosts.mirror.seen().len() - before;
+    assert!((8..=32).contains(&copies), "{copies} copies of 40 at sample_ratio 0.5");
+}
+
+/// etcd for the Admin API, or `None` (skipped) where it is not installed.
+struct Etcd {
+    child: std::process::Child,
+    dir: std::path::PathBuf,
+    client: u16,
+}
+
+impl Etcd {
+    fn start() -> Option<Etcd> {
+        use std::process::{Command, Stdio};
+        if Command::new("etcd").arg("--version").output().is_err() {
+            assert!(
+                std::env::var_os("WEIR_REQUIRE_ETCD").is_none(),
+                "WEIR_REQUIRE_ETCD is set but etcd is not installed"
+            );
+            return None;
+        }
+        let (client, peer) = (free_port(), free_port());
+        let dir = std::env::temp_dir().join(format!("weir-traffic-etcd-{}-{client}", std::process::id()));
+        let url = |port: u16| format!("http://127.0.0.1:{port}");
+        let child = Command::new("etcd")
+            .args(["--name", "traffic", "--data-dir"])
+            .arg(&dir)
+            .args(["--listen-client-urls", &url(client), "--advertise-client-urls", &url(client)])
+            .args(["--listen-peer-urls", &url(peer), "--initial-advertise-peer-urls", &url(peer)])
+            .args(["--initial-cluster", &format!("traffic={}", url(peer))])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start etcd");
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], client));
+        let up = eventually(Duration::from_secs(20), || {
+            std::net::TcpStream::connect(addr).is_ok() && get(addr, "/health").text().contains("true")
+        });
+        assert!(up, "etcd did not come up");
+        Some(Etcd { child, dir, client })
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+const ADMIN_KEY: &str = "traffic-admin-key";
+
+fn admin(port: u16, method: &str, path: &str, body: &str) -> Response {
+    let headers = [("Content-Type", "application/json"), ("X-API-KEY", ADMIN_KEY)];
+    request(std::net::SocketAddr::from(([127, 0, 0, 1], port)), method, path, &headers, body.as_bytes())
+}
+
+#[test]
+fn the_apisix_documentation_examples_load_through_the_admin_api() {
+    let Some(etcd) = Etcd::start() else {
+        return skip("the_apisix_documentation_examples_load_through_the_admin_api", "etcd is not installed");
+    };
+    let hosts = ExampleHosts::start();
+    let port = free_port();
+    let deployment = format!(
+        "deployment:\n  config_provider: etcd\n  etcd:\n    host: [\"http://127.0.0.1:{}\"]\n    timeout: 2\n  admin:\n    admin_listen: {{ip: 127.0.0.1, port: {port}}}\n    admin_key:\n      - {{name: ops, key: {ADMIN_KEY}, role: admin}}\n",
+        etcd.client
+    );
+    let p = Prefix::new("", &deployment, "");
+    let w = Weir::spawn_env(&p, &hosts.env());
+    w.wait_ready(p.control());
+    w.wait_ready(std::net::SocketAddr::from(([127, 0, 0, 1], port)));
+    for (plugin, example) in DOC_EXAMPLES {
+        let route = hosts.local(example);
+        // As the pages write it: PUT /routes with the id in the body (api-breaker's names it in
+        // the path).
+        let r = if *plugin == "api-breaker" {
+            admin(port, "PUT", "/apisix/admin/routes/1", &route.to_string())
+        } else {
+            admin(port, "PUT", "/apisix/admin/routes", &route.to_string())
+        };
+        assert!(matches!(r.status, 200 | 201), "{plugin}: {} {}", r.status, r.text());
+        if *plugin == "fault-injection" && route.to_string().contains("delay") {
+            continue; // 3 s per request; loading it is the point here
+        }
+        let served = eventually(Duration::from_secs(5), || {
+            let now = get(p.control(), &format!("/v1/route/{}", route["id"].as_str().unwrap_or("?"))).json();
+            now["plugins"] == route["plugins"]
+        });
+        assert!(served, "{plugin}: {}", w.log_text());
+        try_example(&p, plugin, &route);
+    }
+
+    // traffic-split's references, as APISIX's Admin API checks them: a missing upstream is
+    // refused, and an upstream a rule names cannot be deleted.
+    let split = |id: &str| {
+        json!({"uri": "/ts", "upstream": {"nodes": {hosts.plain.node(): 1}}, "plugins": {"traffic-split": {"rules": [{"weighted_upstreams": [{"upstream_id": id}]}]}}}).to_string()
+    };
+    let r = admin(port, "PUT", "/apisix/admin/routes/ts", &split("nope"));
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.text().contains("upstream `nope` does not exist"), "{}", r.text());
+    let r =
+        admin(port, "PUT", "/apisix/admin/upstreams/canary", &json!({"nodes": {hosts.plain.node(): 1}}).to_string());
+    assert!(matches!(r.status, 200 | 201), "{}", r.text());
+    let r = admin(port, "PUT", "/apisix/admin/routes/ts", &split("canary"));
+    assert!(matches!(r.status, 200 | 201), "{}", r.text());
+    let r = admin(port, "DELETE", "/apisix/admin/upstreams/canary", "");
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.text().contains("routes/ts") && r.text().contains("canary"), "{}", r.text());
+    assert_eq!(admin(port, "DELETE", "/apisix/admin/routes/ts", "").status, 200);
+    assert_eq!(admin(port, "DELETE", "/apisix/admin/upstreams/canary", "").status, 200, "no longer named");
 }
