@@ -637,12 +637,25 @@ async fn delete(client: &mut Client, admin: &Admin, kind: &str, id: &str) -> Res
         return Ok(not_found());
     }
     let in_use = users(&values, admin, kind, id);
+    let what = kind.trim_end_matches('s');
     if !in_use.is_empty() {
-        let what = kind.trim_end_matches('s');
         return Ok(error(
             StatusCode::BAD_REQUEST,
             format!("can not delete this {what}, {} still using it now", in_use.join(", ")),
         ));
+    }
+    // Nor may a deletion leave another entry invalid: a plugin naming this upstream by id
+    // (traffic-split's `upstream_id`, as APISIX checks) or anything else the set needs.
+    let mut before = values.clone();
+    let mut after = values;
+    after.remove(&key);
+    if kind == "consumers" {
+        // Its credentials go with it (below).
+        let credentials = format!("{key}{CREDENTIALS}");
+        after.retain(|k, _| !k.starts_with(&credentials));
+    }
+    if let Some(why) = refusal(admin, &mut before, &mut after, &key) {
+        return Ok(error(StatusCode::BAD_REQUEST, format!("can not delete this {what}: {why}")));
     }
     // A consumer goes with its credentials.
     let also = (kind == "consumers")

@@ -1,7 +1,9 @@
 //! Requests of plugins' own (forward-auth, openid-connect, loggers) through the host's HTTP/1.1
 //! client: the calling worker's connection pool, the upstream exchange code and rustls, so that
 //! no plugin carries a second HTTP stack. Registered with the tables at start
-//! (`tables::services::set_http_client`).
+//! (`tables::services::set_http_client`). Also the worker side of background requests
+//! (`weir_plugin::background`): tasks detached from any request, run on the worker that started
+//! them.
 
 use std::cell::RefCell;
 use std::net::SocketAddr;
@@ -13,7 +15,8 @@ use bytes::{Bytes, BytesMut};
 use http::header::{CONTENT_LENGTH, HOST};
 use http::HeaderName;
 use http_body_util::BodyExt;
-use weir_plugin::services::{OutboundError, SendFuture};
+use tokio::sync::mpsc;
+use weir_plugin::services::{LocalTask, OutboundError, SendFuture};
 use weir_plugin::{HttpClient, OutboundRequest, OutboundResponse};
 
 use super::body::ProxyBody;
@@ -24,11 +27,25 @@ use crate::tables::upstream::{PoolKey, PoolSettings, Timeouts};
 thread_local! {
     /// The pool of the data-plane worker running on this thread.
     static WORKER_POOL: RefCell<Option<Rc<Pool>>> = const { RefCell::new(None) };
+    /// Where background tasks of this thread's worker go: its task that spawns them.
+    static DETACHED: RefCell<Option<mpsc::UnboundedSender<LocalTask>>> = const { RefCell::new(None) };
 }
 
-/// Makes `pool` the one plugins' requests on this thread use (a data-plane worker's).
+/// Makes `pool` the one plugins' requests on this thread use (a data-plane worker's), and
+/// starts the worker's runner of background tasks. Called on the worker's runtime, inside its
+/// `LocalSet`.
 pub fn set_worker_pool(pool: Rc<Pool>) {
     WORKER_POOL.with(|p| *p.borrow_mut() = Some(pool));
+    let (tx, mut rx) = mpsc::unbounded_channel::<LocalTask>();
+    // A plugin's spawn only queues: the tasks are spawned from here, a task of the worker's
+    // `LocalSet`, so no call from any context can panic for want of one. When the worker's
+    // runtime ends, this task goes and later spawns are refused.
+    tokio::task::spawn_local(async move {
+        while let Some(task) = rx.recv().await {
+            tokio::task::spawn_local(task);
+        }
+    });
+    DETACHED.with(|d| *d.borrow_mut() = Some(tx));
 }
 
 /// The host's client (see the module documentation).
@@ -89,9 +106,13 @@ async fn exchange(req: OutboundRequest) -> Result<OutboundResponse, OutboundErro
         (true, false) => format!("[{host}]:{port}"),
     };
     let mut headers = req.headers;
-    headers.remove(HOST);
     let length = req.body.len().to_string();
-    let mut set: Vec<(&HeaderName, &[u8])> = vec![(&HOST, host_value.as_bytes())];
+    let mut set: Vec<(&HeaderName, &[u8])> = Vec::with_capacity(2);
+    // A Host the caller set goes as it is (a mirror passes the client's, as nginx's mirror
+    // location does); without one, the URL's.
+    let given_host = headers.get(HOST).cloned();
+    headers.remove(HOST);
+    set.push((&HOST, given_host.as_ref().map_or(host_value.as_bytes(), |h| h.as_bytes())));
     if !req.body.is_empty() || !matches!(req.method.as_str(), "GET" | "HEAD" | "OPTIONS" | "DELETE") {
         headers.remove(CONTENT_LENGTH);
         set.push((&CONTENT_LENGTH, length.as_bytes()));
@@ -127,11 +148,35 @@ impl HttpClient for HostClient {
             }
         })
     }
+
+    fn spawn(&self, task: LocalTask) -> bool {
+        // Bounded by the caller (`weir_plugin::background::Background`): the queue holds at
+        // most the tasks sent since the runner last ran, on this thread.
+        DETACHED.with(|d| d.borrow().as_ref().is_some_and(|tx| tx.send(task).is_ok()))
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::split_url;
+    use super::*;
+
+    #[test]
+    fn background_tasks_run_on_the_worker_and_are_refused_elsewhere() {
+        // No worker on this thread: refused, never a panic.
+        assert!(!HostClient.spawn(Box::pin(async {})));
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+        let local = tokio::task::LocalSet::new();
+        let ran = Rc::new(std::cell::Cell::new(false));
+        let seen = ran.clone();
+        local.block_on(&rt, async move {
+            set_worker_pool(Rc::new(Pool::default()));
+            assert!(HostClient.spawn(Box::pin(async move { seen.set(true) })));
+            for _ in 0..10 {
+                tokio::task::yield_now().await;
+            }
+        });
+        assert!(ran.get(), "the task ran, detached from the one that spawned it");
+    }
 
     #[test]
     fn urls_split_into_their_parts() {

@@ -5,7 +5,7 @@
 use std::sync::{Arc, OnceLock};
 
 use serde_json::Value;
-use weir_plugin::services::SendFuture;
+use weir_plugin::services::{LocalTask, SendFuture};
 use weir_plugin::{HttpClient, NoServices, OutboundRequest, Services, UpstreamRef};
 
 use crate::resources::model::{parse_node_key, Nodes, Upstream};
@@ -32,6 +32,10 @@ impl HttpClient for LateClient {
             Some(c) => c.send(req),
             None => NoServices.http_client().send(req),
         }
+    }
+
+    fn spawn(&self, task: LocalTask) -> bool {
+        CLIENT.get().is_some_and(|c| c.spawn(task))
     }
 }
 

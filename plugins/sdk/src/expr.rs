@@ -50,6 +50,8 @@ pub enum Expr {
 #[derive(Debug, Clone)]
 pub struct Cond {
     var: Box<str>,
+    /// `http_<name>`'s header, resolved once: a request's lookup allocates nothing.
+    header: Option<http::HeaderName>,
     op: Op,
 }
 
@@ -130,7 +132,30 @@ impl Expr {
 
     /// Whether the expression holds for a request.
     pub fn matches(&self, ctx: &RequestCtx) -> bool {
-        self.eval(&|name| ctx.var(name))
+        match self {
+            Expr::All(all) => all.iter().all(|e| e.matches(ctx)),
+            Expr::Any(any) => any.iter().any(|e| e.matches(ctx)),
+            Expr::Not(e) => !e.matches(ctx),
+            Expr::Cond(c) => match &c.header {
+                Some(h) => c.eval(ctx.headers.get(h).and_then(|v| v.to_str().ok())),
+                None => c.eval(ctx.var(&c.var).as_deref()),
+            },
+        }
+    }
+
+    /// The variables the expression reads, in order (a name once per condition naming it).
+    pub fn variables(&self) -> Vec<&str> {
+        let mut out = Vec::new();
+        self.collect(&mut out);
+        out
+    }
+
+    fn collect<'e>(&'e self, out: &mut Vec<&'e str>) {
+        match self {
+            Expr::All(list) | Expr::Any(list) => list.iter().for_each(|e| e.collect(out)),
+            Expr::Not(e) => e.collect(out),
+            Expr::Cond(c) => out.push(&c.var),
+        }
     }
 }
 
@@ -194,7 +219,9 @@ impl Cond {
                 ))
             }
         };
-        let c = Expr::Cond(Cond { var: var.as_str().into(), op });
+        let header =
+            var.strip_prefix("http_").and_then(|h| http::HeaderName::from_bytes(h.replace('_', "-").as_bytes()).ok());
+        let c = Expr::Cond(Cond { var: var.as_str().into(), header, op });
         Ok(if negate { Expr::Not(Box::new(c)) } else { c })
     }
 
@@ -268,6 +295,28 @@ mod tests {
         // Numbers compare as numbers; text does not pass for one.
         assert!(holds(json!([["arg_age", "==", 30]]), &vars));
         assert!(!holds(json!([["arg_name", ">", 1]]), &vars));
+    }
+
+    #[test]
+    fn a_request_matches_as_its_variables_say() {
+        let mut ctx = crate::phase::tests_support::ctx();
+        ctx.query = "name=jack".into();
+        ctx.headers.insert("user-id", http::HeaderValue::from_static("30"));
+        ctx.headers.insert("x-api-key", http::HeaderValue::from_static("abc"));
+        let e = |v: Value| Expr::compile(&v).unwrap_or_else(|e| panic!("{e}"));
+        let three =
+            e(json!([["arg_name", "==", "jack"], ["http_user-id", ">", "23"], ["http_X_API_KEY", "~~", "[a-z]+"]]));
+        assert!(three.matches(&ctx));
+        assert_eq!(three.variables(), ["arg_name", "http_user-id", "http_X_API_KEY"]);
+        ctx.headers.insert("user-id", http::HeaderValue::from_static("3"));
+        assert!(!three.matches(&ctx));
+        assert!(e(json!([["http_missing", "~=", "x"]])).matches(&ctx), "a missing header: only ~= holds");
+        ctx.headers.insert("content-type", http::HeaderValue::from_static("application/x-www-form-urlencoded"));
+        ctx.body = Some(bytes::Bytes::from_static(b"a=1&id=1%202&name=j+k&bad=%zz"));
+        assert!(e(json!([["post_arg_id", "==", "1 2"], ["post_arg_name", "==", "j k"]])).matches(&ctx));
+        assert!(e(json!([["post_arg_bad", "==", "%zz"]])).matches(&ctx), "a stray % stays as it is");
+        ctx.headers.insert("content-type", http::HeaderValue::from_static("application/json"));
+        assert!(!e(json!([["post_arg_a", "==", "1"]])).matches(&ctx), "only form bodies have post args");
     }
 
     #[test]

@@ -4,7 +4,8 @@
 //! typed configuration behind both schema and parser, control endpoints, construction of a
 //! runtime instance), the request-phase hooks of [`PluginInstance`] (which may wait with the
 //! request in hand), the per-request [`RequestCtx`] with typed [`slots`], the host's
-//! [`services`] (its upstream client, upstream choice), the credential kit of [`auth`], the
+//! [`services`] (its upstream client, upstream choice), waiting without blocking ([`timer`]),
+//! bounded requests that outlive the client's ([`background`]), the credential kit of [`auth`], the
 //! `$var` [`template`] engine, and the [`register_plugin!`] macro that makes a plugin visible to
 //! the host at link time. `docs/plugin-sdk.md` (the [`guide`]) walks through each with examples.
 //!
@@ -12,6 +13,7 @@
 //! `inventory`, sorts them by priority (descending) and name, and rejects duplicates.
 
 pub mod auth;
+pub mod background;
 pub mod body;
 pub mod cidr;
 pub mod client_ip;
@@ -32,6 +34,7 @@ pub mod stream;
 pub mod template;
 #[cfg(feature = "testing")]
 pub mod testing;
+pub mod timer;
 
 use std::any::Any;
 use std::collections::HashMap;

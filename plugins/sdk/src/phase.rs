@@ -213,8 +213,13 @@ pub struct RequestCtx {
     pub head_bytes_sent: u64,
     /// When the request arrived.
     pub started: Instant,
-    /// The request body, present only when a plugin asked for it (`wants_request_body`).
+    /// The whole request body: present when a plugin asked for it (`wants_request_body`), and
+    /// when the gateway read it before the phases anyway (a `Content-Length` up to 64 KiB, or a
+    /// chunked body that ended within 64 KiB). `None` for a body that streams.
     pub body: Option<Bytes>,
+    /// The request has a body that streams to the upstream as it arrives (too large to be read
+    /// first, and not asked for whole): it is not in [`RequestCtx::body`].
+    pub body_streams: bool,
     /// Headers to add to the response, set by rewrite/access hooks (e.g. rate-limit headers).
     pub response_headers: Vec<(HeaderName, HeaderValue)>,
     /// Variables set by plugins, readable as `$name`.
@@ -264,6 +269,7 @@ impl RequestCtx {
             head_bytes_sent: 0,
             started: Instant::now(),
             body: None,
+            body_streams: false,
             response_headers: Vec::new(),
             vars: Vec::new(),
             non_idempotent: false,
@@ -338,8 +344,9 @@ impl RequestCtx {
     }
 
     /// The argument `name` of a form body (`application/x-www-form-urlencoded`) the host read
-    /// (`post_arg_<name>`): percent-decoded, `+` as a space.
-    fn post_arg(&self, name: &str) -> Option<Cow<'_, str>> {
+    /// (`post_arg_<name>`): percent-decoded, `+` as a space. `None` for another content type or
+    /// a body not read whole.
+    pub fn post_arg(&self, name: &str) -> Option<Cow<'_, str>> {
         let form = self.header("content-type")?.split(';').next()?.trim();
         if !form.eq_ignore_ascii_case("application/x-www-form-urlencoded") {
             return None;
@@ -358,7 +365,8 @@ impl RequestCtx {
     /// `upstream_response_time`, `request_length`, `bytes_sent`,
     /// `body_bytes_sent`, `server_protocol`, `request` (the request line), `remote_user` (none:
     /// `-`), `route_id`, `service_id`, `consumer_name`, `http_<name>`,
-    /// `arg_<name>`, `param_<name>`, `cookie_<name>`, and any plugin-set variable.
+    /// `arg_<name>`, `post_arg_<name>` ([`RequestCtx::post_arg`]), `param_<name>`,
+    /// `cookie_<name>`, and any plugin-set variable.
     pub fn var(&self, name: &str) -> Option<Cow<'_, str>> {
         let name = name.strip_prefix('$').unwrap_or(name);
         let owned = |s: String| Some(Cow::Owned(s));

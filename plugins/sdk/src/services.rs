@@ -66,7 +66,8 @@ pub struct OutboundRequest {
     pub method: Method,
     /// Absolute `http://` or `https://` URL.
     pub url: String,
-    /// Headers (the client sets `Host` from the URL and `Content-Length` from the body).
+    /// Headers (the client sets `Content-Length` from the body, and `Host` from the URL unless
+    /// one is given here).
     pub headers: HeaderMap,
     /// Body.
     pub body: Bytes,
@@ -126,11 +127,21 @@ impl std::fmt::Display for OutboundError {
 /// The future of [`HttpClient::send`]; runs on the calling worker (not `Send`).
 pub type SendFuture = Pin<Box<dyn Future<Output = Result<OutboundResponse, OutboundError>>>>;
 
+/// Work detached from any request, run on the calling worker ([`HttpClient::spawn`]).
+pub type LocalTask = Pin<Box<dyn Future<Output = ()>>>;
+
 /// The host's HTTP client, for plugins.
 pub trait HttpClient: Send + Sync {
     /// Sends `req` and reads the whole answer. On a data-plane worker it uses that worker's
     /// upstream connection pool.
     fn send(&self, req: OutboundRequest) -> SendFuture;
+    /// Runs `task` on the calling data-plane worker, detached from the request that started it
+    /// (it may outlive it); `false`, with the task dropped unrun, when there is no worker here.
+    /// Plugins use it through [`crate::background::Background`], which bounds it.
+    fn spawn(&self, task: LocalTask) -> bool {
+        drop(task);
+        false
+    }
 }
 
 /// The host's services, given to [`Plugin::build`](crate::Plugin::build).
@@ -140,6 +151,13 @@ pub trait Services: Send + Sync {
     /// Compiles an upstream object (the `upstreams` schema, `nodes` and all) for
     /// [`RequestCtx::upstream`](crate::RequestCtx); errors name the key at fault.
     fn compile_upstream(&self, conf: &Value) -> Result<UpstreamRef, String>;
+    /// The `upstreams` object `id` of the resources being loaded, for
+    /// [`RequestCtx::upstream`](crate::RequestCtx): an error naming it when there is none, so
+    /// that a configuration naming a missing upstream is refused at load (and rebuilt when the
+    /// set of upstream ids changes). The object itself is found per request, as it is then.
+    fn upstream_by_id(&self, id: &str) -> Result<UpstreamRef, String> {
+        Err(format!("upstream `{id}` cannot be looked up here"))
+    }
     /// Builds an instance of another enabled plugin, `name`, from `conf` (checked against its
     /// schema, secrets resolved, its consumer state given), for the same owner: how a plugin
     /// that runs others (multi-auth) gets them. Returns the instance and the plugin's type.

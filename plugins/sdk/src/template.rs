@@ -3,8 +3,8 @@
 //! configuration, it does not render empty for ever), rendered per request without parsing.
 //!
 //! Variables are those of [`RequestCtx::var`] (`uri`, `host`, `remote_addr`, `route_id`,
-//! `consumer_name`...), the families `http_<header>`, `arg_<name>`, `cookie_<name>` and
-//! `param_<name>`, the clock (`time_local`, `time_iso8601`, `msec`), and the variables plugins
+//! `consumer_name`...), the families `http_<header>`, `arg_<name>`, `post_arg_<name>` (a form
+//! body's field), `cookie_<name>` and `param_<name>`, the clock (`time_local`, `time_iso8601`, `msec`), and the variables plugins
 //! declare with [`declare_var!`](crate::declare_var) (request-id's `$request_id`).
 //!
 //! ```

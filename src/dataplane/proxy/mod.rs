@@ -308,13 +308,16 @@ async fn serve(
     }
     match &source {
         Source::Buffered(b) => fin.ctx.request_length += b.len() as u64,
-        Source::Stream(Some(body)) => fin.body_received = body.received(),
+        Source::Stream(Some(body)) => {
+            fin.body_received = body.received();
+            fin.ctx.body_streams = true;
+        }
         _ => {}
     }
-    if wants_body {
-        if let Source::Buffered(b) = &source {
-            fin.ctx.body = Some(b.clone());
-        }
+    // A body read whole (asked for, or small enough to be read before proxying) is the
+    // plugins' to see: proxy-mirror copies it without making the gateway buffer larger ones.
+    if let Source::Buffered(b) = &source {
+        fin.ctx.body = Some(b.clone());
     }
     if let Some(resp) = access_phases(&mut fin).await {
         return plugin_response(resp, fin);

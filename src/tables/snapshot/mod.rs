@@ -238,8 +238,12 @@ pub struct Snapshot {
     index: FastMap<(&'static str, String), usize>,
     /// Compiled upstreams by owner `(kind, id)`, for the next build to reuse.
     compiled_by_owner: Compiled,
-    /// Plugin instances by [`InstanceKey`], for the next build to reuse.
-    instances: FastMap<InstanceKey, Arc<dyn PluginInstance>>,
+    /// Plugin instances by [`InstanceKey`], for the next build to reuse, and whether each named
+    /// upstream objects by id (`Services::upstream_by_id`).
+    instances: FastMap<InstanceKey, (Arc<dyn PluginInstance>, bool)>,
+    /// Fingerprint of the set of upstream ids: instances that named upstreams are rebuilt (and
+    /// their names checked again) when it changes.
+    upstream_ids: Fingerprint,
     /// Consumers as requests carry them, and each auth plugin's credential index, with the
     /// fingerprint of the consumer list they came from (reused while it is unchanged).
     consumer_state: Option<Arc<plugins::ConsumerState>>,
@@ -390,6 +394,9 @@ impl Builder<'_> {
             "upstreams",
             upstreams.iter().map(|(o, u)| (o, u.id.as_ref().map(|i| i.0.clone()).unwrap_or_default())),
         );
+        let mut ids: Vec<Value> = upstreams.iter().filter_map(|(_, u)| u.id.as_ref()).map(|i| json!(i.0)).collect();
+        ids.sort_unstable_by(|a, b| a.as_str().cmp(&b.as_str()));
+        self.snap.upstream_ids = fingerprint("upstreams", &Value::Array(ids));
         self.index("consumers", consumers.iter().map(|(o, c)| (o, c.username.clone())));
         self.index("consumer_groups", groups.iter().map(|(o, g)| (o, g.id.0.clone())));
         for (o, c) in &consumers {

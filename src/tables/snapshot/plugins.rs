@@ -302,12 +302,21 @@ impl Builder<'_> {
         // Auth plugins hold consumers (multi-auth through the auth plugins it runs).
         let depends_on_consumers = entry.consumer_schema.is_some() || entry.plugin.plugin_type() == Some("auth");
         if !self.check_only && (consumers_reused || !depends_on_consumers) {
-            if let Some(found) = self.previous.and_then(|p| p.instances.get(&key)) {
-                self.snap.instances.insert(key, found.clone());
+            let same_ids = self.previous.is_some_and(|p| p.upstream_ids == self.snap.upstream_ids);
+            // One that named upstreams is reused only while the same upstream ids exist.
+            let found = self.previous.and_then(|p| p.instances.get(&key)).filter(|(_, names)| !names || same_ids);
+            if let Some((found, names)) = found {
+                self.snap.instances.insert(key, (found.clone(), *names));
                 return Some(found.clone());
             }
         }
-        let services = Nested { enabled: self.enabled, consumers, check_only: self.check_only };
+        let services = Nested {
+            enabled: self.enabled,
+            consumers,
+            check_only: self.check_only,
+            index: &self.snap.index,
+            names_upstreams: std::sync::atomic::AtomicBool::new(false),
+        };
         let ctx = BuildContext {
             owner: Owner { kind, id, label: o },
             raw: &resolved.value,
@@ -317,10 +326,12 @@ impl Builder<'_> {
             consumers: &consumers.directory,
             services: &services,
         };
-        match entry.plugin.build(&resolved.value, &ctx) {
+        let built = entry.plugin.build(&resolved.value, &ctx);
+        let names_upstreams = services.names_upstreams.load(std::sync::atomic::Ordering::Relaxed);
+        match built {
             Ok(instance) => {
                 if !self.check_only {
-                    self.snap.instances.insert(key, instance.clone());
+                    self.snap.instances.insert(key, (instance.clone(), names_upstreams));
                 }
                 Some(instance)
             }
@@ -361,6 +372,10 @@ struct Nested<'b> {
     enabled: &'b EnabledSet,
     consumers: &'b ConsumerState,
     check_only: bool,
+    /// The resources being built, by `(kind, id)`: which upstream objects exist.
+    index: &'b FastMap<(&'static str, String), usize>,
+    /// The instance named upstream objects by id (reused only while the same ids exist).
+    names_upstreams: std::sync::atomic::AtomicBool,
 }
 
 impl weir_plugin::Services for Nested<'_> {
@@ -370,6 +385,15 @@ impl weir_plugin::Services for Nested<'_> {
 
     fn compile_upstream(&self, conf: &Value) -> Result<weir_plugin::UpstreamRef, String> {
         crate::tables::services::HostServices.compile_upstream(conf)
+    }
+
+    fn upstream_by_id(&self, id: &str) -> Result<weir_plugin::UpstreamRef, String> {
+        self.names_upstreams.store(true, std::sync::atomic::Ordering::Relaxed);
+        if self.index.contains_key(&("upstreams", id.to_owned())) {
+            Ok(weir_plugin::UpstreamRef::Id(Arc::from(id)))
+        } else {
+            Err(format!("upstream `{id}` does not exist"))
+        }
     }
 
     fn build_plugin(

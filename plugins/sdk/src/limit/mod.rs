@@ -79,7 +79,7 @@ pub fn wall_ms() -> u64 {
 /// requests meanwhile. A request whose client goes away stops waiting with it (the phase's
 /// future is dropped).
 pub async fn sleep(d: Duration) {
-    tokio::time::sleep(d).await;
+    crate::timer::sleep(d).await;
 }
 
 /// Runs `fut` in the background on the calling worker's runtime (a periodic sync, a release
