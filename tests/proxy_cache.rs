@@ -284,6 +284,8 @@ fn a_disk_zone_survives_a_restart_and_a_kill() {
     w.wait_ready(p.node());
     let again = get(p.node(), "/cache/keep");
     assert_eq!((status(&again), &again.body), ("HIT", &first.body), "read back from its file after a restart");
+    get(p.node(), "/cache/purged");
+    assert_eq!(request(p.node(), "PURGE", "/cache/purged", &[], b"").status, 200);
     // kill -9 once the file is written: still there.
     let second = get(p.node(), "/cache/kill?len=70000");
     assert_eq!(status(&second), "MISS");
@@ -294,7 +296,8 @@ fn a_disk_zone_survives_a_restart_and_a_kill() {
     w.wait_ready(p.node());
     let after = get(p.node(), "/cache/kill?len=70000");
     assert_eq!((status(&after), after.body.len()), ("HIT", 70000));
-    assert_eq!(u.hits(), 2);
+    assert_eq!(status(&get(p.node(), "/cache/purged")), "MISS", "a purged entry does not come back");
+    assert_eq!(u.hits(), 4);
 }
 
 fn count_files(dir: &std::path::Path) -> usize {
@@ -334,10 +337,20 @@ fn a_torn_or_damaged_entry_file_is_never_served() {
     w.wait_ready(p.node());
     get(p.node(), "/cache/torn?len=5000");
     get(p.node(), "/cache/flipped?len=5000");
+    let victim = get(p.node(), "/cache/victim");
+    let planted = get(p.node(), "/cache/planted");
     assert_eq!(w.terminate().code(), Some(0));
     let mut files = Vec::new();
     find_files(&p.dir.join("cache/disk"), &mut files);
-    assert_eq!(files.len(), 2, "{files:?}");
+    assert_eq!(files.len(), 4, "{files:?}");
+    let holding = |word: &[u8]| {
+        files.iter().find(|f| std::fs::read(f).is_ok_and(|b| b.windows(word.len()).any(|w| w == word))).cloned()
+    };
+    // A whole, valid entry file of another key, under the victim's name.
+    let (victim_file, planted_file) = (holding(b"victim"), holding(b"planted"));
+    let (Some(victim_file), Some(planted_file)) = (victim_file, planted_file) else { panic!("{files:?}") };
+    std::fs::copy(&planted_file, &victim_file).unwrap_or_else(|e| panic!("{e}"));
+    files.retain(|f| *f != victim_file && *f != planted_file);
     files.sort_by_key(|f| std::fs::read(f).map(|b| b.windows(7).any(|w| w == b"flipped")).unwrap_or(false));
     let torn = std::fs::read(&files[0]).unwrap_or_default();
     std::fs::write(&files[0], &torn[..torn.len() / 2]).unwrap_or_else(|e| panic!("{e}"));
@@ -352,7 +365,13 @@ fn a_torn_or_damaged_entry_file_is_never_served() {
     let r = get(p.node(), "/cache/flipped?len=5000");
     assert_eq!((status(&r), r.body.len()), ("MISS", 5000), "the damaged file failed its checksum");
     assert!(r.body.iter().all(|b| *b == b'x'));
-    assert_eq!(u.hits(), 4);
+    assert_eq!(u.hits(), 6);
+    let r = get(p.node(), "/cache/victim");
+    assert_eq!(status(&r), "MISS", "another key's entry is never served");
+    assert_ne!(r.body, planted.body);
+    assert_ne!(r.body, victim.body, "fetched again");
+    assert_eq!(status(&get(p.node(), "/cache/planted")), "HIT");
+    assert_eq!(u.hits(), 7);
     let text = scrape(&p);
     assert_eq!(metric(&text, "proxy_cache_discarded_total{zone=\"disk\",reason=\"torn\"}"), Some(1.0), "{text}");
     assert_eq!(metric(&text, "proxy_cache_discarded_total{zone=\"disk\",reason=\"corrupt\"}"), Some(1.0));

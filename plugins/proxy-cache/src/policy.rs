@@ -114,6 +114,8 @@ pub fn http_date_ms(text: &str) -> Option<u64> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NotStored {
     Status,
+    /// 204 and 304 have no body to store (and a 304 answers one client's condition).
+    NoBody,
     NoCacheVars,
     Directive,
     SetCookie,
@@ -149,6 +151,9 @@ pub struct Rules<'a> {
 pub fn storable(rules: &Rules<'_>, r: &Response<'_>, now_ms: u64) -> Result<(u64, Vec<HeaderName>), NotStored> {
     if !rules.statuses.contains(&r.status) {
         return Err(NotStored::Status);
+    }
+    if matches!(r.status, 204 | 304) {
+        return Err(NotStored::NoBody);
     }
     if r.no_cache {
         return Err(NotStored::NoCacheVars);
@@ -259,6 +264,9 @@ mod tests {
         let h = HeaderMap::new();
         let r = Response { status: 500, headers: &h, unaccounted_authorization: false, no_cache: false };
         assert_eq!(storable(&rules, &r, 0).err(), Some(NotStored::Status));
+        let listed = Rules { statuses: &[304], ..rules };
+        let r = Response { status: 304, headers: &h, unaccounted_authorization: false, no_cache: false };
+        assert_eq!(storable(&listed, &r, 0).err(), Some(NotStored::NoBody), "even when listed");
         let r = Response { status: 200, headers: &h, unaccounted_authorization: false, no_cache: true };
         assert_eq!(storable(&rules, &r, 0).err(), Some(NotStored::NoCacheVars));
     }
