@@ -312,7 +312,8 @@ fn not_modified(req: &HeaderMap, stored: &HeaderMap) -> bool {
 }
 
 /// The response headers an entry keeps: not the framing, not what is made per response
-/// (`Age`, the cache status, rate-limit counters of the request that stored it).
+/// (`Age`, the cache status, rate-limit counters of the request that stored it). Values are
+/// copied: the upstream's are slices of its read buffer.
 fn stored_headers(headers: &HeaderMap) -> HeaderMap {
     let mut kept = HeaderMap::with_capacity(headers.len());
     for (k, v) in headers {
@@ -323,8 +324,12 @@ fn stored_headers(headers: &HeaderMap) -> HeaderMap {
             || *k == header::SET_COOKIE
             || *k == STATUS_HEADER
             || name.contains("ratelimit");
-        if !skip {
-            kept.append(k.clone(), v.clone());
+        if skip {
+            continue;
+        }
+        if let Ok(mut copy) = HeaderValue::from_bytes(v.as_bytes()) {
+            copy.set_sensitive(v.is_sensitive());
+            kept.append(k.clone(), copy);
         }
     }
     kept
@@ -447,17 +452,13 @@ impl PluginInstance for Cache {
         }
         let Some(mut f) = ctx.slots.remove::<Filling>() else { return };
         let Some(c) = f.capture.take() else { return };
-        let body = match c.chunks.len() {
-            0 => Bytes::new(),
-            1 => c.chunks.into_iter().next().unwrap_or_default(),
-            _ => {
-                let mut all = Vec::with_capacity(c.size as usize);
-                for part in &c.chunks {
-                    all.extend_from_slice(part);
-                }
-                Bytes::from(all)
-            }
-        };
+        // One exact-size copy: the chunks are slices of the upstream's read buffers, which a
+        // small entry would otherwise keep alive whole (and the zone's bound would not see).
+        let mut all = Vec::with_capacity(c.size as usize);
+        for part in &c.chunks {
+            all.extend_from_slice(part);
+        }
+        let body = Bytes::from(all);
         let entry = Arc::new(Entry {
             key: std::mem::take(&mut f.key),
             status: c.status,
