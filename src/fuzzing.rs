@@ -290,14 +290,14 @@ pub fn template(data: &[u8]) {
 /// The PROXY protocol header parser (v1 and v2): never panics, never reads past its input, and
 /// a header it accepts is no longer than the bytes given, and names addresses of one family.
 pub fn proxy_protocol(data: &[u8]) {
-    if let Ok(Some(h)) = crate::dataplane::proxy_protocol::parse(data) {
+    if let Ok(Some(h)) = crate::proxy_protocol::parse(data) {
         assert!(h.len <= data.len() && h.len >= 15, "{h:?} from {} bytes", data.len());
         if let Some((src, dst)) = h.addrs {
             assert_eq!(src.is_ipv4(), dst.is_ipv4(), "{h:?}");
             if data.starts_with(b"PROXY ") {
                 // What Weir writes for such a client reads back the same.
-                let line = crate::dataplane::proxy_protocol::v1_header(src, dst);
-                let again = crate::dataplane::proxy_protocol::parse(line.as_bytes());
+                let line = crate::proxy_protocol::v1_header(src, dst);
+                let again = crate::proxy_protocol::parse(line.as_bytes());
                 assert_eq!(again.ok().flatten().and_then(|h| h.addrs), Some((src, dst)));
             }
         }

@@ -27,6 +27,7 @@ pub mod memory;
 pub mod metrics;
 pub mod openapi;
 pub mod plugins;
+pub mod proxy_protocol;
 pub mod resources;
 pub mod run;
 pub mod state;

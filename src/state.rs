@@ -257,7 +257,11 @@ fn enable(config: &Config, catalog: &Catalog, prefix: &Prefix, check_only: bool)
     let mut enabled = catalog.enable(&config.enabled_plugin_names(catalog));
     enabled.stream = catalog.enable_stream(&config.enabled_stream_names(catalog));
     enabled.check_only = check_only;
-    let env = weir_plugin::InitEnv { data_dir: prefix.data_dir(), check_only };
+    let env = weir_plugin::InitEnv {
+        data_dir: prefix.data_dir(),
+        check_only,
+        proxy_cache: config.gateway.proxy_cache.clone(),
+    };
     for entry in &enabled.listed {
         entry
             .plugin

@@ -52,6 +52,10 @@ pub struct GatewaySection {
     /// The client's real address behind trusted proxies (nginx's realip); off when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub real_ip: Option<RealIpSection>,
+    /// Cache zones of the proxy-cache plugin (APISIX's `apisix.proxy_cache`); APISIX's two
+    /// default zones when absent.
+    #[serde(default)]
+    pub proxy_cache: weir_plugin::cache_zones::ProxyCacheSection,
 }
 
 /// `gateway.proxy_protocol:` section.
@@ -256,6 +260,7 @@ impl Default for GatewaySection {
             error_log: None,
             proxy_protocol: None,
             real_ip: None,
+            proxy_cache: Default::default(),
         }
     }
 }

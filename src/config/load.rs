@@ -69,6 +69,7 @@ impl Config {
         let path = prefix.config_file();
         let raw = read_yaml(&path)?.unwrap_or_else(|| Value::Object(Default::default()));
         let mut config = Self::from_value(&path, &raw, catalog)?;
+        config.resolve_cache_paths(&prefix.dir);
         let issues = config.load_etcd_tls(&prefix.dir);
         if issues.is_empty() {
             Ok(config)
@@ -88,6 +89,16 @@ impl Config {
             Ok(config)
         } else {
             Err(ConfigError::new(path, issues))
+        }
+    }
+
+    /// Makes the `disk_path` of `gateway.proxy_cache` zones absolute (relative ones are under
+    /// `dir`), as plugins receive them.
+    fn resolve_cache_paths(&mut self, dir: &Path) {
+        for zone in &mut self.gateway.proxy_cache.zones {
+            if let Some(p) = &mut zone.disk_path {
+                *p = dir.join(&*p).to_string_lossy().into_owned();
+            }
         }
     }
 
@@ -160,6 +171,24 @@ mod tests {
         assert!(check(json!({"gateway": {"worker_processes": 2}})).is_ok());
         assert!(check(json!({"gateway": {"worker_processes": 0}})).is_err());
         assert!(check(json!({"gateway": {"worker_processes": "many"}})).is_err());
+    }
+
+    #[test]
+    fn proxy_cache_zones_are_checked_with_their_path() {
+        let c = check(json!({})).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.gateway.proxy_cache.zones.len(), 2, "APISIX's default zones");
+        let zones = json!({"gateway": {"proxy_cache": {"zones": [
+            {"name": "m", "memory_size": "1x"},
+            {"name": "d", "memory_size": "10m", "disk_path": "/tmp/d"}
+        ]}}});
+        let e = check(zones).unwrap_err();
+        assert!(e.contains("gateway.proxy_cache.zones[0].memory_size: `1x`: unknown size unit"), "{e}");
+        assert!(e.contains("gateway.proxy_cache.zones[1].disk_size: a disk zone needs"), "{e}");
+        let e = check(json!({"gateway": {"proxy_cache": {"zones": [{"name": "m"}]}}})).unwrap_err();
+        assert!(e.contains("gateway.proxy_cache.zones[0]"), "{e}");
+        let ok =
+            json!({"gateway": {"proxy_cache": {"cache_ttl": "1m", "zones": [{"name": "m", "memory_size": 65536}]}}});
+        assert!(check(ok).is_ok());
     }
 
     #[test]

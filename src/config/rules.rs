@@ -126,6 +126,9 @@ impl Config {
             }
             seen.push(addr);
         }
+        for (key, why) in self.gateway.proxy_cache.check() {
+            issues.push(Issue::new(format!("gateway.proxy_cache.{key}"), why));
+        }
         self.check_etcd_tls(&mut issues);
         let admin = &self.deployment.admin;
         if admin.enable_admin == Some(true) && self.deployment.config_provider == ConfigProvider::Yaml {

@@ -110,6 +110,10 @@ pub trait OnFinish: 'static {
     fn filters_body(&self) -> bool {
         false
     }
+    /// Whether `chunk` may change the body (else the upstream's length stays announced).
+    fn changes_body(&self) -> bool {
+        self.filters_body()
+    }
     /// The body is done (or abandoned) after `n` bytes went to the client; called before the
     /// hooks are dropped.
     fn sent(&mut self, _n: u64) {}
@@ -124,6 +128,9 @@ impl<F: OnFinish + ?Sized> OnFinish for Box<F> {
     }
     fn filters_body(&self) -> bool {
         (**self).filters_body()
+    }
+    fn changes_body(&self) -> bool {
+        (**self).changes_body()
     }
     fn sent(&mut self, n: u64) {
         (**self).sent(n);
@@ -232,7 +239,7 @@ impl<F: OnFinish> Drop for UpstreamBody<F> {
 impl<F: OnFinish> UpstreamBody<F> {
     /// Wraps `inner`; `len` is the upstream's Content-Length.
     pub fn new(inner: Inbound, len: Option<u64>, hooks: F) -> Self {
-        let len = len.filter(|_| !hooks.filters_body());
+        let len = len.filter(|_| !hooks.changes_body());
         UpstreamBody { inner, len, hooks, done: false, sent: 0, trailers: None }
     }
 
@@ -293,12 +300,24 @@ impl<F: OnFinish + Unpin> Body for UpstreamBody<F> {
                     };
                     if this.hooks.filters_body() {
                         this.hooks.chunk(&mut data, false);
-                    } else if this.inner.is_end_stream() {
+                    }
+                    if this.inner.is_end_stream() {
                         // The last bytes of a body of known length: the server will not ask for
-                        // more (the connection went back to the pool with them).
+                        // more (the connection went back to the pool with them), and once the
+                        // announced length is written it stops polling, so the end is told now.
                         this.finished();
+                        if this.hooks.filters_body() {
+                            let mut last = Bytes::new();
+                            this.hooks.chunk(&mut last, true);
+                            if !last.is_empty() {
+                                data = [data, last].concat().into();
+                            }
+                        }
                     }
                     if data.is_empty() {
+                        if this.done {
+                            return Poll::Ready(None);
+                        }
                         continue;
                     }
                     this.sent += data.len() as u64;

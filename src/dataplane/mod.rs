@@ -16,7 +16,6 @@ pub mod headers;
 pub mod normalize;
 pub mod outbound;
 pub mod proxy;
-pub mod proxy_protocol;
 pub mod real_ip;
 pub mod resolver;
 pub mod server;

@@ -363,7 +363,7 @@ async fn accept_loop(
 /// The client a PROXY header names (the connection's own peer for a `LOCAL`/`UNKNOWN` one);
 /// `None` closes the connection: without a valid header, nobody is believed.
 async fn client_of(stream: &mut TcpStream, peer: SocketAddr) -> Option<SocketAddr> {
-    match within(HEADER_TIMEOUT, "PROXY protocol header", super::proxy_protocol::read(stream)).await {
+    match within(HEADER_TIMEOUT, "PROXY protocol header", crate::proxy_protocol::read(stream)).await {
         Ok(Some((client, _))) => Some(client),
         Ok(None) => Some(peer),
         Err(why) => {

@@ -194,7 +194,7 @@ pub async fn serve(
     let mut up = up;
     if worker.pp_to_upstream {
         use tokio::io::AsyncWriteExt;
-        let line = crate::dataplane::proxy_protocol::v1_header(peer, local);
+        let line = crate::proxy_protocol::v1_header(peer, local);
         if let Err(e) = up.write_all(line.as_bytes()).await {
             logged.ctx.close_reason = format!("PROXY header to {addr}: {e}");
             return;

@@ -4,6 +4,10 @@
 //! - `/sleep/<ms>`: answer after a delay
 //! - `/bytes/<n>`: n bytes of body, streamed in 64 KiB writes
 //! - `/upload`: reads the body without keeping it, answers its length
+//! - `/cache/...`: a cacheable answer `hit <n> <METHOD> <target>` (n: this upstream's request
+//!   count) whose headers the query chooses: `cc` (Cache-Control), `expires`, `vary`, `etag`
+//!   (percent-decoded), `cookie=1` (a Set-Cookie), `status`, `sleep` (ms before answering),
+//!   `len` (a body of that many bytes instead)
 //! - anything else: JSON echo `{node, method, path, query, headers, body_len}`
 #![allow(dead_code)]
 
@@ -141,6 +145,8 @@ fn serve(conn: TcpStream, name: &str, hits: &AtomicUsize) {
         } else if let Some(n) = path.strip_prefix("/bytes/") {
             let n: u64 = n.parse().unwrap_or(0);
             stream_bytes(&mut writer, n, close)
+        } else if path.starts_with("/cache/") {
+            cacheable(&mut writer, &method, &target, &query, hits.load(Ordering::SeqCst), close)
         } else if path.starts_with("/upload") {
             respond(&mut writer, 200, "text/plain", body_len.to_string().as_bytes(), close)
         } else {
@@ -159,6 +165,57 @@ fn serve(conn: TcpStream, name: &str, hits: &AtomicUsize) {
             return;
         }
     }
+}
+
+/// Percent-decodes a query value (`+` stays as it is).
+pub fn pct_decode(v: &str) -> String {
+    let b = v.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex =
+            b.get(i + 1..i + 3).and_then(|h| std::str::from_utf8(h).ok()).and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (b[i], hex) {
+            (b'%', Some(c)) => {
+                out.push(c);
+                i += 3;
+            }
+            (c, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn cacheable(w: &mut TcpStream, method: &str, target: &str, query: &str, n: usize, close: bool) -> bool {
+    let arg = |name: &str| {
+        query.split('&').find_map(|kv| kv.split_once('=').filter(|(k, _)| *k == name).map(|(_, v)| pct_decode(v)))
+    };
+    if let Some(ms) = arg("sleep").and_then(|v| v.parse().ok()) {
+        std::thread::sleep(Duration::from_millis(ms));
+    }
+    let code: u16 = arg("status").and_then(|v| v.parse().ok()).unwrap_or(200);
+    let body = match arg("len").and_then(|v| v.parse::<usize>().ok()) {
+        Some(len) => vec![b'x'; len],
+        None => format!("hit {n} {method} {target}").into_bytes(),
+    };
+    let mut head = format!("HTTP/1.1 {code} X\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n", body.len());
+    for (name, header) in [("cc", "Cache-Control"), ("expires", "Expires"), ("vary", "Vary"), ("etag", "ETag")] {
+        if let Some(v) = arg(name) {
+            head.push_str(&format!("{header}: {v}\r\n"));
+        }
+    }
+    if arg("cookie").is_some() {
+        head.push_str("Set-Cookie: session=secret\r\n");
+    }
+    head.push_str(&format!(
+        "X-Upstream-Count: {n}\r\nConnection: {}\r\n\r\n",
+        if close { "close" } else { "keep-alive" }
+    ));
+    let body = if method == "HEAD" { &[][..] } else { &body[..] };
+    w.write_all(head.as_bytes()).is_ok() && w.write_all(body).is_ok()
 }
 
 fn respond(w: &mut TcpStream, code: u16, ctype: &str, body: &[u8], close: bool) -> bool {

@@ -285,7 +285,7 @@ mod tests {
 
     #[test]
     fn plugin_attr_is_checked() {
-        let env = InitEnv { data_dir: std::env::temp_dir(), check_only: true };
+        let env = InitEnv { data_dir: std::env::temp_dir(), check_only: true, proxy_cache: Default::default() };
         let init = |v: Value| ProxyMirror.init(Some(&v), &env);
         assert!(init(json!({"timeout": {"connect": "2000ms", "read": "2s", "send": "1m"}})).is_ok());
         assert!(init(json!({"timeout": {"connect": "2 s"}})).is_err());

@@ -48,7 +48,7 @@ fn http_to_https_keeps_method_semantics_and_skips_https() {
 #[test]
 fn the_https_port_comes_from_plugin_attr() {
     let plugin = Redirect::default();
-    let env = InitEnv { data_dir: std::env::temp_dir(), check_only: false };
+    let env = InitEnv { data_dir: std::env::temp_dir(), check_only: false, proxy_cache: Default::default() };
     plugin.init(Some(&json!({"https_port": 9443})), &env).unwrap_or_else(|e| panic!("{e}"));
     let i = instance(&plugin, json!({"http_to_https": true})).unwrap_or_else(|e| panic!("{e}"));
     let mut ctx = TestRequest::get("/p").header("host", "[::1]:9080").build();

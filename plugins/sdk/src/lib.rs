@@ -15,6 +15,7 @@
 pub mod auth;
 pub mod background;
 pub mod body;
+pub mod cache_zones;
 pub mod cidr;
 pub mod client_ip;
 pub mod control;
@@ -86,6 +87,8 @@ pub struct InitEnv {
     /// `weir -t`: validate only. The plugin must not open databases, create files or
     /// directories, or start threads; it reports what is malformed and returns.
     pub check_only: bool,
+    /// `gateway.proxy_cache` of config.yaml: the cache zones (checked, disk paths absolute).
+    pub proxy_cache: cache_zones::ProxyCacheSection,
 }
 
 /// One consumer as seen by a plugin while a snapshot is being built.

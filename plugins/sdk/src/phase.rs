@@ -73,6 +73,10 @@ pub enum BodyFilter {
     Skip,
     /// [`PluginInstance::body_filter`] sees every chunk of this response.
     Filter,
+    /// [`PluginInstance::body_filter`] sees every chunk of this response but does not change it
+    /// (a cache storing the body as it streams): the response keeps its `Content-Length` when no
+    /// other plugin filters it, and changes made to the chunk are not sent.
+    Observe,
 }
 
 /// A response produced by a plugin.

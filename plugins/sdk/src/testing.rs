@@ -167,18 +167,20 @@ pub fn run(chain: &[Arc<dyn PluginInstance>], ctx: &mut RequestCtx) -> Option<Pl
 }
 
 /// Runs the response side of `chain` on a response: `header_filter`, then `body_filter` over
-/// `body` as one last chunk for the plugins that asked to filter it.
+/// `body` as one last chunk for the plugins that asked to filter (or observe) it.
 pub fn respond(
     chain: &[Arc<dyn PluginInstance>],
     ctx: &mut RequestCtx,
     mut head: ResponseHead,
     body: &[u8],
 ) -> (ResponseHead, Bytes) {
-    let filters: Vec<bool> = chain.iter().map(|p| p.header_filter(ctx, &mut head) == BodyFilter::Filter).collect();
+    let filters: Vec<BodyFilter> = chain.iter().map(|p| p.header_filter(ctx, &mut head)).collect();
     let mut body = Bytes::copy_from_slice(body);
     for (p, filter) in chain.iter().zip(filters) {
-        if filter {
-            p.body_filter(ctx, &mut body, true);
+        match filter {
+            BodyFilter::Skip => {}
+            BodyFilter::Filter => p.body_filter(ctx, &mut body, true),
+            BodyFilter::Observe => p.body_filter(ctx, &mut body.clone(), true),
         }
     }
     (head, body)

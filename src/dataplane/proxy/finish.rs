@@ -26,9 +26,10 @@ pub struct Finish {
     /// The global rules' chain and the route's (with its service's and, once known, its
     /// consumer's plugins).
     pub(super) chains: [PluginChain; 2],
-    /// The plugins filtering this response's body, by position in `chains` (decided by their
-    /// header filters; empty, and no allocation, when none does).
-    filters: Vec<u16>,
+    /// The plugins filtering this response's body, by position in `chains`, and whether each
+    /// only observes it (decided by their header filters; empty, and no allocation, when none
+    /// does).
+    filters: Vec<(u16, bool)>,
     /// Some plugin reads the request headers after forwarding (`Late::headers`).
     pub(super) late_headers: bool,
     /// The route proxies gRPC: gateway errors answer in gRPC's terms.
@@ -70,9 +71,12 @@ impl Finish {
                 continue;
             }
             for p in chain.iter() {
-                if p.late.header_filter && p.runs_for(ctx) && p.instance.header_filter(ctx, head) == BodyFilter::Filter
-                {
-                    filters.push(at);
+                if p.late.header_filter && p.runs_for(ctx) {
+                    match p.instance.header_filter(ctx, head) {
+                        BodyFilter::Skip => {}
+                        BodyFilter::Filter => filters.push((at, false)),
+                        BodyFilter::Observe => filters.push((at, true)),
+                    }
                 }
                 at = at.saturating_add(1);
             }
@@ -83,16 +87,22 @@ impl Finish {
 impl OnFinish for Finish {
     fn chunk(&mut self, chunk: &mut Bytes, eof: bool) {
         let Finish { ctx, chains, filters, .. } = self;
-        for &at in filters.iter() {
+        for &(at, observe) in filters.iter() {
             let (at, first) = (usize::from(at), chains[0].len());
             let p = if at < first { chains[0].get(at) } else { chains[1].get(at - first) };
-            if let Some(p) = p {
-                p.instance.body_filter(ctx, chunk, eof);
+            match p {
+                // A clone (a reference count): what an observer does to it is not sent.
+                Some(p) if observe => p.instance.body_filter(ctx, &mut chunk.clone(), eof),
+                Some(p) => p.instance.body_filter(ctx, chunk, eof),
+                None => {}
             }
         }
     }
     fn filters_body(&self) -> bool {
         !self.filters.is_empty()
+    }
+    fn changes_body(&self) -> bool {
+        self.filters.iter().any(|(_, observe)| !observe)
     }
     fn sent(&mut self, n: u64) {
         self.ctx.body_bytes_sent = n;
