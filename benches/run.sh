@@ -14,6 +14,11 @@
 #   - the prometheus plugin in a global rule vs without, and scrape time with 1,000 routes and
 #     100 upstream nodes   benches/prometheus.sh
 #   - every auth plugin alone vs key-auth: instructions per request and req/s   benches/auth.sh
+#   - the traffic plugins (traffic-split with vars, api-breaker, fault-injection) vs a plain
+#     route: instructions per request   benches/traffic.sh
+#   - limit-req local and redis vs plain, RSS with 1,000,000 limiter keys   benches/limiters.sh
+#   - proxy-cache HIT (memory, disk) vs the proxied path vs nginx proxy_cache   benches/cache.sh
+#   - gzip and brotli of a 100 KiB JSON body vs nginx gzip   benches/compression.sh
 #
 #   benches/run.sh        # needs wrk, nginx, valgrind; DURATION, ROUNDS, STORED as the scripts take
 set -euo pipefail
@@ -37,6 +42,10 @@ if command -v etcd >/dev/null; then benches/cluster.sh > "$out/cluster" 2>&1 || 
 if command -v redis-server >/dev/null; then benches/limit_redis.sh > "$out/redis" 2>&1 || true; fi
 benches/prometheus.sh > "$out/prometheus" 2>&1 || true
 benches/auth.sh > "$out/auth" 2>&1 || true
+benches/traffic.sh > "$out/traffic" 2>&1 || true
+if command -v redis-server >/dev/null; then benches/limiters.sh > "$out/limiters" 2>&1 || true; fi
+benches/cache.sh > "$out/cache" 2>&1 || true
+benches/compression.sh > "$out/compression" 2>&1 || true
 if [ -n "${PG_URL:-}" ]; then BACKEND=postgres benches/short_url.sh > "$out/su-pg" 2>&1 || true; fi
 
 echo
@@ -64,6 +73,16 @@ echo "=== prometheus plugin (medians of $ROUNDS rounds) ==="
 grep -E "^(prometheus|scrape)" "$out/prometheus" | sed 's/^/  /'
 echo "=== auth plugins (instructions per request; wrk medians of $ROUNDS rounds vs key-auth) ==="
 grep -E "^\|" "$out/auth" | sed 's/^/  /'
+echo "=== traffic plugins (instructions per request) ==="
+tail -n 8 "$out/traffic" | sed 's/^/  /'
+if [ -f "$out/limiters" ]; then
+  echo "=== limiters ==="
+  tail -n 8 "$out/limiters" | sed 's/^/  /'
+fi
+echo "=== proxy-cache ==="
+tail -n 6 "$out/cache" | sed 's/^/  /'
+echo "=== compression ==="
+grep -E "^(100 KiB|gzip level)" "$out/compression" | sed 's/^/  /'
 if [ -f "$out/su-pg" ]; then
   echo "=== short-url, PostgreSQL ==="
   grep -E "create|redirect|stored" "$out/su-pg" | sed 's/^/  /'
