@@ -51,6 +51,12 @@ fn jwt_token() {
     each_input("jwt_token", weir_plugin::jwt::fuzz_token);
 }
 
+#[cfg(feature = "proxy-cache")]
+#[test]
+fn cache_entry() {
+    each_input("cache_entry", weir_plugin_proxy_cache::entry::fuzz_file);
+}
+
 #[test]
 fn proxy_protocol() {
     each_input("proxy_protocol", weir::fuzzing::proxy_protocol);
