@@ -21,7 +21,8 @@ WORK=$(mktemp -d /tmp/weir-gzip-bench.XXXXXX)
 chmod 755 "$WORK"
 PIDS=()
 . benches/lib.sh
-trap bench_cleanup EXIT
+# The proxying nginx under test is stopped with the rest.
+trap '[ -f "$WORK/ngx/nginx.pid" ] && kill "$(cat "$WORK/ngx/nginx.pid")" 2>/dev/null; bench_cleanup' EXIT
 port() { python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
 
 # The document: 100 KiB of JSON records.
