@@ -240,7 +240,8 @@ impl RouteTable {
         // Shared by every exact and prefix entry (an empty `Arc<[_]>` still allocates).
         let no_names: Arc<[Arc<str>]> = Arc::from([]);
         for route in routes {
-            t.reads_form |= route.route.vars().is_some_and(|v| v.to_string().contains("\"post_arg_"));
+            t.reads_form |=
+                route.vars.as_ref().is_some_and(|v| v.variables().iter().any(|n| n.starts_with("post_arg_")));
             for (i, uri) in route.route.uri_list().iter().enumerate() {
                 let ui = u16::try_from(i).unwrap_or(u16::MAX);
                 match classify(uri) {

@@ -17,7 +17,7 @@ use brotli::enc::BrotliEncoderParams;
 use brotli::CompressorWriter;
 use schemars::JsonSchema;
 use serde::Deserialize;
-use weir_plugin::body::{self, Transform, TypeList};
+use weir_plugin::body::{self, Encoding, Transform, Types};
 use weir_plugin::{
     register_plugin, BodyFilter, BuildContext, Bytes, Late, Plugin, PluginInstance, RequestCtx, ResponseHead,
 };
@@ -27,7 +27,7 @@ use weir_plugin::{
 #[serde(deny_unknown_fields)]
 pub struct Conf {
     /// Media types to compress, or `"*"` for all.
-    #[serde(default = "default_types")]
+    #[serde(default = "Types::html")]
     pub types: Types,
     /// Smallest `Content-Length` compressed (bodies of unknown length always are).
     #[serde(default = "twenty")]
@@ -57,19 +57,6 @@ pub struct Conf {
     pub vary: bool,
 }
 
-/// `types`: a list, or `"*"`.
-#[derive(Debug, Deserialize, JsonSchema)]
-#[serde(untagged)]
-pub enum Types {
-    /// `"*"`: every type.
-    Star(#[schemars(regex(pattern = r"^\*$"))] String),
-    /// These media types.
-    List(#[schemars(length(min = 1))] Vec<String>),
-}
-
-fn default_types() -> Types {
-    Types::List(vec!["text/html".into()])
-}
 fn twenty() -> u64 {
     20
 }
@@ -87,11 +74,8 @@ fn http11() -> f64 {
 pub struct Brotli;
 
 struct Instance {
-    types: TypeList,
-    min_length: u64,
+    encoding: Encoding,
     params: BrotliEncoderParams,
-    http10: bool,
-    vary: bool,
 }
 
 /// One response's encoder (taken when the body ends: finishing consumes it).
@@ -121,16 +105,9 @@ impl PluginInstance for Instance {
         Late { headers: true, header_filter: true, log: false }
     }
     fn header_filter(&self, ctx: &mut RequestCtx, resp: &mut ResponseHead) -> BodyFilter {
-        if ctx.version == weir_plugin::http::Version::HTTP_10 && !self.http10 {
-            return BodyFilter::Skip;
-        }
-        if !body::compressible(ctx, resp, "br", &self.types, self.min_length) {
-            return BodyFilter::Skip;
-        }
-        body::mark_encoded(resp, "br", self.vary);
-        let writer = CompressorWriter::with_params(Vec::with_capacity(8 << 10), BUFFER, &self.params);
-        body::begin(ctx, Encoder(Some(writer)));
-        BodyFilter::Filter
+        self.encoding.start(ctx, resp, || {
+            Encoder(Some(CompressorWriter::with_params(Vec::with_capacity(8 << 10), BUFFER, &self.params)))
+        })
     }
     fn body_filter(&self, ctx: &mut RequestCtx, chunk: &mut Bytes, eof: bool) {
         body::step::<Encoder>(ctx, chunk, eof);
@@ -146,13 +123,7 @@ impl Plugin for Brotli {
         996
     }
     fn build(&self, conf: Conf, _ctx: &BuildContext<'_>) -> Result<Arc<dyn PluginInstance>, String> {
-        if conf.http_version != 1.0 && conf.http_version != 1.1 {
-            return Err(format!("http_version: {} is not 1.0 or 1.1", conf.http_version));
-        }
-        let types = match &conf.types {
-            Types::Star(_) => TypeList::All,
-            Types::List(list) => TypeList::new(list),
-        };
+        let encoding = Encoding::new("br", &conf.types, conf.min_length, conf.http_version, conf.vary)?;
         if conf.lgwin != 0 && conf.lgwin < 10 {
             return Err(format!("lgwin: {} is not 0 or 10 to 24", conf.lgwin));
         }
@@ -170,13 +141,7 @@ impl Plugin for Brotli {
             },
             ..BrotliEncoderParams::default()
         };
-        Ok(Arc::new(Instance {
-            types,
-            min_length: conf.min_length,
-            params,
-            http10: conf.http_version == 1.0,
-            vary: conf.vary,
-        }))
+        Ok(Arc::new(Instance { encoding, params }))
     }
 }
 

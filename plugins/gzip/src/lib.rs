@@ -15,7 +15,7 @@ use flate2::write::GzEncoder;
 use flate2::Compression;
 use schemars::JsonSchema;
 use serde::Deserialize;
-use weir_plugin::body::{self, Transform, TypeList};
+use weir_plugin::body::{self, Encoding, Transform, Types};
 use weir_plugin::{
     register_plugin, BodyFilter, BuildContext, Bytes, Late, Plugin, PluginInstance, RequestCtx, ResponseHead,
 };
@@ -25,7 +25,7 @@ use weir_plugin::{
 #[serde(deny_unknown_fields)]
 pub struct Conf {
     /// Media types to compress, or `"*"` for all.
-    #[serde(default = "default_types")]
+    #[serde(default = "Types::html")]
     pub types: Types,
     /// Smallest `Content-Length` compressed (bodies of unknown length always are).
     #[serde(default = "twenty")]
@@ -46,16 +46,6 @@ pub struct Conf {
     pub vary: bool,
 }
 
-/// `types`: a list, or `"*"`.
-#[derive(Debug, Deserialize, JsonSchema)]
-#[serde(untagged)]
-pub enum Types {
-    /// `"*"`: every type.
-    Star(#[schemars(regex(pattern = r"^\*$"))] String),
-    /// These media types.
-    List(#[schemars(length(min = 1))] Vec<String>),
-}
-
 /// nginx's `gzip_buffers number size`.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -70,9 +60,6 @@ pub struct Buffers {
     pub size: u32,
 }
 
-fn default_types() -> Types {
-    Types::List(vec!["text/html".into()])
-}
 fn twenty() -> u64 {
     20
 }
@@ -93,11 +80,8 @@ fn four_k() -> u32 {
 pub struct Gzip;
 
 struct Instance {
-    types: TypeList,
-    min_length: u64,
+    encoding: Encoding,
     level: Compression,
-    http10: bool,
-    vary: bool,
 }
 
 /// One response's encoder.
@@ -122,15 +106,7 @@ impl PluginInstance for Instance {
         Late { headers: true, header_filter: true, log: false }
     }
     fn header_filter(&self, ctx: &mut RequestCtx, resp: &mut ResponseHead) -> BodyFilter {
-        if ctx.version == weir_plugin::http::Version::HTTP_10 && !self.http10 {
-            return BodyFilter::Skip;
-        }
-        if !body::compressible(ctx, resp, "gzip", &self.types, self.min_length) {
-            return BodyFilter::Skip;
-        }
-        body::mark_encoded(resp, "gzip", self.vary);
-        body::begin(ctx, Encoder(GzEncoder::new(Vec::with_capacity(8 << 10), self.level)));
-        BodyFilter::Filter
+        self.encoding.start(ctx, resp, || Encoder(GzEncoder::new(Vec::with_capacity(8 << 10), self.level)))
     }
     fn body_filter(&self, ctx: &mut RequestCtx, chunk: &mut Bytes, eof: bool) {
         body::step::<Encoder>(ctx, chunk, eof);
@@ -146,20 +122,8 @@ impl Plugin for Gzip {
         995
     }
     fn build(&self, conf: Conf, _ctx: &BuildContext<'_>) -> Result<Arc<dyn PluginInstance>, String> {
-        if conf.http_version != 1.0 && conf.http_version != 1.1 {
-            return Err(format!("http_version: {} is not 1.0 or 1.1", conf.http_version));
-        }
-        let types = match &conf.types {
-            Types::Star(_) => TypeList::All,
-            Types::List(list) => TypeList::new(list),
-        };
-        Ok(Arc::new(Instance {
-            types,
-            min_length: conf.min_length,
-            level: Compression::new(conf.comp_level),
-            http10: conf.http_version == 1.0,
-            vary: conf.vary,
-        }))
+        let encoding = Encoding::new("gzip", &conf.types, conf.min_length, conf.http_version, conf.vary)?;
+        Ok(Arc::new(Instance { encoding, level: Compression::new(conf.comp_level) }))
     }
 }
 

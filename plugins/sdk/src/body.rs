@@ -45,7 +45,7 @@ use bytes::Bytes;
 use http::header::{ACCEPT_ENCODING, CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE, ETAG, VARY};
 use http::{HeaderValue, Method};
 
-use crate::{RequestCtx, ResponseHead};
+use crate::{BodyFilter, RequestCtx, ResponseHead};
 
 /// A body transform: fed the body in order, it appends what it has ready to `out`.
 pub trait Transform: 'static {
@@ -135,6 +135,75 @@ impl TypeList {
                 list.iter().any(|t| t.eq_ignore_ascii_case(base))
             }
         }
+    }
+}
+
+/// The `types` field as configured: a list of media types, or `"*"`.
+#[derive(Debug, serde::Deserialize, schemars::JsonSchema)]
+#[serde(untagged)]
+pub enum Types {
+    /// `"*"`: every type.
+    Star(#[schemars(regex(pattern = r"^\*$"))] String),
+    /// These media types.
+    List(#[schemars(length(min = 1))] Vec<String>),
+}
+
+impl Types {
+    /// APISIX's default: `text/html` only.
+    pub fn html() -> Types {
+        Types::List(vec!["text/html".into()])
+    }
+}
+
+/// What a content-coding plugin decides per response, built once from the fields every such
+/// plugin has (`types`, `min_length`, `http_version`, `vary`): [`Encoding::start`] is its whole
+/// header filter but for making the encoder.
+#[derive(Debug, Clone)]
+pub struct Encoding {
+    coding: &'static str,
+    types: TypeList,
+    min_length: u64,
+    http10: bool,
+    vary: bool,
+}
+
+impl Encoding {
+    /// `coding` (`gzip`, `br`) with the plugin's fields; `http_version` must be 1.0 or 1.1.
+    pub fn new(
+        coding: &'static str,
+        types: &Types,
+        min_length: u64,
+        http_version: f64,
+        vary: bool,
+    ) -> Result<Self, String> {
+        if http_version != 1.0 && http_version != 1.1 {
+            return Err(format!("http_version: {http_version} is not 1.0 or 1.1"));
+        }
+        let types = match types {
+            Types::Star(_) => TypeList::All,
+            Types::List(list) => TypeList::new(list),
+        };
+        Ok(Encoding { coding, types, min_length, http10: http_version == 1.0, vary })
+    }
+
+    /// Starts encoding this response with the transform `make` builds, when it should be encoded
+    /// at all ([`compressible`], and HTTP/1.0 only with `http_version: 1.0`): the header filter of
+    /// a content-coding plugin.
+    pub fn start<T: Transform>(
+        &self,
+        ctx: &mut RequestCtx,
+        resp: &mut ResponseHead,
+        make: impl FnOnce() -> T,
+    ) -> BodyFilter {
+        if ctx.version == http::Version::HTTP_10 && !self.http10 {
+            return BodyFilter::Skip;
+        }
+        if !compressible(ctx, resp, self.coding, &self.types, self.min_length) {
+            return BodyFilter::Skip;
+        }
+        mark_encoded(resp, self.coding, self.vary);
+        begin(ctx, make());
+        BodyFilter::Filter
     }
 }
 
