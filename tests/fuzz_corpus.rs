@@ -97,3 +97,9 @@ fn upstream_response() {
 fn template() {
     each_input("template", weir::fuzzing::template);
 }
+
+#[cfg(feature = "limit-count")]
+#[test]
+fn resp_reply() {
+    each_input("resp_reply", weir_plugin::limit::redis::resp::fuzz_reply);
+}

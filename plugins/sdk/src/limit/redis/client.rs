@@ -1,5 +1,6 @@
-//! Talking to a limiter's Redis: one multiplexed connection per worker thread and target (so
-//! workers never wait on each other), each call bounded by `redis_timeout`, and a breaker:
+//! Talking to a limiter's Redis: one connection per worker thread and target (so workers never
+//! wait on each other; plain TCP ones are the pipelined [`super::lean`] connection, TLS and
+//! Cluster ones the `redis` crate's), each call bounded by `redis_timeout`, and a breaker:
 //! when a call fails the target is marked down for [`DOWN_FOR`], and calls in that time fail
 //! at once instead of waiting (the caller rejects or lets through, by `allow_degradation`).
 //! The change of state is logged once each way; credentials never appear in a message.
@@ -14,11 +15,11 @@ use parking_lot::Mutex;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::{
-    Cmd, ConnectionAddr, FromRedisValue, IntoConnectionInfo, RedisConnectionInfo, RedisResult, ScriptInvocation,
-};
+use redis::{Cmd, ConnectionAddr, FromRedisValue, IntoConnectionInfo, RedisConnectionInfo, RedisResult};
 
 use super::conf::{Auth, RedisTarget, SentinelNode, SentinelRole, Tls};
+use super::lean::{self, Lean};
+use super::resp::ScriptCall;
 
 /// How long a failed target is left alone before it is tried again.
 pub const DOWN_FOR: Duration = Duration::from_secs(1);
@@ -29,6 +30,7 @@ pub struct Unavailable;
 
 #[derive(Clone)]
 enum Conn {
+    Lean(Lean),
     Single(ConnectionManager),
     Cluster(ClusterConnection),
 }
@@ -109,7 +111,25 @@ async fn locate(
     Err(redis::RedisError::from((redis::ErrorKind::Io, "sentinels did not name a node", why)))
 }
 
-async fn connect(target: &RedisTarget) -> RedisResult<Conn> {
+async fn connect(target: &RedisTarget) -> Result<Conn, String> {
+    let lean = |host: String, port: u16, auth: Auth, db: u32, timeout: Duration| async move {
+        Lean::connect(&host, port, &auth, db, timeout).await.map(Conn::Lean).map_err(|lean::Broken(e)| e)
+    };
+    match target {
+        RedisTarget::Single { host, port, db, auth, tls: Tls::Off, timeout } => {
+            lean(host.clone(), *port, auth.clone(), *db, *timeout).await
+        }
+        RedisTarget::Sentinel { sentinels, master, role, db, auth, sentinel_auth, connect_timeout, .. } => {
+            let (host, port) =
+                locate(sentinels, master, *role, sentinel_auth, *connect_timeout).await.map_err(|e| e.to_string())?;
+            lean(host, port, auth.clone(), *db, *connect_timeout).await
+        }
+        _ => connect_redis_rs(target).await.map_err(|e| e.to_string()),
+    }
+}
+
+/// A TLS or Cluster target's connection, by the `redis` crate.
+async fn connect_redis_rs(target: &RedisTarget) -> RedisResult<Conn> {
     match target {
         RedisTarget::Single { host, port, db, auth, tls, timeout } => {
             single(addr(host, *port, *tls), auth, *db, *timeout).await
@@ -133,9 +153,8 @@ async fn connect(target: &RedisTarget) -> RedisResult<Conn> {
             }
             Ok(Conn::Cluster(b.build()?.get_async_connection().await?))
         }
-        RedisTarget::Sentinel { sentinels, master, role, db, auth, sentinel_auth, connect_timeout, .. } => {
-            let (host, port) = locate(sentinels, master, *role, sentinel_auth, *connect_timeout).await?;
-            single(ConnectionAddr::Tcp(host, port), auth, *db, *connect_timeout).await
+        RedisTarget::Sentinel { .. } => {
+            Err(redis::RedisError::from((redis::ErrorKind::Io, "sentinel targets are lean")))
         }
     }
 }
@@ -153,7 +172,7 @@ pub struct RedisStore {
 }
 
 enum Call<'a> {
-    Script(&'a ScriptInvocation<'a>),
+    Script(&'a ScriptCall<'a>),
     Cmd(&'a Cmd),
 }
 
@@ -185,7 +204,7 @@ impl RedisStore {
     }
 
     /// Runs a script; `Err` when Redis could not be asked or failed (logged once per outage).
-    pub async fn eval<T: FromRedisValue>(&self, script: &ScriptInvocation<'_>) -> Result<T, Unavailable> {
+    pub async fn eval<T: FromRedisValue>(&self, script: &ScriptCall<'_>) -> Result<T, Unavailable> {
         self.call(Call::Script(script)).await
     }
 
@@ -209,7 +228,7 @@ impl RedisStore {
                 }
                 return Ok(v);
             }
-            Ok(Err(e)) => e.to_string(),
+            Ok(Err(e)) => e,
             Err(_) => format!("no answer within {} ms", timeout.as_millis()),
         };
         // A fresh connection next time (after a failover, Sentinel names the new master).
@@ -226,9 +245,14 @@ impl RedisStore {
         Err(Unavailable)
     }
 
-    async fn run<T: FromRedisValue>(&self, call: Call<'_>) -> RedisResult<T> {
+    async fn run<T: FromRedisValue>(&self, call: Call<'_>) -> Result<T, String> {
         let me = std::thread::current().id();
-        let found = self.conns.lock().iter().find(|(t, _)| *t == me).map(|(_, c)| c.clone());
+        let found = {
+            let mut conns = self.conns.lock();
+            // A pipelined connection the server closed while idle is replaced, not reported.
+            conns.retain(|(t, c)| *t != me || !matches!(c, Conn::Lean(l) if l.is_closed()));
+            conns.iter().find(|(t, _)| *t == me).map(|(_, c)| c.clone())
+        };
         let mut conn = match found {
             Some(c) => c,
             None => {
@@ -240,12 +264,42 @@ impl RedisStore {
                 c
             }
         };
+        let e = |e: redis::RedisError| e.to_string();
         match (&mut conn, call) {
-            (Conn::Single(c), Call::Script(s)) => s.invoke_async(c).await,
-            (Conn::Cluster(c), Call::Script(s)) => s.invoke_async(c).await,
-            (Conn::Single(c), Call::Cmd(cmd)) => cmd.query_async(c).await,
-            (Conn::Cluster(c), Call::Cmd(cmd)) => cmd.query_async(c).await,
+            (Conn::Lean(c), Call::Script(s)) => c.eval(s).await.map_err(|lean::Broken(e)| e)?.and_then(lean::convert),
+            (Conn::Lean(c), Call::Cmd(cmd)) => {
+                c.call(|out| cmd.write_packed_command(out)).await.map_err(|lean::Broken(e)| e)?.and_then(lean::convert)
+            }
+            (Conn::Single(c), Call::Script(s)) => script_redis_rs(c, s).await.map_err(e),
+            (Conn::Cluster(c), Call::Script(s)) => script_redis_rs(c, s).await.map_err(e),
+            (Conn::Single(c), Call::Cmd(cmd)) => cmd.query_async(c).await.map_err(e),
+            (Conn::Cluster(c), Call::Cmd(cmd)) => cmd.query_async(c).await.map_err(e),
         }
+    }
+}
+
+/// A script call over a `redis` crate connection: by SHA1, in full when the server lacks it.
+async fn script_redis_rs<T: FromRedisValue>(
+    conn: &mut impl redis::aio::ConnectionLike,
+    call: &ScriptCall<'_>,
+) -> RedisResult<T> {
+    let invocation = |cmd: &mut Cmd| {
+        cmd.arg(call.key_count());
+        for part in call.parts() {
+            cmd.arg(part);
+        }
+    };
+    let mut by_sha = redis::cmd("EVALSHA");
+    by_sha.arg(call.script().redis().get_hash());
+    invocation(&mut by_sha);
+    match by_sha.query_async(conn).await {
+        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+            let mut full = redis::cmd("EVAL");
+            full.arg(call.script().code());
+            invocation(&mut full);
+            full.query_async(conn).await
+        }
+        other => other,
     }
 }
 

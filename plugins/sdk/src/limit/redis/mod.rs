@@ -6,9 +6,15 @@
 #[cfg(feature = "limit-redis")]
 pub mod client;
 pub mod conf;
+#[cfg(feature = "limit-redis")]
+mod lean;
+#[cfg(feature = "limit-redis")]
+pub mod resp;
 
 #[cfg(feature = "limit-redis")]
 pub use client::{RedisStore, Registry, Unavailable, DOWN_FOR};
 pub use conf::{Policy, RedisConf, RedisTarget, SentinelConf, SentinelNode, SentinelRole, Shared, Tls};
 #[cfg(feature = "limit-redis")]
-pub use redis::{Cmd, FromRedisValue, Script, ScriptInvocation};
+pub use redis::{Cmd, FromRedisValue};
+#[cfg(feature = "limit-redis")]
+pub use resp::{Script, ScriptCall};
