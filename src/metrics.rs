@@ -28,6 +28,8 @@ pub struct WorkerStats {
     pub requests: AtomicU64,
     /// Idle HTTP/1.1 connections parked (holding no server state; `guard`).
     pub parked: AtomicU64,
+    /// Parked connections closed to make room when accept ran out of descriptors.
+    pub reclaimed: AtomicU64,
 }
 
 /// A gauge raised by one while this lives: lowered however the scope ends (a drop guard).
@@ -73,6 +75,8 @@ pub struct Totals {
     pub requests: u64,
     /// Connections parked.
     pub parked: u64,
+    /// Idle connections closed for want of descriptors.
+    pub reclaimed: u64,
 }
 
 /// Sums the counters of every worker.
@@ -86,6 +90,7 @@ pub fn totals() -> Totals {
         t.writing += get(&w.writing);
         t.requests += get(&w.requests);
         t.parked += get(&w.parked);
+        t.reclaimed += get(&w.reclaimed);
     }
     t
 }
@@ -163,6 +168,12 @@ pub fn write_connections(e: &mut Exposition, t: Totals) {
         "Idle HTTP/1.1 keep-alive connections that hold no server state or buffer (part of waiting).",
     );
     e.sample("http_parked_connections", &[], t.parked);
+    e.family(
+        "http_idle_connections_reclaimed_total",
+        "counter",
+        "Idle keep-alive connections closed to make room when accept ran out of file descriptors.",
+    );
+    e.sample("http_idle_connections_reclaimed_total", &[], t.reclaimed);
 }
 
 /// `upstream_status`: 1 for a node its checker finds healthy, 0 otherwise (checked upstreams only).
@@ -192,7 +203,10 @@ mod tests {
     #[test]
     fn waiting_is_what_is_neither_reading_nor_writing() {
         let mut e = Exposition::new("weir_");
-        write_connections(&mut e, Totals { accepted: 9, active: 5, reading: 1, writing: 3, requests: 40, parked: 0 });
+        write_connections(
+            &mut e,
+            Totals { accepted: 9, active: 5, reading: 1, writing: 3, requests: 40, parked: 0, reclaimed: 0 },
+        );
         let text = e.into_text();
         assert!(text.contains("weir_http_requests_total 40\n"), "{text}");
         assert!(text.contains("weir_nginx_http_current_connections{state=\"waiting\"} 1\n"), "{text}");

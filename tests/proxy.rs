@@ -385,3 +385,76 @@ fn idle_keepalive_connections_park_and_keep_serving() {
         assert!(m.contains("\nweir_http_parked_connections 0\n"), "a busy connection is not parked: {m}");
     }
 }
+
+/// One request on an open keep-alive connection: the status and whether the body was read whole.
+fn keep_alive_get(s: &mut std::net::TcpStream, path: &str) -> Option<u16> {
+    use std::io::{Read, Write};
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: fd.test\r\n\r\n").as_bytes()).ok()?;
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let n = s.read(&mut chunk).ok()?;
+        if n == 0 {
+            return None;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+            let len: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0);
+            if buf.len() >= end + 4 + len {
+                return head.get(9..12).and_then(|c| c.parse().ok());
+            }
+        }
+    }
+}
+
+#[test]
+fn out_of_descriptors_closes_idle_keep_alive_clients_to_serve_new_ones() {
+    let up = Upstream::start("a");
+    let p = Prefix::new(
+        "",
+        "",
+        &format!("routes:\n  - {{id: 1, uri: /x, upstream: {{nodes: {{\"{}\": 1}}}}}}\n", up.node()),
+    );
+    // The gateway at a 256-descriptor limit, as `ulimit -n 256` sets it.
+    let log = p.log_path();
+    let file = std::fs::OpenOptions::new().create(true).append(true).open(&log).expect("log");
+    let child = std::process::Command::new("sh")
+        .args(["-c", "ulimit -n 256 && exec \"$0\" -p \"$1\"", BIN])
+        .arg(&p.dir)
+        .env("RUST_LOG", "info")
+        .stdout(file.try_clone().expect("log"))
+        .stderr(file)
+        .spawn()
+        .expect("spawn weir");
+    let w = Weir { child, log };
+    w.wait_ready(p.control());
+    w.wait_ready(p.node());
+    // Idle keep-alive clients until the gateway runs out: each has had one answer.
+    let mut idle = Vec::new();
+    while idle.len() < 300 {
+        let Ok(mut s) = std::net::TcpStream::connect(p.node()) else { break };
+        s.set_read_timeout(Some(Duration::from_millis(500))).expect("timeout");
+        match keep_alive_get(&mut s, "/x") {
+            Some(200) => idle.push(s),
+            _ => break,
+        }
+    }
+    assert!(idle.len() > 150, "only {} idle clients were served; log:\n{}", idle.len(), w.log_text());
+    // Parked after a second of idleness: what the gateway may close to make room.
+    std::thread::sleep(Duration::from_millis(1500));
+    for i in 0..40 {
+        let mut s = std::net::TcpStream::connect(p.node()).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+        assert_eq!(keep_alive_get(&mut s, "/x"), Some(200), "new client {i} was not served; log:\n{}", w.log_text());
+    }
+    let text = w.log_text();
+    assert_eq!(text.matches("closing idle keep-alive connections").count(), 1, "said once:\n{text}");
+    // Some of the oldest idle clients were closed, and the newest are still served.
+    let closed = idle.iter_mut().take(64).map(|s| keep_alive_get(s, "/x")).filter(Option::is_none).count();
+    assert!(closed > 0, "no idle client was closed");
+}

@@ -13,6 +13,7 @@ pub mod framing;
 pub mod guard;
 pub mod h1codec;
 pub mod headers;
+pub mod idle;
 pub mod normalize;
 pub mod outbound;
 pub mod proxy;

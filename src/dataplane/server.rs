@@ -17,6 +17,7 @@ use std::cell::Cell;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -315,9 +316,30 @@ async fn accept_loop(
             _ = stopped.wait_for(|s| *s) => return,
         };
         let (stream, peer) = match accepted {
-            Ok(pair) => pair,
+            Ok(pair) => {
+                if OUT_OF_DESCRIPTORS.load(Ordering::Relaxed) && OUT_OF_DESCRIPTORS.swap(false, Ordering::Relaxed) {
+                    log::info!("accept on {local}: accepting again (descriptors were freed)");
+                }
+                pair
+            }
+            Err(e) if out_of_descriptors(&e) => {
+                // As nginx does: close the oldest idle keep-alive connections to make room, so
+                // that new clients are served; said once per shortage, not per attempt.
+                if !OUT_OF_DESCRIPTORS.swap(true, Ordering::Relaxed) {
+                    log::warn!(
+                        "accept on {local}: {e}; closing idle keep-alive connections to make room \
+                         (raise the descriptor limit, `ulimit -n`, if this recurs)"
+                    );
+                }
+                let closed = worker.idle.reclaim(super::idle::RECLAIM_BATCH);
+                bump(&worker.stats.reclaimed, closed as i64);
+                // Let the reclaimed connections close before accepting again; with none to
+                // close, back off instead of spinning.
+                let wait = if closed > 0 { Duration::from_millis(1) } else { Duration::from_millis(50) };
+                tokio::time::sleep(wait).await;
+                continue;
+            }
             Err(e) => {
-                // Out of file descriptors and the like: back off instead of spinning.
                 log::warn!("accept on {local}: {e}");
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 continue;
@@ -358,6 +380,16 @@ async fn accept_loop(
             tokio::task::spawn_local(serve(stream, kind, info, gateway, worker, stopped, counted));
         }
     }
+}
+
+/// Set while accepts fail for want of descriptors (its log line is written once per shortage).
+static OUT_OF_DESCRIPTORS: AtomicBool = AtomicBool::new(false);
+
+/// Whether an accept failed because the process or the system ran out of descriptors (or of
+/// the memory for a socket).
+fn out_of_descriptors(e: &std::io::Error) -> bool {
+    // EMFILE, ENFILE, ENOBUFS, ENOMEM (Linux's numbers; Weir runs on Linux).
+    matches!(e.raw_os_error(), Some(24 | 23 | 105 | 12))
 }
 
 /// The client a PROXY header names (the connection's own peer for a `LOCAL`/`UNKNOWN` one);
@@ -620,6 +652,7 @@ async fn serve_h1<S>(
     let stats = worker.stats.clone();
     let activity = Arc::new(Activity::default());
     let mut io = Guarded::new(stream, peer, activity.clone());
+    let idle = worker.clone();
     let mut service = service_fn(move |req| {
         // Counted here, as hyper hands the request over: the socket never looks idle between
         // a request's head and its response.
@@ -663,6 +696,7 @@ async fn serve_h1<S>(
         // Parked: no server state and no buffer until the client sends again. The whole idle
         // time stays bounded by HEADER_TIMEOUT (nginx's keepalive_timeout).
         let _parked = Raised::new(&stats.parked);
+        let place = idle.idle.park();
         let mut stop = stopped.clone();
         let wait = within(HEADER_TIMEOUT.saturating_sub(PARK_AFTER), "waiting for the next request", io.wait_parked());
         tokio::select! {
@@ -675,6 +709,10 @@ async fn serve_h1<S>(
                 }
             },
             _ = stop.wait_for(|s| *s) => return,
+            _ = place.reclaimed() => {
+                log::debug!("client {peer}: idle connection closed to make room for new clients");
+                return;
+            }
         }
     }
 }

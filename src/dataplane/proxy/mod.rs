@@ -60,6 +60,8 @@ pub struct Worker {
     real_ip: Option<Arc<super::real_ip::RealIp>>,
     /// This worker's connection and request counters (`metrics`).
     pub stats: Arc<WorkerStats>,
+    /// Its parked keep-alive connections (closed to make room when descriptors run out).
+    pub idle: super::idle::IdleSet,
 }
 
 impl Worker {
@@ -69,7 +71,7 @@ impl Worker {
         // Plugins' own requests on this thread share the worker's pool.
         super::outbound::set_worker_pool(pool.clone());
         super::outbound::register();
-        Worker { pool, rules, real_ip, stats: WorkerStats::register() }
+        Worker { pool, rules, real_ip, stats: WorkerStats::register(), idle: Default::default() }
     }
 }
 
