@@ -158,3 +158,53 @@ fn shared_policies_without_their_server_are_refused_at_start() {
     assert_ne!(code, 0);
     assert!(err.contains("routes[0]") && err.contains("redis_host"), "{err}");
 }
+
+/// Concurrent requests for one key share Redis calls (`coalesce`), yet each gets a count of its
+/// own: exactly `count` pass across two instances, and the accepted ones saw every remaining
+/// value once.
+#[test]
+fn concurrent_requests_share_calls_and_keep_exact_counts() {
+    let Some(redis) = Redis::single(&["--databases", "4"]) else {
+        return common::skip("concurrent_requests_share_calls_and_keep_exact_counts", "redis-server is not installed");
+    };
+    let u = Upstream::start("u");
+    let limit = format!(
+        "{{count: 150, time_window: 60, rejected_code: 429, policy: redis, redis_host: 127.0.0.1, redis_port: {}, redis_database: 3}}",
+        redis.ports[0]
+    );
+    let resources = format!("routes:\n{}", route("1", "/burst", &u, &limit));
+    let (a, _wa) = gateway(&resources);
+    let (b, _wb) = gateway(&resources);
+    let outcomes: Vec<(u16, Option<String>)> = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..40)
+            .map(|t| {
+                let node = if t % 2 == 0 { a.node() } else { b.node() };
+                s.spawn(move || {
+                    (0..6)
+                        .map(|_| {
+                            let r = get(node, "/burst");
+                            (r.status, r.header("x-ratelimit-remaining").map(str::to_owned))
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        workers.into_iter().flat_map(|w| w.join().expect("client thread")).collect()
+    });
+    let passed: Vec<u64> =
+        outcomes.iter().filter(|(s, _)| *s == 200).filter_map(|(_, r)| r.as_deref()?.parse().ok()).collect();
+    let rejected = outcomes.iter().filter(|(s, _)| *s == 429).count();
+    assert_eq!((passed.len(), rejected), (150, 90), "{outcomes:?}");
+    let mut seen = passed.clone();
+    seen.sort_unstable();
+    seen.dedup();
+    assert_eq!(seen, (0..150).collect::<Vec<u64>>(), "every accepted request had a count of its own");
+    assert_eq!(u.hits(), 150);
+    // `redis_database` is honoured: the counter is in database 3, not 0.
+    let in_3 = redis.cli(redis.ports[0], &["-n", "3", "--scan", "--pattern", "weir:limit-count:*"]);
+    let in_0 = redis.cli(redis.ports[0], &["-n", "0", "--scan", "--pattern", "weir:limit-count:*"]);
+    assert!(!in_3.trim().is_empty() && in_0.trim().is_empty(), "db 3: {in_3:?}; db 0: {in_0:?}");
+    let n: u64 =
+        redis.cli(redis.ports[0], &["-n", "3", "get", in_3.lines().next().unwrap_or("")]).trim().parse().unwrap_or(0);
+    assert_eq!(n, 240, "every request counted once");
+}

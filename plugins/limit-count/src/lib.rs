@@ -9,6 +9,7 @@
 //! route's configuration keeps its counts; a changed configuration starts new windows (as
 //! APISIX keys counters by configuration version), unless the route is in a `group`.
 
+mod coalesce;
 mod conf;
 mod local;
 mod shared;
@@ -56,9 +57,10 @@ impl Default for LimitCount {
 
 enum Mode {
     Local(Arc<local::Store>),
-    Redis(Arc<RedisStore>),
+    /// Every request asks Redis; concurrent ones of a fixed window share calls ([`coalesce`]).
+    Redis(Arc<RedisStore>, Arc<coalesce::Coalescer>),
     /// `sync_interval`; windows not longer than the interval go to Redis on every request.
-    Synced(Arc<sync::Syncer>, Arc<RedisStore>, u64),
+    Synced(Arc<sync::Syncer>, Arc<RedisStore>, u64, Arc<coalesce::Coalescer>),
 }
 
 struct Instance {
@@ -118,7 +120,14 @@ impl Instance {
         Ok((count, window.saturating_mul(1000).min(1 << 53)))
     }
 
-    fn shared<'a>(&'a self, ctx: &'a mut RequestCtx, redis: &'a RedisStore, limit: u64, window_ms: u64) -> Flow<'a> {
+    fn shared<'a>(
+        &'a self,
+        ctx: &'a mut RequestCtx,
+        redis: &'a Arc<RedisStore>,
+        calls: &'a Arc<coalesce::Coalescer>,
+        limit: u64,
+        window_ms: u64,
+    ) -> Flow<'a> {
         let sliding = self.window_type == WindowType::Sliding;
         let key = self.key.with(ctx, |k| {
             if sliding {
@@ -131,7 +140,7 @@ impl Instance {
             let counted = if sliding {
                 shared::sliding(redis, &key, limit, window_ms, limit::wall_ms()).await
             } else {
-                shared::fixed(redis, &key, limit, window_ms).await
+                calls.count(redis, key, window_ms).await.map(|(n, left)| shared::fixed_verdict(n, left, limit))
             };
             match counted {
                 Ok(v) => self.outcome.apply(ctx, limit, v),
@@ -187,11 +196,11 @@ impl PluginInstance for Instance {
                 };
                 self.outcome.apply(ctx, limit, v)
             }
-            Mode::Redis(redis) => self.shared(ctx, redis, limit, window_ms),
-            Mode::Synced(syncer, redis, interval_ms) => {
+            Mode::Redis(redis, calls) => self.shared(ctx, redis, calls, limit, window_ms),
+            Mode::Synced(syncer, redis, interval_ms, calls) => {
                 if window_ms <= *interval_ms {
                     // A window (from a variable) not longer than the interval: no point in syncing.
-                    self.shared(ctx, redis, limit, window_ms)
+                    self.shared(ctx, redis, calls, limit, window_ms)
                 } else {
                     self.synced(ctx, syncer, limit, window_ms)
                 }
@@ -280,7 +289,7 @@ impl Plugin for LimitCount {
                 } else {
                     let redis = self.redis.get(target);
                     if sync == -1.0 {
-                        Mode::Redis(redis)
+                        Mode::Redis(redis, Default::default())
                     } else {
                         let window = match conf.window_type {
                             WindowType::Fixed => sync::Window::Fixed,
@@ -288,7 +297,7 @@ impl Plugin for LimitCount {
                         };
                         let interval = Duration::from_secs_f64(sync);
                         let syncer = sync::Syncer::new(redis.clone(), self.local.clone(), interval, window);
-                        Mode::Synced(syncer, redis, interval.as_millis() as u64)
+                        Mode::Synced(syncer, redis, interval.as_millis() as u64, Default::default())
                     }
                 }
             }

@@ -75,10 +75,9 @@ pub async fn fixed_add(redis: &RedisStore, key: &str, cost: u64, window_ms: u64)
     Ok((n, ttl.max(0) as u64))
 }
 
-/// Counts one request in a fixed window.
-pub async fn fixed(redis: &RedisStore, key: &str, limit: u64, window_ms: u64) -> Result<Verdict, Unavailable> {
-    let (n, ttl) = fixed_add(redis, key, 1, window_ms).await?;
-    Ok(Verdict { allowed: n <= limit, remaining: limit.saturating_sub(n), reset: ttl.div_ceil(1000) })
+/// The decision for a request that counted `n` in a fixed window with `ttl` ms left.
+pub fn fixed_verdict(n: u64, ttl: u64, limit: u64) -> Verdict {
+    Verdict { allowed: n <= limit, remaining: limit.saturating_sub(n), reset: ttl.div_ceil(1000) }
 }
 
 fn window_keys(base: &str, id: u64) -> (String, String) {
