@@ -19,6 +19,8 @@
 #   - limit-req local and redis vs plain, RSS with 1,000,000 limiter keys   benches/limiters.sh
 #   - proxy-cache HIT (memory, disk) vs the proxied path vs nginx proxy_cache   benches/cache.sh
 #   - gzip and brotli of a 100 KiB JSON body vs nginx gzip   benches/compression.sh
+#   - each default plugin alone on a route: instructions per request   benches/plugin_cost.sh
+#   - 30-minute soak: RSS plateau, descriptors, p99 under churn   benches/soak.sh (SOAK=1)
 #
 #   benches/run.sh        # needs wrk, nginx, valgrind; DURATION, ROUNDS, STORED as the scripts take
 set -euo pipefail
@@ -46,6 +48,8 @@ benches/traffic.sh > "$out/traffic" 2>&1 || true
 if command -v redis-server >/dev/null; then benches/limiters.sh > "$out/limiters" 2>&1 || true; fi
 benches/cache.sh > "$out/cache" 2>&1 || true
 benches/compression.sh > "$out/compression" 2>&1 || true
+benches/plugin_cost.sh > "$out/plugin_cost" 2>&1 || true
+if [ "${SOAK:-0}" = 1 ]; then benches/soak.sh > "$out/soak" 2>&1 || true; fi
 if [ -n "${PG_URL:-}" ]; then BACKEND=postgres benches/short_url.sh > "$out/su-pg" 2>&1 || true; fi
 
 echo
@@ -86,4 +90,10 @@ grep -E "^(100 KiB|gzip level)" "$out/compression" | sed 's/^/  /'
 if [ -f "$out/su-pg" ]; then
   echo "=== short-url, PostgreSQL ==="
   grep -E "create|redirect|stored" "$out/su-pg" | sed 's/^/  /'
+fi
+echo "=== each plugin alone on a route (instructions per request) ==="
+grep -E "^\|" "$out/plugin_cost" | sed 's/^/  /'
+if [ -f "$out/soak" ]; then
+  echo "=== soak ==="
+  tail -n 6 "$out/soak" | sed 's/^/  /'
 fi
