@@ -13,7 +13,7 @@ pub mod framing;
 pub mod guard;
 pub mod h1codec;
 pub mod headers;
-pub mod normalize;
+pub use crate::normalize;
 pub mod outbound;
 pub mod proxy;
 pub mod real_ip;
