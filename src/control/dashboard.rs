@@ -174,7 +174,10 @@ pub fn page(gw: &Gateway) -> HttpResponse {
             out,
             "<tr class=\"{}\"><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>",
             if r.route.status == 1 { "" } else { "disabled" },
-            escape(&r.id),
+            match r.route.more.as_ref().and_then(|m| m.name.as_deref()) {
+                Some(name) => format!("{} <span class=\"dim\">{}</span>", escape(&r.id), escape(name)),
+                None => escape(&r.id),
+            },
             escape(&r.route.uri_list().join(" ")),
             if methods.is_empty() { "any".to_owned() } else { methods.join(" ") },
             if hosts.is_empty() { "any".to_owned() } else { escape(&hosts.join(" ")) },
