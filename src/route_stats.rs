@@ -213,7 +213,7 @@ impl Sampler {
             all.add(&cum.minus(&w.last));
             w.last = cum;
         }
-        if self.n % MARK == 0 {
+        if self.n.is_multiple_of(MARK) {
             for w in self.routes.values_mut() {
                 w.marks = [w.marks[1], w.last];
             }

@@ -11,29 +11,7 @@ use std::time::Duration;
 use common::upstream::Upstream;
 use common::*;
 
-fn chromium(test: &str) -> Option<&'static str> {
-    let found =
-        ["/usr/bin/chromium", "/usr/bin/chromium-browser"].into_iter().find(|p| std::path::Path::new(p).exists());
-    if found.is_none() {
-        // CI sets WEIR_REQUIRE_CHROMIUM so that these tests can never be skipped there.
-        if std::env::var_os("WEIR_REQUIRE_CHROMIUM").is_some() {
-            panic!("chromium is required (WEIR_REQUIRE_CHROMIUM is set): apt-get install chromium");
-        }
-        skip(test, "chromium not installed (apt-get install chromium)");
-    }
-    found
-}
-
-const COMMON_ARGS: [&str; 8] = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-];
+use common::chromium::ARGS as COMMON_ARGS;
 
 /// Runs chromium on `url`: the DOM after `budget_ms` of (virtual) time, and a screenshot to `shot`.
 fn browse(chromium: &str, profile: &Path, url: &str, js: bool, budget_ms: u32, shot: &Path) -> String {
@@ -95,7 +73,7 @@ fn resources(up: &Upstream, dead: u16) -> String {
 
 #[test]
 fn dashboard_static_parts_render_with_javascript_off() {
-    let Some(chromium) = chromium("dashboard_static_parts_render_with_javascript_off") else { return };
+    let Some(chromium) = common::chromium::find("dashboard_static_parts_render_with_javascript_off") else { return };
     let up = Upstream::start("u");
     let dead = free_port();
     let (p, _w) = start(&resources(&up, dead));
@@ -154,7 +132,7 @@ fn dashboard_static_parts_render_with_javascript_off() {
 
 #[test]
 fn dashboard_numbers_move_with_traffic() {
-    let Some(chromium) = chromium("dashboard_numbers_move_with_traffic") else { return };
+    let Some(chromium) = common::chromium::find("dashboard_numbers_move_with_traffic") else { return };
     let up = Upstream::start("u");
     let (p, _w) = start(&resources(&up, free_port()));
     let url = format!("http://{}/v1/dashboard", p.control());

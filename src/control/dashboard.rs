@@ -188,7 +188,7 @@ pub fn page(gw: &Gateway) -> HttpResponse {
         out.push_str("</tr>");
     }
     if let Some(r) = by_id.get(route_stats::NO_ROUTE) {
-        out.push_str("<tr class=\"dim\"><td colspan=\"6\">requests no route took (404, refused before routing)</td>");
+        out.push_str("<tr class=\"dim\"><td colspan=\"6\">requests no route took (the 404s)</td>");
         number_cells(&mut out, route_stats::NO_ROUTE, Some(r));
         out.push_str("</tr>");
     }

@@ -355,7 +355,7 @@ fn outranked_by(r: &CompiledRoute, c: &Candidate, w: &CompiledRoute) -> String {
 fn chain_steps(
     chain: &PluginChain,
     snap: &Snapshot,
-    route: Option<(&Arc<CompiledRoute>, Option<&(Arc<weir_plugin::Consumer>, PluginChain)>)>,
+    route: Option<(&Arc<CompiledRoute>, Option<&ConsumerChain>)>,
     ctx: &RequestCtx,
 ) -> Vec<PluginStep> {
     chain
@@ -393,7 +393,7 @@ fn global_rule_of(p: &BoundPlugin, snap: &Snapshot) -> String {
 fn source_of(
     p: &BoundPlugin,
     r: &CompiledRoute,
-    consumer: Option<&(Arc<weir_plugin::Consumer>, PluginChain)>,
+    consumer: Option<&ConsumerChain>,
     snap: &Snapshot,
 ) -> (&'static str, String) {
     if let Some((who, chain)) = consumer {
@@ -415,7 +415,10 @@ fn source_of(
     }
 }
 
-type ConsumerFound = (ConsumerReport, Option<(String, u16)>, Option<(Arc<weir_plugin::Consumer>, PluginChain)>);
+/// An identified consumer and its own plugins.
+type ConsumerChain = (Arc<weir_plugin::Consumer>, PluginChain);
+
+type ConsumerFound = (ConsumerReport, Option<(String, u16)>, Option<ConsumerChain>);
 
 /// Runs the `rewrite` phase of the auth plugins (those with a consumer schema) on a copy of the
 /// request, as the data plane would, to see who the consumer is: `(report, the plugin that

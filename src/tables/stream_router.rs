@@ -110,11 +110,11 @@ impl CompiledStreamRoute {
     /// check both the stream proxy ([`StreamTable::find`]) and `POST /v1/explain` make.
     #[inline]
     fn refuses(&self, local: SocketAddr, remote: IpAddr, sni: Option<&str>) -> Option<StreamReject> {
-        if !self.server_addr.is_none_or(|a| a == local.ip()) {
+        if self.server_addr.is_some_and(|a| a != local.ip()) {
             Some(StreamReject::ServerAddr)
-        } else if !self.server_port.is_none_or(|p| p == local.port()) {
+        } else if self.server_port.is_some_and(|p| p != local.port()) {
             Some(StreamReject::ServerPort)
-        } else if !self.remote.is_none_or(|c| c.contains(remote)) {
+        } else if self.remote.is_some_and(|c| !c.contains(remote)) {
             Some(StreamReject::RemoteAddr)
         } else if !match (&self.sni, sni) {
             (None, _) => true,
