@@ -183,3 +183,26 @@ fn dashboard_stats_count_routes_and_unrouted_requests() {
     assert!(s["window_seconds"].as_f64().unwrap_or(0.0) > 0.0);
     assert!(!s["series"].as_array().is_some_and(|v| v.is_empty()));
 }
+
+#[test]
+fn dashboard_shows_the_last_load_error_until_a_good_load() {
+    let up = Upstream::start("u");
+    let (p, _w) = start(&resources(&up, free_port()));
+    p.write_resources("routes:\n  - {id: broken, uri: /b, upstream_id: nowhere}\n");
+    let error_cell = |page: &str| {
+        let at = page.find("id=\"last-error\"").map(|i| &page[i..]).unwrap_or("");
+        at[..at.find("</td>").unwrap_or(0)].to_owned()
+    };
+    assert!(
+        eventually(Duration::from_secs(10), || error_cell(&get(p.control(), "/v1/dashboard").text())
+            .contains("nowhere")),
+        "the refused file is shown: {}",
+        get(p.control(), "/v1/dashboard").text()
+    );
+    assert!(get(p.control(), "/v1/config_status").json()["last_error"].as_str().unwrap_or("").contains("nowhere"));
+    // The running routes are still the last good ones.
+    assert!(get(p.control(), "/v1/dashboard").text().contains("<td>busy</td>"));
+    p.write_resources(&resources(&up, free_port()));
+    assert!(eventually(Duration::from_secs(10), || error_cell(&get(p.control(), "/v1/dashboard").text())
+        .ends_with(">none")));
+}
