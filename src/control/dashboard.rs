@@ -207,14 +207,7 @@ pub fn page(gw: &Gateway) -> HttpResponse {
             .nodes
             .iter()
             .map(|n| {
-                let health = match &entry {
-                    None => "unchecked",
-                    Some(e) => e
-                        .nodes
-                        .iter()
-                        .find(|x| x.port == n.addr.port() && x.ip == n.addr.ip().to_string())
-                        .map_or("healthy", |x| x.status),
-                };
+                let health = super::explain::node_health(entry.as_ref(), n.addr);
                 format!("<span class=\"node {health}\">{} ({}, {health})</span>", escape(&n.addr.to_string()), n.weight)
             })
             .collect();

@@ -500,16 +500,7 @@ fn consumer_of(global: &PluginChain, route: &PluginChain, ctx: &RequestCtx) -> C
 fn upstream_report(u: &Arc<CompiledUpstream>, hash: Option<u32>) -> UpstreamReport {
     let checker = u.checker.get();
     let entry = checker.map(|c| c.entry());
-    let health_of = |addr: SocketAddr| -> &'static str {
-        match &entry {
-            None => "unchecked",
-            Some(e) => e
-                .nodes
-                .iter()
-                .find(|n| n.port == addr.port() && n.ip == addr.ip().to_string())
-                .map_or("healthy", |n| n.status),
-        }
-    };
+    let health_of = |addr: SocketAddr| node_health(entry.as_ref(), addr);
     let nodes: Vec<NodeHealth> = u
         .nodes
         .iter()
@@ -541,6 +532,19 @@ fn upstream_report(u: &Arc<CompiledUpstream>, hash: Option<u32>) -> UpstreamRepo
         nodes,
         pick,
         pick_note,
+    }
+}
+
+/// A node's health by its upstream's checker entry: `unchecked` without a checker, and a node the
+/// checker does not list yet is `healthy` (it takes traffic).
+pub fn node_health(entry: Option<&crate::health::Entry>, addr: SocketAddr) -> &'static str {
+    match entry {
+        None => "unchecked",
+        Some(e) => e
+            .nodes
+            .iter()
+            .find(|n| n.port == addr.port() && n.ip == addr.ip().to_string())
+            .map_or("healthy", |n| n.status),
     }
 }
 
