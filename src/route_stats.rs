@@ -59,8 +59,16 @@ type Registry = Vec<(Arc<str>, Arc<Counters>)>;
 /// Every thread's counters, by route id (pushed once per route and thread).
 static ALL: Mutex<Registry> = Mutex::new(Vec::new());
 
+/// A thread's counters by route id, and the last route it counted (requests of one route in a
+/// row, the usual case, skip the lookup; the id it holds cannot be freed and its address reused).
+#[derive(Default)]
+struct Local {
+    last: Option<(Arc<str>, Arc<Counters>)>,
+    map: FastMap<Arc<str>, Arc<Counters>>,
+}
+
 thread_local! {
-    static LOCAL: RefCell<FastMap<Arc<str>, Arc<Counters>>> = RefCell::new(FastMap::default());
+    static LOCAL: RefCell<Local> = RefCell::new(Local::default());
 }
 
 /// Counts a finished request (its route, status and time since it started). Called by the log
@@ -78,18 +86,33 @@ fn count(ctx: &RequestCtx) {
     let micros = u64::try_from(ctx.started.elapsed().as_micros()).unwrap_or(u64::MAX);
     let status = ctx.status;
     LOCAL.with(|local| {
-        let mut map = local.borrow_mut();
-        let counters = match map.get(id) {
-            Some(c) => c.clone(),
-            None => {
-                let key: Arc<str> = ctx.route_id.clone().unwrap_or_else(|| Arc::from(NO_ROUTE));
-                let c = Arc::new(Counters::default());
-                ALL.lock().push((key.clone(), c.clone()));
-                map.insert(key, c.clone());
-                c
+        let mut guard = local.borrow_mut();
+        let local = &mut *guard;
+        let hit = matches!((&local.last, &ctx.route_id), (Some((last, _)), Some(now)) if Arc::ptr_eq(last, now));
+        if !hit {
+            // A route not counted last on this thread: look it up (registering it the first time).
+            let c = match local.map.get(id) {
+                Some(c) => c.clone(),
+                None => {
+                    let key: Arc<str> = ctx.route_id.clone().unwrap_or_else(|| Arc::from(NO_ROUTE));
+                    let c = Arc::new(Counters::default());
+                    ALL.lock().push((key.clone(), c.clone()));
+                    local.map.insert(key, c.clone());
+                    c
+                }
+            };
+            if let Some(now) = &ctx.route_id {
+                local.last = Some((now.clone(), c));
             }
+        }
+        // No reference count is touched on the usual path: the counters are borrowed.
+        let counters: &Counters = match (&ctx.route_id, &local.last) {
+            (Some(_), Some((_, c))) => c,
+            _ => match local.map.get(NO_ROUTE) {
+                Some(c) => c,
+                None => return,
+            },
         };
-        drop(map);
         bump(&counters.requests, 1);
         if (400..500).contains(&status) {
             bump(&counters.s4xx, 1);
