@@ -48,6 +48,17 @@ pub struct Gateway {
     pub provider_status: Mutex<ProviderStatus>,
     /// What the start-up read of etcd found, for the watcher to continue from.
     pub etcd_start: Mutex<Option<(Values, i64)>>,
+    /// The response headers that show who answered (from config.yaml; fixed until restart).
+    pub debug: DebugHeaders,
+}
+
+/// `gateway.debug_header` and `gateway.show_upstream_status_in_response_header`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DebugHeaders {
+    /// Every response carries `X-Weir-Debug`.
+    pub header: bool,
+    /// Every upstream answer carries `X-Weir-Upstream-Status` (not only 5xx ones).
+    pub upstream_status_always: bool,
 }
 
 impl Gateway {
@@ -112,7 +123,12 @@ impl Gateway {
         // With etcd, a plugin reload reads the resources again rather than keeping a copy.
         let raw_for_reload =
             (config.deployment.config_provider == ConfigProvider::Yaml).then(|| Arc::from(raw.to_string()));
+        let debug = DebugHeaders {
+            header: config.gateway.debug_header,
+            upstream_status_always: config.gateway.show_upstream_status_in_response_header,
+        };
         Ok(Arc::new(Gateway {
+            debug,
             prefix,
             catalog,
             config: ArcSwap::from_pointee(config),

@@ -281,16 +281,8 @@ fn reload_lifecycles() {
 
 #[test]
 fn health_page_renders_in_a_real_browser() {
-    let chromium =
-        ["/usr/bin/chromium", "/usr/bin/chromium-browser"].into_iter().find(|p| std::path::Path::new(p).exists());
-    let Some(chromium) = chromium else {
-        // CI sets WEIR_REQUIRE_CHROMIUM so that this test can never be skipped there.
-        if std::env::var_os("WEIR_REQUIRE_CHROMIUM").is_some() {
-            panic!("chromium is required (WEIR_REQUIRE_CHROMIUM is set): apt-get install chromium");
-        }
-        skip("health_page_renders_in_a_real_browser", "chromium not installed (apt-get install chromium)");
-        return;
-    };
+    // CI sets WEIR_REQUIRE_CHROMIUM so that this test can never be skipped there.
+    let Some(chromium) = common::chromium::find("health_page_renders_in_a_real_browser") else { return };
     let up = Upstream::start("u");
     let (p, _w) = start(&format!(
         "routes:\n  - {{id: ok, uri: /ok, upstream: {{nodes: {{\"{}\": 1}}, checks: {{active: {{type: tcp, host: \"<b>x</b>\"}}}}}}}}\n  - {{id: down, uri: /down, upstream: {{nodes: {{\"127.0.0.1:{}\": 1}}, checks: {{active: {{type: tcp}}}}}}}}\n",
@@ -304,16 +296,7 @@ fn health_page_renders_in_a_real_browser() {
     let shot = out_dir.join("healthcheck.png");
     let profile = p.dir.join("chromium-profile");
     let url = format!("http://{}/v1/healthcheck", p.control());
-    let common_args = [
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-    ];
+    let common_args = common::chromium::ARGS;
     let dom = std::process::Command::new(chromium)
         .args(common_args)
         .arg(format!("--user-data-dir={}", profile.display()))

@@ -56,6 +56,14 @@ pub struct GatewaySection {
     /// default zones when absent.
     #[serde(default)]
     pub proxy_cache: weir_plugin::cache_zones::ProxyCacheSection,
+    /// Every response carries `X-Weir-Debug: route=<id>; plugins=<a,b>; node=<ip:port>` (a
+    /// route alone: its label `debug_header: "true"`). Default false: it names internal nodes.
+    #[serde(default)]
+    pub debug_header: bool,
+    /// `X-Weir-Upstream-Status` on every response the upstream produced, not only on 5xx ones
+    /// (APISIX's `show_upstream_status_in_response_header`). Default false.
+    #[serde(default)]
+    pub show_upstream_status_in_response_header: bool,
 }
 
 /// `gateway.proxy_protocol:` section.
@@ -261,6 +269,8 @@ impl Default for GatewaySection {
             proxy_protocol: None,
             real_ip: None,
             proxy_cache: Default::default(),
+            debug_header: false,
+            show_upstream_status_in_response_header: false,
         }
     }
 }

@@ -18,7 +18,7 @@ use crate::tables::snapshot::dump;
 use crate::tables::KindSchemas;
 
 /// Serves one built-in endpoint.
-pub fn handle(endpoint: Endpoint, req: &HttpRequest, gw: &Gateway) -> HttpResponse {
+pub fn handle(endpoint: Endpoint, req: &HttpRequest, body: &[u8], gw: &Gateway) -> HttpResponse {
     match endpoint {
         Endpoint::Schema => {
             // The document changes only with the enabled set: serialize it once per set.
@@ -99,6 +99,32 @@ pub fn handle(endpoint: Endpoint, req: &HttpRequest, gw: &Gateway) -> HttpRespon
                 error(StatusCode::BAD_REQUEST, format!("{e}\n(the running configuration is unchanged)"))
             }
         },
+        Endpoint::Explain => {
+            // The dashboard's form posts a form when the page runs no script.
+            let form = req.headers().get(CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|v| {
+                v.split(';').next().is_some_and(|t| t.trim().eq_ignore_ascii_case("application/x-www-form-urlencoded"))
+            });
+            let converted;
+            let body = if form {
+                match super::dashboard::form_to_json(body) {
+                    Ok(b) => {
+                        converted = b;
+                        &converted[..]
+                    }
+                    Err(why) => return error(StatusCode::BAD_REQUEST, why),
+                }
+            } else {
+                body
+            };
+            let snap = gw.resources.load();
+            match super::explain::explain(body, &snap, &gw.config.load()) {
+                Ok(answer) if form && wants_html(req) => super::dashboard::explanation_page(&answer),
+                Ok(answer) => typed_response(StatusCode::OK, &answer),
+                Err(why) => error(StatusCode::BAD_REQUEST, why),
+            }
+        }
+        Endpoint::Dashboard => super::dashboard::page(gw),
+        Endpoint::DashboardStats => super::dashboard::stats(gw),
     }
 }
 

@@ -6,6 +6,8 @@
 //! routes), so that unknown paths get a JSON 404 and wrong methods a 405 with `Allow`.
 
 pub mod builtin;
+pub mod dashboard;
+pub mod explain;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -24,6 +26,8 @@ pub const MAX_BODY: usize = 1 << 20;
 
 /// Binds the control server (the caller runs it).
 pub fn server(gateway: Arc<Gateway>, addr: SocketAddr) -> std::io::Result<actix_web::dev::Server> {
+    // The dashboard's per-route numbers are counted while the control server runs.
+    crate::route_stats::enable();
     let data = web::Data::from(gateway);
     Ok(HttpServer::new(move || {
         App::new().app_data(data.clone()).app_data(web::PayloadConfig::new(MAX_BODY)).default_service(web::to(dispatch))
@@ -102,7 +106,7 @@ async fn dispatch(req: HttpRequest, body: web::Bytes, gw: web::Data<Gateway>) ->
         if !methods.contains(&req.method().as_str()) {
             return method_not_allowed(methods);
         }
-        return builtin::handle(endpoint, &req, &gw);
+        return builtin::handle(endpoint, &req, &body, &gw);
     }
     let routes = gw.control_routes.load();
     if let Some(found) = routes.at(path) {

@@ -48,6 +48,9 @@ pub enum Tag {
     List(Kind),
     One(Kind),
     PluginsReload,
+    Explain,
+    Dashboard,
+    DashboardStats,
 }
 
 /// A resolved built-in endpoint with its captured parameters.
@@ -77,6 +80,12 @@ pub enum Endpoint {
     One(Kind, String),
     /// `PUT /v1/plugins/reload`.
     PluginsReload,
+    /// `POST /v1/explain`.
+    Explain,
+    /// `GET /v1/dashboard` (and `GET /`).
+    Dashboard,
+    /// `GET /v1/dashboard/stats`.
+    DashboardStats,
 }
 
 const GET: &[&str] = &["GET"];
@@ -105,6 +114,10 @@ fn table() -> &'static [(&'static str, Tag, &'static [&'static str])] {
         ("/v1/upstreams", Tag::List(Kind::Upstream), GET),
         ("/v1/upstream/{id}", Tag::One(Kind::Upstream), GET),
         ("/v1/plugins/reload", Tag::PluginsReload, &["PUT"]),
+        ("/v1/explain", Tag::Explain, &["POST"]),
+        ("/v1/dashboard", Tag::Dashboard, GET),
+        ("/v1/dashboard/stats", Tag::DashboardStats, GET),
+        ("/", Tag::Dashboard, GET),
     ]
 }
 
@@ -139,6 +152,9 @@ pub fn lookup(path: &str) -> Option<(Endpoint, &'static [&'static str])> {
         Tag::List(k) => Endpoint::List(k),
         Tag::One(k) => Endpoint::One(k, p("id")),
         Tag::PluginsReload => Endpoint::PluginsReload,
+        Tag::Explain => Endpoint::Explain,
+        Tag::Dashboard => Endpoint::Dashboard,
+        Tag::DashboardStats => Endpoint::DashboardStats,
     };
     Some((endpoint, methods))
 }

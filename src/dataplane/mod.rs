@@ -14,7 +14,7 @@ pub mod guard;
 pub mod h1codec;
 pub mod headers;
 pub mod idle;
-pub mod normalize;
+pub use crate::normalize;
 pub mod outbound;
 pub mod proxy;
 pub mod real_ip;

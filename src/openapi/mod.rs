@@ -7,6 +7,7 @@
 //! ([`bodies`]). A test keeps `docs/openapi.json` equal to what this builds.
 
 pub mod bodies;
+pub mod explain;
 
 use schemars::JsonSchema;
 use serde_json::{json, Map, Value};
@@ -19,6 +20,15 @@ use crate::tables::KindSchemas;
 /// The schema of a response type, as it serializes (an `Option` is nullable here).
 fn schema<T: JsonSchema>() -> Value {
     weir_plugin::serialized_schema_of::<T>()
+}
+
+/// The schema of a request type, as it deserializes.
+fn request_schema<T: JsonSchema>() -> Value {
+    let mut s = weir_plugin::schema_of::<T>();
+    if let Value::Object(o) = &mut s {
+        o.remove("$schema");
+    }
+    s
 }
 
 fn reference(name: &str) -> Value {
@@ -76,6 +86,9 @@ pub fn document() -> Value {
     schemas.insert("NodeList".into(), schema::<bodies::NodeList>());
     schemas.insert("Stored".into(), schema::<bodies::Stored>());
     schemas.insert("Deleted".into(), schema::<bodies::Deleted>());
+    schemas.insert("ExplainRequest".into(), request_schema::<explain::ExplainRequest>());
+    schemas.insert("Explanation".into(), schema::<explain::Explanation>());
+    schemas.insert("DashboardStats".into(), schema::<crate::route_stats::DashboardStats>());
 
     let mut paths = Map::new();
     control_paths(&mut paths);
@@ -203,16 +216,39 @@ fn control_paths(paths: &mut Map<String, Value>) {
                     "400": error_response("The new list was refused; nothing changed"),
                 }),
             ),
+            Tag::Explain => (
+                "What the data plane would do with a request or a stream connection, and why",
+                vec![],
+                json!({
+                    "200": response("The explanation", reference("Explanation")),
+                    "400": error_response("A malformed body: what is wrong and where"),
+                }),
+            ),
+            Tag::Dashboard => (
+                "The dashboard: an HTML page (routes, upstreams, traffic, provider, explain form)",
+                vec![],
+                json!({ "200": { "description": "The page", "content": { "text/html": { "schema": { "type": "string" } } } } }),
+            ),
+            Tag::DashboardStats => (
+                "The dashboard's live numbers: per-route request rate, error rate and latency",
+                vec![],
+                json!({ "200": response("The numbers", reference("DashboardStats")) }),
+            ),
         };
         let mut item = Map::new();
         for m in methods {
-            let op = json!({
+            let body = (matches!(tag, Tag::Explain))
+                .then(|| json!({ "required": true, "content": json_content(reference("ExplainRequest")) }));
+            let mut op = json!({
                 "tags": ["control"],
                 "summary": summary,
                 "operationId": format!("control_{}_{}", m.to_lowercase(), operation_name(path)),
                 "parameters": params,
                 "responses": responses,
             });
+            if let Some(b) = body {
+                op["requestBody"] = b;
+            }
             item.insert(m.to_lowercase(), op);
         }
         paths.insert(path.to_owned(), Value::Object(item));

@@ -80,6 +80,9 @@ pub struct CompiledRoute {
     pub vars: Option<Expr>,
     /// The route's own upstream timeouts (`timeout`), over the upstream's.
     pub timeouts: Option<Timeouts>,
+    /// Responses carry `X-Weir-Debug` (the route's label `debug_header: "true"`; for every
+    /// route, `gateway.debug_header: true`).
+    pub debug_header: bool,
 }
 
 /// Bit of a method in [`CompiledRoute::methods`].
@@ -138,6 +141,11 @@ impl CompiledRoute {
                 send: std::time::Duration::from_secs_f64(t.send),
                 read: std::time::Duration::from_secs_f64(t.read),
             }),
+            debug_header: route
+                .more
+                .as_ref()
+                .and_then(|m| m.labels.get("debug_header"))
+                .is_some_and(|v| v == "true" || v == "on"),
             route,
         }
     }
@@ -148,13 +156,96 @@ impl CompiledRoute {
         self.host_names.get(i).cloned()
     }
 
-    fn accepts(&self, method_bit: u16, host: &str, ip: IpAddr, ctx: &RequestCtx) -> bool {
-        self.route.status == 1
-            && (self.methods == 0 || self.methods & method_bit != 0)
-            && (self.hosts.is_empty() || self.hosts.iter().any(|h| h.matches(host)))
-            && (self.remote_addrs.is_empty() || self.remote_addrs.iter().any(|c| c.contains(ip)))
-            && self.vars.as_ref().is_none_or(|v| v.matches(ctx))
+    /// Why the route's filters refuse the request, in the order they are checked (`None`: they
+    /// accept it). The one check both the data plane ([`RouteTable::find`]) and
+    /// `POST /v1/explain` ([`RouteTable::explain`]) make.
+    #[inline]
+    fn refuses(&self, method_bit: u16, host: &str, ip: IpAddr, ctx: &RequestCtx) -> Option<Reject> {
+        if self.route.status != 1 {
+            Some(Reject::Disabled)
+        } else if self.methods != 0 && self.methods & method_bit == 0 {
+            Some(Reject::Method)
+        } else if !(self.hosts.is_empty() || self.hosts.iter().any(|h| h.matches(host))) {
+            Some(Reject::Host)
+        } else if !(self.remote_addrs.is_empty() || self.remote_addrs.iter().any(|c| c.contains(ip))) {
+            Some(Reject::RemoteAddrs)
+        } else if !self.vars.as_ref().is_none_or(|v| v.matches(ctx)) {
+            Some(Reject::Vars)
+        } else {
+            None
+        }
     }
+
+    #[inline]
+    fn accepts(&self, method_bit: u16, host: &str, ip: IpAddr, ctx: &RequestCtx) -> bool {
+        self.refuses(method_bit, host, ip, ctx).is_none()
+    }
+}
+
+/// Why a route whose URI matches a request does not take it (the first filter that refuses).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reject {
+    /// `status: 0`.
+    Disabled,
+    /// The method is not among `methods`.
+    Method,
+    /// The host matches none of `hosts` / `host` (or the service's `hosts`).
+    Host,
+    /// The client address is in none of `remote_addrs`.
+    RemoteAddrs,
+    /// `vars` does not hold.
+    Vars,
+}
+
+impl Reject {
+    /// `status`, `method`, `host`, `remote_addrs`, `vars`: the field that refused.
+    pub fn field(self) -> &'static str {
+        match self {
+            Reject::Disabled => "status",
+            Reject::Method => "methods",
+            Reject::Host => "hosts",
+            Reject::RemoteAddrs => "remote_addrs",
+            Reject::Vars => "vars",
+        }
+    }
+}
+
+/// Which lookup table a candidate came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TableKind {
+    /// The exact-URI map.
+    Exact,
+    /// The parameter router (`:name`, `{name}`).
+    Parameter,
+    /// The prefix map (`/a/*`).
+    Prefix,
+}
+
+impl TableKind {
+    /// `exact`, `parameter`, `prefix`.
+    pub fn name(self) -> &'static str {
+        match self {
+            TableKind::Exact => "exact",
+            TableKind::Parameter => "parameter",
+            TableKind::Prefix => "prefix",
+        }
+    }
+}
+
+/// One route whose URI matches a request, as [`RouteTable::explain`] reports it.
+pub struct Candidate {
+    /// The route.
+    pub route: Arc<CompiledRoute>,
+    /// The table the URI matched in.
+    pub table: TableKind,
+    /// The URI pattern that matched.
+    pub uri: Option<Arc<str>>,
+    /// The prefix length (prefix table).
+    pub prefix_len: usize,
+    /// Why its filters refuse the request (`None`: they accept it).
+    pub rejected: Option<Reject>,
+    /// Path parameters, when it matched in the parameter table.
+    pub params: Vec<(Arc<str>, String)>,
 }
 
 #[derive(Clone)]
@@ -181,6 +272,8 @@ pub struct RouteTable {
     prefix_lens: Vec<usize>,
     len: usize,
     reads_form: bool,
+    /// Every route, in definition order (the dashboard lists them).
+    routes: Vec<Arc<CompiledRoute>>,
 }
 
 /// A matched route and its path parameters.
@@ -280,6 +373,7 @@ impl RouteTable {
                 }
             }
             t.len += 1;
+            t.routes.push(route);
         }
         for (pattern, &i) in &t.param_patterns {
             if let Err(e) = t.params.insert(pattern.clone(), t.param_lists[i].clone()) {
@@ -295,6 +389,11 @@ impl RouteTable {
         self.len
     }
 
+    /// Every route, in definition order.
+    pub fn routes(&self) -> &[Arc<CompiledRoute>] {
+        &self.routes
+    }
+
     /// Whether there are no routes.
     pub fn is_empty(&self) -> bool {
         self.len == 0
@@ -306,31 +405,22 @@ impl RouteTable {
         self.reads_form
     }
 
-    /// The best route for a request (`ctx` holds its method, path, headers and client address;
-    /// `host` is its Host without the port, `ip` the client address routes filter on).
-    pub fn find(&self, host: &str, ip: IpAddr, ctx: &RequestCtx) -> Option<Matched> {
-        let (method, path) = (ctx.method.as_str(), ctx.path.as_str());
-        let bit = method_bit(method);
-        let mut best: Option<(&Entry, Option<matchit::Params<'_, '_>>)> = None;
-        let better = |e: &Entry, cur: &Option<(&Entry, Option<matchit::Params<'_, '_>>)>| match cur {
-            None => true,
-            Some((b, _)) => {
-                (e.route.route.priority, e.rank, e.len, std::cmp::Reverse(e.route.order))
-                    > (b.route.route.priority, b.rank, b.len, std::cmp::Reverse(b.route.order))
-            }
-        };
+    /// Every entry whose URI matches `path`, from the exact, parameter and prefix tables in
+    /// that order (what both [`RouteTable::find`] and [`RouteTable::explain`] walk).
+    #[inline]
+    fn visit<'t, 'p>(
+        &'t self,
+        path: &'p str,
+        mut f: impl FnMut(&'t Entry, TableKind, Option<&matchit::Params<'t, 'p>>),
+    ) {
         if let Some(list) = self.exact.get(path) {
             for e in list {
-                if better(e, &best) && e.route.accepts(bit, host, ip, ctx) {
-                    best = Some((e, None));
-                }
+                f(e, TableKind::Exact, None);
             }
         }
         if let Ok(m) = self.params.at(path) {
             for e in m.value {
-                if better(e, &best) && e.route.accepts(bit, host, ip, ctx) {
-                    best = Some((e, Some(m.params.clone())));
-                }
+                f(e, TableKind::Parameter, Some(&m.params));
             }
         }
         for &len in &self.prefix_lens {
@@ -339,26 +429,74 @@ impl RouteTable {
             }
             if let Some(list) = self.prefix.get(&path[..len]) {
                 for e in list {
-                    if better(e, &best) && e.route.accepts(bit, host, ip, ctx) {
-                        best = Some((e, None));
-                    }
+                    f(e, TableKind::Prefix, None);
                 }
             }
         }
+    }
+
+    /// The best route for a request (`ctx` holds its method, path, headers and client address;
+    /// `host` is its Host without the port, `ip` the client address routes filter on).
+    pub fn find(&self, host: &str, ip: IpAddr, ctx: &RequestCtx) -> Option<Matched> {
+        let (method, path) = (ctx.method.as_str(), ctx.path.as_str());
+        let bit = method_bit(method);
+        let mut best: Option<(&Entry, Option<matchit::Params<'_, '_>>)> = None;
+        self.visit(path, |e, _, params| {
+            if outranks(e, best.as_ref().map(|b| b.0)) && e.route.accepts(bit, host, ip, ctx) {
+                best = Some((e, params.cloned()));
+            }
+        });
         let (entry, params) = best?;
         let params = match params {
-            Some(p) => p
-                .iter()
-                .filter_map(|(k, v)| {
-                    let i: usize = k.strip_prefix('p')?.parse().ok()?;
-                    Some((entry.names.get(i)?.clone(), v.to_owned()))
-                })
-                .collect(),
+            Some(p) => named_params(entry, &p),
             None => Vec::new(),
         };
         let uri = entry.route.uri_names.get(usize::from(entry.uri)).cloned();
         Some(Matched { route: entry.route.clone(), params, uri })
     }
+
+    /// Every route whose URI matches the request, with why each filter-refused one is refused,
+    /// in the order the data plane considers them (not on the request path: it checks every
+    /// candidate, where [`RouteTable::find`] skips those that could not win). The winner is
+    /// still [`RouteTable::find`]'s answer.
+    pub fn explain(&self, host: &str, ip: IpAddr, ctx: &RequestCtx) -> Vec<Candidate> {
+        let bit = method_bit(ctx.method.as_str());
+        let mut out = Vec::new();
+        self.visit(ctx.path.as_str(), |e, table, params| {
+            out.push(Candidate {
+                route: e.route.clone(),
+                table,
+                uri: e.route.uri_names.get(usize::from(e.uri)).cloned(),
+                prefix_len: e.len as usize,
+                rejected: e.route.refuses(bit, host, ip, ctx),
+                params: params.map(|p| named_params(e, p)).unwrap_or_default(),
+            });
+        });
+        out
+    }
+}
+
+/// Whether `e` would win over the current best (`None`: nothing yet): higher priority, then
+/// exact over parameter over prefix, then the longer prefix, then the route defined first.
+#[inline]
+fn outranks(e: &Entry, best: Option<&Entry>) -> bool {
+    match best {
+        None => true,
+        Some(b) => {
+            (e.route.route.priority, e.rank, e.len, std::cmp::Reverse(e.route.order))
+                > (b.route.route.priority, b.rank, b.len, std::cmp::Reverse(b.route.order))
+        }
+    }
+}
+
+/// matchit's positional parameters under the route's own names.
+fn named_params(entry: &Entry, p: &matchit::Params<'_, '_>) -> Vec<(Arc<str>, String)> {
+    p.iter()
+        .filter_map(|(k, v)| {
+            let i: usize = k.strip_prefix('p')?.parse().ok()?;
+            Some((entry.names.get(i)?.clone(), v.to_owned()))
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -36,6 +36,31 @@ enum SniMatch {
     Suffix(String),
 }
 
+/// Why a stream route does not take a connection (the first of its filters that refuses).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamReject {
+    /// The listener address is not `server_addr`.
+    ServerAddr,
+    /// The listener port is not `server_port`.
+    ServerPort,
+    /// The client is not in `remote_addr`.
+    RemoteAddr,
+    /// The SNI (or its absence) does not match `sni`.
+    Sni,
+}
+
+impl StreamReject {
+    /// The route field that refused.
+    pub fn field(self) -> &'static str {
+        match self {
+            StreamReject::ServerAddr => "server_addr",
+            StreamReject::ServerPort => "server_port",
+            StreamReject::RemoteAddr => "remote_addr",
+            StreamReject::Sni => "sni",
+        }
+    }
+}
+
 /// A stream route ready for matching.
 pub struct CompiledStreamRoute {
     /// The route as configured.
@@ -81,16 +106,26 @@ impl CompiledStreamRoute {
         }
     }
 
-    fn matches(&self, local: SocketAddr, remote: IpAddr, sni: Option<&str>) -> bool {
-        self.server_addr.is_none_or(|a| a == local.ip())
-            && self.server_port.is_none_or(|p| p == local.port())
-            && self.remote.is_none_or(|c| c.contains(remote))
-            && match (&self.sni, sni) {
-                (None, _) => true,
-                (Some(_), None) => false,
-                (Some(SniMatch::Exact(e)), Some(s)) => e == s,
-                (Some(SniMatch::Suffix(suffix)), Some(s)) => s.len() > suffix.len() && s.ends_with(suffix.as_str()),
-            }
+    /// Why the route does not take a connection, in the order checked (`None`: it does). The one
+    /// check both the stream proxy ([`StreamTable::find`]) and `POST /v1/explain` make.
+    #[inline]
+    fn refuses(&self, local: SocketAddr, remote: IpAddr, sni: Option<&str>) -> Option<StreamReject> {
+        if self.server_addr.is_some_and(|a| a != local.ip()) {
+            Some(StreamReject::ServerAddr)
+        } else if self.server_port.is_some_and(|p| p != local.port()) {
+            Some(StreamReject::ServerPort)
+        } else if self.remote.is_some_and(|c| !c.contains(remote)) {
+            Some(StreamReject::RemoteAddr)
+        } else if !match (&self.sni, sni) {
+            (None, _) => true,
+            (Some(_), None) => false,
+            (Some(SniMatch::Exact(e)), Some(s)) => e == s,
+            (Some(SniMatch::Suffix(suffix)), Some(s)) => s.len() > suffix.len() && s.ends_with(suffix.as_str()),
+        } {
+            Some(StreamReject::Sni)
+        } else {
+            None
+        }
     }
 
     /// Higher is more specific (compared as a tuple).
@@ -120,7 +155,18 @@ impl StreamTable {
 
     /// The route for a connection on `local` from `remote` asking for `sni` (lower-case).
     pub fn find(&self, local: SocketAddr, remote: IpAddr, sni: Option<&str>) -> Option<&Arc<CompiledStreamRoute>> {
-        self.routes.iter().find(|r| r.matches(local, remote, sni))
+        self.routes.iter().find(|r| r.refuses(local, remote, sni).is_none())
+    }
+
+    /// Every stream route in the order [`StreamTable::find`] tries them (most specific first),
+    /// with why each refuses the connection; the first that does not is the one chosen.
+    pub fn explain(
+        &self,
+        local: SocketAddr,
+        remote: IpAddr,
+        sni: Option<&str>,
+    ) -> Vec<(&Arc<CompiledStreamRoute>, Option<StreamReject>)> {
+        self.routes.iter().map(|r| (r, r.refuses(local, remote, sni))).collect()
     }
 
     /// Whether no stream route is loaded.

@@ -203,6 +203,27 @@ impl CompiledUpstream {
         }
     }
 
+    /// The key `chash` hashes for a request (`None` for the other balancers): the `hash_on`
+    /// source named by `key`, or the client address when the request has no such value.
+    pub fn request_hash(&self, ctx: &weir_plugin::RequestCtx) -> Option<u32> {
+        let (on, key) = self.hash_key_source()?;
+        let value = match on {
+            HashOn::Vars => ctx.var(key).map(|v| v.into_owned()),
+            HashOn::Header => ctx.header(key).map(str::to_owned),
+            HashOn::Cookie => ctx.header("cookie").and_then(|c| {
+                c.split(';')
+                    .find_map(|kv| kv.trim().split_once('=').filter(|(k, _)| *k == key).map(|(_, v)| v.to_owned()))
+            }),
+            HashOn::Consumer => ctx.consumer.as_ref().map(|c| c.username.to_string()),
+        };
+        Some(fnv1a(value.unwrap_or_else(|| ctx.remote_ip.to_string()).as_bytes()))
+    }
+
+    /// Whether some node with weight takes traffic by `checker` (none checked: all do).
+    fn healthy_exists(&self, checker: Option<&Checker>) -> bool {
+        checker.is_none_or(|c| self.nodes.iter().any(|n| n.weight > 0 && c.takes_traffic(n.addr)))
+    }
+
     /// Picks a node for an attempt: not among `tried`, and healthy by `checker` unless no node is
     /// (then every node is a candidate, and the checker notes the fallback). The one rule the
     /// HTTP proxy and both stream proxies follow.
@@ -212,13 +233,26 @@ impl CompiledUpstream {
         hash: Option<u32>,
         tried: &[usize],
     ) -> Option<(usize, Option<InFlight>)> {
-        let healthy_exists = checker.is_none_or(|c| self.nodes.iter().any(|n| n.weight > 0 && c.takes_traffic(n.addr)));
+        let healthy_exists = self.healthy_exists(checker);
         if let Some(c) = checker {
             c.note_fallback(!healthy_exists);
         }
         self.pick(hash, |i| {
             !tried.contains(&i) && (!healthy_exists || checker.is_none_or(|c| c.takes_traffic(self.nodes[i].addr)))
         })
+    }
+
+    /// The node [`CompiledUpstream::pick_node`] would pick for a first attempt now, changing
+    /// nothing (no balancer state moves, nothing is logged): `(node, whether every node is
+    /// unhealthy and the pick falls back to all)`. For `POST /v1/explain`.
+    pub fn peek_node(self: &Arc<Self>, checker: Option<&Checker>, hash: Option<u32>) -> Option<(usize, bool)> {
+        let healthy_exists = self.healthy_exists(checker);
+        let pick = self.choose(
+            hash,
+            |i| !healthy_exists || checker.is_none_or(|c| c.takes_traffic(self.nodes[i].addr)),
+            false,
+        )?;
+        Some((pick.0, !healthy_exists))
     }
 
     /// Picks a node among those `eligible` accepts (and weight > 0). `hash` is the request's hash
@@ -228,25 +262,42 @@ impl CompiledUpstream {
         hash: Option<u32>,
         eligible: impl Fn(usize) -> bool,
     ) -> Option<(usize, Option<InFlight>)> {
+        self.choose(hash, eligible, true)
+    }
+
+    /// [`CompiledUpstream::pick`]; with `commit` false, the balancer's state is left as it was
+    /// (round robin's weights, least_conn's count) and no slot is taken.
+    #[inline]
+    fn choose(
+        self: &Arc<Self>,
+        hash: Option<u32>,
+        eligible: impl Fn(usize) -> bool,
+        commit: bool,
+    ) -> Option<(usize, Option<InFlight>)> {
         let ok = |i: usize| self.nodes[i].weight > 0 && eligible(i);
         match &self.balancer {
             Balancer::RoundRobin(state) => {
                 let mut cw = state.lock();
                 let mut total: i64 = 0;
-                let mut best: Option<usize> = None;
+                let mut best: Option<(usize, i64)> = None;
                 for i in 0..self.nodes.len() {
                     if !ok(i) {
                         continue;
                     }
                     let w = i64::from(self.nodes[i].weight);
-                    cw[i] += w;
+                    let current = cw[i] + w;
+                    if commit {
+                        cw[i] = current;
+                    }
                     total += w;
-                    if best.is_none_or(|b| cw[i] > cw[b]) {
-                        best = Some(i);
+                    if best.is_none_or(|(_, b)| current > b) {
+                        best = Some((i, current));
                     }
                 }
-                let b = best?;
-                cw[b] -= total;
+                let (b, _) = best?;
+                if commit {
+                    cw[b] -= total;
+                }
                 Some((b, None))
             }
             Balancer::Chash(ring) => {
@@ -269,9 +320,21 @@ impl CompiledUpstream {
                     }
                 }
                 let (i, _) = best?;
+                if !commit {
+                    return Some((i, None));
+                }
                 counts[i].fetch_add(1, Ordering::Relaxed);
                 Some((i, Some(InFlight { upstream: self.clone(), node: i })))
             }
+        }
+    }
+
+    /// The balancer's name (`roundrobin`, `chash`, `least_conn`).
+    pub fn balancer_name(&self) -> &'static str {
+        match self.balancer {
+            Balancer::RoundRobin(_) => "roundrobin",
+            Balancer::Chash(_) => "chash",
+            Balancer::LeastConn(_) => "least_conn",
         }
     }
 }
@@ -329,6 +392,21 @@ mod tests {
         let picks: Vec<usize> = (0..7).filter_map(|_| u.pick(None, |_| true).map(|p| p.0)).collect();
         assert_eq!(picks, vec![0, 0, 1, 0, 2, 0, 0], "nginx's smooth sequence for 5:1:1");
         assert_eq!(u.retries, 2, "default retries: usable nodes - 1");
+    }
+
+    #[test]
+    fn peeking_names_the_next_pick_and_moves_nothing() {
+        let u = up(serde_json::json!({"nodes": {"127.0.0.1:1": 5, "127.0.0.1:2": 1, "127.0.0.1:3": 1}}));
+        for _ in 0..9 {
+            let peeked = u.peek_node(None, None).map(|p| p.0);
+            assert_eq!(peeked, u.peek_node(None, None).map(|p| p.0), "peeking twice gives the same node");
+            assert_eq!(peeked, u.pick_node(None, None, &[]).map(|p| p.0), "the pick is the peeked node");
+        }
+        let lc = up(serde_json::json!({"type": "least_conn", "nodes": {"127.0.0.1:1": 1, "127.0.0.1:2": 1}}));
+        let held = lc.pick(None, |_| true);
+        let peeked = lc.peek_node(None, None).map(|p| p.0);
+        assert_ne!(peeked, held.as_ref().map(|p| p.0));
+        assert_eq!(peeked, lc.peek_node(None, None).map(|p| p.0));
     }
 
     #[test]

@@ -62,14 +62,21 @@ pub fn watch(path: PathBuf, gateway: &Arc<Gateway>) {
         last_text = text;
         let file = path.display();
         match load(&path) {
-            Err(e) => log::error!("{e}; keeping the last good resources"),
+            Err(e) => {
+                log::error!("{e}; keeping the last good resources");
+                gateway.provider_status.lock().last_error = Some(e.to_string());
+            }
             Ok(raw) => match gateway.apply_resources(raw) {
                 Ok(summary) => {
                     log::info!("{file}: reloaded: {summary}");
+                    gateway.provider_status.lock().last_error = None;
                     files = gateway.resources.load().certs.files.clone();
                     file_stamps = stamps(&files);
                 }
                 Err(issues) => {
+                    // `GET /v1/config_status` and the dashboard show why the file was refused.
+                    let text: Vec<String> = issues.iter().map(|i| format!("{file}: {i}")).collect();
+                    gateway.provider_status.lock().last_error = Some(text.join("\n"));
                     for issue in issues {
                         log::error!("{file}: {issue}");
                     }

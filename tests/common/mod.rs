@@ -396,6 +396,7 @@ pub fn download_count(addr: SocketAddr, path: &str) -> (u16, u64) {
     (status, total)
 }
 
+pub mod chromium;
 pub mod etcd;
 pub mod tls_client;
 pub mod tls_upstream;

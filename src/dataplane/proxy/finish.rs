@@ -20,6 +20,12 @@ use crate::dataplane::headers::strip_hop_by_hop;
 use crate::tables::snapshot::{merge_chains, BoundPlugin, PluginChain};
 use crate::tables::upstream::{InFlight, Timeouts};
 
+/// The response header `gateway.debug_header` adds.
+pub const DEBUG_HEADER: http::HeaderName = http::HeaderName::from_static("x-weir-debug");
+/// The upstream's status, on responses the upstream produced (5xx, or all with
+/// `gateway.show_upstream_status_in_response_header`), as APISIX's `X-APISIX-Upstream-Status`.
+pub const UPSTREAM_STATUS: http::HeaderName = http::HeaderName::from_static("x-weir-upstream-status");
+
 /// The log phase, run once the response is done; also carries body filters.
 pub struct Finish {
     pub(super) ctx: RequestCtx,
@@ -40,6 +46,11 @@ pub struct Finish {
     pub(super) upstream_started: Option<Instant>,
     /// The route's own upstream timeouts (`timeout`), over the upstream's.
     pub(super) timeouts: Option<Timeouts>,
+    /// Add `X-Weir-Debug` to the response (`gateway.debug_header`, or the route's label).
+    pub(super) debug: bool,
+    /// Add `X-Weir-Upstream-Status` to every upstream answer, not only 5xx ones
+    /// (`gateway.show_upstream_status_in_response_header`).
+    pub(super) upstream_status_always: bool,
     pub(super) _inflight: Option<InFlight>,
 }
 
@@ -57,8 +68,40 @@ impl Finish {
             body_received: None,
             upstream_started: None,
             timeouts: None,
+            debug: false,
+            upstream_status_always: false,
             _inflight: None,
         })
+    }
+
+    /// `X-Weir-Debug: route=<id>; plugins=<a,b>; node=<ip:port>`: the route, the plugins of the
+    /// request's chains that apply to it (global rules first), and the last node tried (`-`:
+    /// none). Built only when asked for.
+    #[cold]
+    fn debug_header(&self, head: &mut ResponseHead) {
+        let mut v = String::with_capacity(64);
+        v.push_str("route=");
+        v.push_str(self.ctx.route_id.as_deref().unwrap_or("-"));
+        v.push_str("; plugins=");
+        let mut first = true;
+        for p in self.chains.iter().flat_map(|c| c.iter()).filter(|p| p.runs_for(&self.ctx)) {
+            if !first {
+                v.push(',');
+            }
+            first = false;
+            v.push_str(p.entry.name);
+        }
+        if first {
+            v.push('-');
+        }
+        v.push_str("; node=");
+        match self.ctx.upstream_addrs.last() {
+            Some(a) => v.push_str(&a.to_string()),
+            None => v.push('-'),
+        }
+        if let Ok(value) = HeaderValue::from_str(&v) {
+            head.headers.insert(DEBUG_HEADER, value);
+        }
     }
 
     /// Runs the header filters on `head`, and notes which plugins filter this body.
@@ -128,6 +171,7 @@ impl Drop for Finish {
             }
         }
         crate::access_log::record(&self.ctx);
+        crate::route_stats::record(&self.ctx);
     }
 }
 
@@ -178,6 +222,9 @@ pub(super) fn plugin_response(resp: PluginResponse, mut finish: Box<Finish>) -> 
     }
     finish.ctx.status = head.status.as_u16();
     finish.header_filters(&mut head);
+    if finish.debug {
+        finish.debug_header(&mut head);
+    }
     let mut body = resp.body;
     if finish.filters_body() {
         finish.chunk(&mut body, true);
@@ -347,8 +394,16 @@ pub(super) fn respond(resp: http::Response<Inbound>, mut finish: Box<Finish>, in
     for (k, v) in finish.ctx.response_headers.drain(..) {
         head.headers.append(k, v);
     }
+    // The upstream made this answer: say so on 5xx (the gateway's own 502/504 carry no such
+    // header), before the header filters, as APISIX does.
+    if head.status.is_server_error() || finish.upstream_status_always {
+        head.headers.insert(UPSTREAM_STATUS, HeaderValue::from(head.status.as_u16()));
+    }
     finish.ctx.status = head.status.as_u16();
     finish.header_filters(&mut head);
+    if finish.debug {
+        finish.debug_header(&mut head);
+    }
     finish.ctx.status = head.status.as_u16();
     finish.ctx.head_bytes_sent = head_bytes(&head);
     let no_body = head.status == StatusCode::NO_CONTENT

@@ -20,8 +20,8 @@ use crate::dataplane::upstream_conn::RequestHead;
 use crate::health::checker::Source as ReportSource;
 use crate::health::state::Report;
 use crate::health::HealthRegistry;
-use crate::resources::model::{HashOn, PassHost};
-use crate::tables::upstream::{fnv1a, CompiledUpstream};
+use crate::resources::model::PassHost;
+use crate::tables::upstream::CompiledUpstream;
 
 /// The nodes a request has tried: held inline for the first few (no allocation per request).
 enum Tried {
@@ -63,19 +63,6 @@ fn is_idempotent(ctx: &RequestCtx) -> bool {
     !ctx.non_idempotent && !matches!(ctx.method.as_str(), "POST" | "PATCH" | "LOCK")
 }
 
-fn hash_key(ctx: &RequestCtx, upstream: &CompiledUpstream) -> Option<u32> {
-    let (on, key) = upstream.hash_key_source()?;
-    let value = match on {
-        HashOn::Vars => ctx.var(key).map(|v| v.into_owned()),
-        HashOn::Header => ctx.header(key).map(str::to_owned),
-        HashOn::Cookie => ctx.header("cookie").and_then(|c| {
-            c.split(';').find_map(|kv| kv.trim().split_once('=').filter(|(k, _)| *k == key).map(|(_, v)| v.to_owned()))
-        }),
-        HashOn::Consumer => ctx.consumer.as_ref().map(|c| c.username.to_string()),
-    };
-    Some(fnv1a(value.unwrap_or_else(|| ctx.remote_ip.to_string()).as_bytes()))
-}
-
 pub(super) async fn forward(
     mut fin: Box<Finish>,
     upstream: Arc<CompiledUpstream>,
@@ -90,7 +77,7 @@ pub(super) async fn forward(
     let max_attempts = upstream.retries + 1;
     let started = Instant::now();
     fin.upstream_started = Some(started);
-    let hash = hash_key(&fin.ctx, &upstream);
+    let hash = upstream.request_hash(&fin.ctx);
     let proxy_headers = ProxyHeaders::new(
         &fin.ctx.headers,
         &fin.ctx.remote_ip,

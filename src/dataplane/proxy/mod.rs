@@ -20,7 +20,7 @@ use super::body::ProxyBody;
 use super::body::ResponseBody;
 use super::client::Pool;
 use super::headers::strip_hop_by_hop;
-use super::normalize::{normalize, PathRules};
+use super::normalize::{normalize, strip_port, PathRules};
 use crate::metrics::{bump, Raised, WorkerStats};
 use crate::state::Gateway;
 use crate::tables::snapshot::PluginChain;
@@ -262,6 +262,7 @@ async fn serve(
     let Some(matched) = matched else {
         // As APISIX: global rules run for unmatched requests too, then the 404 is sent.
         let mut fin = Finish::new(ctx, [snap.global_chain.clone(), PluginChain::default()]);
+        fin.debug = gw.debug.header;
         if let Some(resp) = access_phases(&mut fin).await {
             return plugin_response(resp, fin);
         }
@@ -281,6 +282,8 @@ async fn serve(
     let mut fin = Finish::new(ctx, [snap.global_chain.clone(), route.plugins.clone()]);
     fin.grpc = route.upstream.as_ref().is_some_and(|u| u.scheme.grpc());
     fin.timeouts = route.timeouts;
+    fin.debug = gw.debug.header || route.debug_header;
+    fin.upstream_status_always = gw.debug.upstream_status_always;
 
     let wants_body = fin.chains[0].wants_body || fin.chains[1].wants_body;
     // Small bodies, and the first REPLAYABLE_BODY bytes of chunked ones, are read before any
@@ -361,11 +364,4 @@ async fn serve(
 struct Tunnel {
     client: hyper::upgrade::OnUpgrade,
     token: HeaderValue,
-}
-
-fn strip_port(host: &str) -> &str {
-    if host.starts_with('[') {
-        return host.split(']').next().map(|h| h.trim_start_matches('[')).unwrap_or(host);
-    }
-    host.split(':').next().unwrap_or(host)
 }

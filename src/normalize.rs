@@ -251,6 +251,15 @@ fn decode_all(s: &str) -> Vec<u8> {
     out
 }
 
+/// The host a request names, without its port (`[::1]:80` gives `::1`): what routes' `hosts`
+/// are matched against (the data plane and `POST /v1/explain` both use this).
+pub fn strip_port(host: &str) -> &str {
+    if host.starts_with('[') {
+        return host.split(']').next().map(|h| h.trim_start_matches('[')).unwrap_or(host);
+    }
+    host.split(':').next().unwrap_or(host)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
