@@ -212,7 +212,8 @@ impl Conn for SqliteConn {
     fn query(&mut self, sql: &str, params: &[Val]) -> Result<Vec<Vec<Val>>, String> {
         let mut stmt = self.prepare(sql)?;
         let n = stmt.column_count();
-        let mut rows = stmt.query(rusqlite::params_from_iter(params.iter())).map_err(e)?;
+        bind(&mut stmt, params)?;
+        let mut rows = stmt.raw_query();
         let mut out = Vec::new();
         while let Some(r) = rows.next().map_err(e)? {
             let mut row = Vec::with_capacity(n);
@@ -230,8 +231,24 @@ impl Conn for SqliteConn {
     }
     fn execute(&mut self, sql: &str, params: &[Val]) -> Result<u64, String> {
         let mut stmt = self.prepare(sql)?;
-        Ok(stmt.execute(rusqlite::params_from_iter(params.iter())).map_err(e)? as u64)
+        bind(&mut stmt, params)?;
+        Ok(stmt.raw_execute().map_err(e)? as u64)
     }
+}
+
+/// Binds `$N` to `params[N - 1]` by name: SQLite numbers parameters in order of first use,
+/// which is not always N.
+fn bind(stmt: &mut rusqlite::CachedStatement<'_>, params: &[Val]) -> Result<(), String> {
+    for i in 1..=stmt.parameter_count() {
+        let n: usize = stmt
+            .parameter_name(i)
+            .and_then(|name| name.strip_prefix('$'))
+            .and_then(|n| n.parse().ok())
+            .ok_or_else(|| format!("parameter {i} is not $N"))?;
+        let v = params.get(n.wrapping_sub(1)).ok_or_else(|| format!("no value for ${n}"))?;
+        stmt.raw_bind_parameter(i, v).map_err(e)?;
+    }
+    Ok(())
 }
 
 impl SqliteConn {
