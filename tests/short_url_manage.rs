@@ -99,7 +99,13 @@ fn browser(p: &Prefix, code: &str, referer: &str) -> Response {
 }
 
 fn bot(p: &Prefix, code: &str) -> Response {
-    request(p.node(), "GET", &format!("/s/{code}"), &[("User-Agent", "Googlebot/2.1 (+http://www.google.com/bot.html)")], b"")
+    request(
+        p.node(),
+        "GET",
+        &format!("/s/{code}"),
+        &[("User-Agent", "Googlebot/2.1 (+http://www.google.com/bot.html)")],
+        b"",
+    )
 }
 
 /// Creation options and the whole management API on one backend.
@@ -173,8 +179,9 @@ fn options_and_management(pg: Option<&str>) {
     let page1 = call(&p, None, "GET", "?page_size=10", None).json();
     assert_eq!(codes(&page1).len(), 10);
     assert_eq!(page1["data"]["has_more"], true);
-    let all: Vec<String> =
-        (1..=4).flat_map(|pg| codes(&call(&p, None, "GET", &format!("?page_size=10&page={pg}"), None).json())).collect();
+    let all: Vec<String> = (1..=4)
+        .flat_map(|pg| codes(&call(&p, None, "GET", &format!("?page_size=10&page={pg}"), None).json()))
+        .collect();
     let mut dedup = all.clone();
     dedup.sort();
     dedup.dedup();
@@ -254,7 +261,8 @@ fn owners(a: &Prefix, b: &Prefix) {
     let r = create_as(a, Some("alice-key"), &json!([{"origin_url": "https://alice.example/"}]));
     assert_eq!(r.status, 200, "{}", r.text());
     let alice = code_of(&r.json()["data"][0]);
-    let bob = code_of(&create_as(b, Some("bob-key"), &json!([{"origin_url": "https://bob.example/"}])).json()["data"][0]);
+    let bob =
+        code_of(&create_as(b, Some("bob-key"), &json!([{"origin_url": "https://bob.example/"}])).json()["data"][0]);
     let nobody = code_of(&create_as(a, None, &json!([{"origin_url": "https://nobody.example/"}])).json()["data"][0]);
     // Each through both instances.
     for p in [a, b] {
@@ -333,7 +341,12 @@ fn visits(pg: Option<&str>) {
         assert!(!v.to_string().contains("127.0.0.1"), "never the client IP in clear: {v}");
     }
     assert_eq!(recent[0]["ip_hash"], recent[5]["ip_hash"], "one client, one salt period");
-    assert_eq!(call(&p, None, "GET", &format!("/{code}/visits?page=2&page_size=4"), None).json()["data"]["recent"].as_array().map(Vec::len), Some(2));
+    assert_eq!(
+        call(&p, None, "GET", &format!("/{code}/visits?page=2&page_size=4"), None).json()["data"]["recent"]
+            .as_array()
+            .map(Vec::len),
+        Some(2)
+    );
     assert_eq!(call(&p, None, "GET", &format!("/{code}/visits?days=0"), None).status, 400);
     assert_eq!(call(&p, None, "GET", &format!("/{code}"), None).json()["data"]["visits"]["total"], 6);
     let metrics = get(p.control(), "/v1/plugin/short-url/stats");
@@ -354,7 +367,9 @@ fn visits_on_postgres() {
 #[test]
 fn max_visits_and_bots() {
     let (p, _w) = gateway(None, ", max_visits_exclude_bots: true", "");
-    let code = code_of(&create_as(&p, None, &json!([{"origin_url": "https://cap.example/", "max_visits": 3}])).json()["data"][0]);
+    let code = code_of(
+        &create_as(&p, None, &json!([{"origin_url": "https://cap.example/", "max_visits": 3}])).json()["data"][0],
+    );
     for _ in 0..5 {
         assert_eq!(bot(&p, &code).status, 302, "bots do not count when excluded");
     }
@@ -380,7 +395,9 @@ fn max_visits_is_exact_across_two_instances_on_one_postgres() {
     let Some(url) = pg_db("cap") else { return };
     let (a, _wa) = gateway(Some(&url), "", "");
     let (b, _wb) = gateway(Some(&url), "", "");
-    let code = code_of(&create_as(&a, None, &json!([{"origin_url": "https://cap.example/", "max_visits": 25}])).json()["data"][0]);
+    let code = code_of(
+        &create_as(&a, None, &json!([{"origin_url": "https://cap.example/", "max_visits": 25}])).json()["data"][0],
+    );
     let threads: Vec<_> = (0..8)
         .map(|i| {
             let node = if i % 2 == 0 { a.node() } else { b.node() };
@@ -399,7 +416,9 @@ fn max_visits_is_exact_across_two_instances_on_one_postgres() {
 #[test]
 fn qr_codes() {
     let (p, _w) = gateway(None, "", "");
-    let code = code_of(&create_as(&p, None, &json!([{"origin_url": "https://qr.example/", "domain": "go.example"}])).json()["data"][0]);
+    let code = code_of(
+        &create_as(&p, None, &json!([{"origin_url": "https://qr.example/", "domain": "go.example"}])).json()["data"][0],
+    );
     let r = get(p.node(), &format!("/s/{code}/qr?size=200&margin=2"));
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.header("content-type"), Some("image/png"));
@@ -415,7 +434,11 @@ fn qr_codes() {
     }
     assert_eq!(get(p.node(), "/s/Missing9/qr").status, 404);
     std::thread::sleep(Duration::from_millis(600));
-    assert_eq!(call(&p, None, "GET", &format!("/{code}"), None).json()["data"]["visits"]["total"], 0, "a QR fetch is not a visit");
+    assert_eq!(
+        call(&p, None, "GET", &format!("/{code}"), None).json()["data"]["visits"]["total"],
+        0,
+        "a QR fetch is not a visit"
+    );
 }
 
 /// kill -9 while visits are being written: links stay intact, and what was recorded is whole
@@ -427,7 +450,9 @@ fn kill_9_during_visit_writes_loses_only_the_unflushed_batch() {
     let created = create_as(&p, None, &json!(body)).json();
     let links: Vec<(String, String)> = created["data"]
         .as_array()
-        .map(|a| a.iter().map(|i| (code_of(i), i["data"]["origin_url"].as_str().unwrap_or_default().to_owned())).collect())
+        .map(|a| {
+            a.iter().map(|i| (code_of(i), i["data"]["origin_url"].as_str().unwrap_or_default().to_owned())).collect()
+        })
         .unwrap_or_default();
     // Flushed for sure: 200 visits, then a wait of several flush intervals.
     for i in 0..200 {
@@ -461,10 +486,18 @@ fn kill_9_during_visit_writes_loses_only_the_unflushed_batch() {
     let w2 = Weir::spawn(&p);
     w2.wait_ready(p.node());
     let r = call(&p, None, "GET", "?page_size=100", None).json();
-    let total: i64 = r["data"]["items"].as_array().map(|a| a.iter().map(|l| l["visits"]["total"].as_i64().unwrap_or(0)).sum()).unwrap_or(0);
-    let rows: i64 = codes.iter().map(|c| {
-        call(&p, None, "GET", &format!("/{c}/visits?page_size=1"), None).json()["data"]["by_class"]["other"].as_i64().unwrap_or(0)
-    }).sum();
+    let total: i64 = r["data"]["items"]
+        .as_array()
+        .map(|a| a.iter().map(|l| l["visits"]["total"].as_i64().unwrap_or(0)).sum())
+        .unwrap_or(0);
+    let rows: i64 = codes
+        .iter()
+        .map(|c| {
+            call(&p, None, "GET", &format!("/{c}/visits?page_size=1"), None).json()["data"]["by_class"]["other"]
+                .as_i64()
+                .unwrap_or(0)
+        })
+        .sum();
     assert_eq!(total, rows, "counters equal the rows: batches are whole");
     assert!(total >= 200, "flushed visits survive: {total}");
     assert!(total <= 200 + sent as i64, "{total} > 200 + {sent} sent");

@@ -57,7 +57,12 @@ pub fn item_ok<'a>(origin_url: &'a str, code: &'a str, short_base: &'a str, now:
 
 /// A failed item with its own code (409: the `custom_code` is taken).
 pub fn item_fail<'a>(code: u16, origin_url: &'a str, message: &'a str, now: i64) -> Item<'a> {
-    Item { code, data: ItemData { origin_url: Some(origin_url), short_code: None, short_url: None }, message, timestamp: now }
+    Item {
+        code,
+        data: ItemData { origin_url: Some(origin_url), short_code: None, short_url: None },
+        message,
+        timestamp: now,
+    }
 }
 
 /// A successful management answer: HTTP 200, envelope code 200 `success`, `data` as given.

@@ -501,7 +501,7 @@ impl Instance {
                     Err(e) => return Flow::Respond(unavailable(&e)),
                 },
             };
-            if link.max_visits.is_some() && qr_params.is_none() && counted && usable(&link, now).is_ok() {
+            if link.max_visits.is_some() && qr_params.is_none() && counted && unusable(&link, now).is_none() {
                 // Capped: counted in the database, atomically, before the redirect.
                 let code = link.code.clone();
                 match store.run(move |c| store::links::hit(c, &code)).await {
@@ -526,20 +526,19 @@ fn gone(code: &str, why: &str) -> PluginResponse {
     PluginResponse::json(StatusCode::GONE, &json!({"error_msg": format!("short code `{code}` {why}")}))
 }
 
-/// Whether a link redirects now: `Err` is the answer when it does not (deleted or expired: 410,
-/// not yet valid: 404).
-fn usable(link: &store::links::Link, now: i64) -> Result<(), PluginResponse> {
+/// Why a link does not redirect now: the answer (deleted or expired: 410, not yet valid: 404),
+/// or none when it does.
+fn unusable(link: &store::links::Link, now: i64) -> Option<PluginResponse> {
     if link.deleted_at.is_some() {
-        return Err(gone(&link.code, "has been deleted"));
+        return Some(gone(&link.code, "has been deleted"));
     }
     if link.valid_since.is_some_and(|t| now < t) {
-        return Err(not_found(&link.code));
+        return Some(not_found(&link.code));
     }
     if link.expires_at.is_some_and(|t| now >= t) {
-        counters::add(&counters::EXPIRED, 1);
-        return Err(gone(&link.code, "has expired"));
+        return Some(gone(&link.code, "has expired"));
     }
-    Ok(())
+    None
 }
 
 /// The answer for a link found (and, when capped, already counted): the redirect or the QR code,
@@ -551,7 +550,10 @@ fn answer(
     qr_params: Option<qr::Params>,
     visit: Option<(Arc<visits::Sink>, store::links::Visit)>,
 ) -> PluginResponse {
-    if let Err(r) = usable(link, now) {
+    if let Some(r) = unusable(link, now) {
+        if r.status == StatusCode::GONE && link.deleted_at.is_none() {
+            counters::add(&counters::EXPIRED, 1);
+        }
         return r;
     }
     if let Some(p) = qr_params {

@@ -296,7 +296,11 @@ pub(crate) fn handle(meta: &Arc<Meta>, shared: &Arc<Shared>, ctx: &mut RequestCt
                 Flow::Respond(data(
                     &VisitsView {
                         short_code: code,
-                        visits: VisitCounts { total: link.visits, bots: link.bot_visits, counted_for_max: link.cap_used },
+                        visits: VisitCounts {
+                            total: link.visits,
+                            bots: link.bot_visits,
+                            counted_for_max: link.cap_used,
+                        },
                         by_day: report
                             .days
                             .iter()
@@ -311,12 +315,12 @@ pub(crate) fn handle(meta: &Arc<Meta>, shared: &Arc<Shared>, ctx: &mut RequestCt
                         recent: report
                             .recent
                             .into_iter()
-                            .map(|(at, referer, ua_class, country, ip_hash)| VisitView {
-                                at: rfc3339(at),
-                                referer,
-                                ua_class,
-                                country,
-                                ip_hash,
+                            .map(|v| VisitView {
+                                at: rfc3339(v.at),
+                                referer: v.referer,
+                                ua_class: v.ua_class,
+                                country: v.country,
+                                ip_hash: v.ip_hash,
                             })
                             .collect(),
                         page,
@@ -413,12 +417,7 @@ fn gone(code: &str, now: i64) -> Flow<'static> {
 }
 
 /// The link of `code` if `scope` sees it: another owner's link is 404, a deleted one 410.
-async fn visible(
-    store: &Arc<crate::Store>,
-    code: &str,
-    scope: &Scope,
-    now: i64,
-) -> Result<Link, Flow<'static>> {
+async fn visible(store: &Arc<crate::Store>, code: &str, scope: &Scope, now: i64) -> Result<Link, Flow<'static>> {
     let c = code.to_owned();
     match store.run(move |conn| links::get(conn, &c)).await {
         Ok(Some(l)) if scope.sees(&l) => {

@@ -118,8 +118,8 @@ mod tests {
     #[test]
     fn a_png_decodes_back_to_the_url() {
         let url = "https://s.example/s/Ab3dEf9h";
-        let (ct, bytes) = render(url, Params { size: 300, format: Format::Png, margin: 2 })
-            .unwrap_or_else(|e| panic!("{e}"));
+        let (ct, bytes) =
+            render(url, Params { size: 300, format: Format::Png, margin: 2 }).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(ct, "image/png");
         let dec = png::Decoder::new(std::io::Cursor::new(bytes));
         let mut reader = dec.read_info().unwrap_or_else(|e| panic!("{e}"));

@@ -84,8 +84,13 @@ pub fn batch(
 pub fn fuzz_batch(body: &[u8]) {
     let base = url::Url::parse("https://s.example/").ok();
     let domains = ["s.example".to_owned()];
-    let limits =
-        Limits { short_base: base.as_ref(), max_valid_day: 365, default_valid_day: None, day_secs: 86_400, domains: &domains };
+    let limits = Limits {
+        short_base: base.as_ref(),
+        max_valid_day: 365,
+        default_valid_day: None,
+        day_secs: 86_400,
+        domains: &domains,
+    };
     let now = 1_700_000_000;
     if let Ok(results) = batch(body, &limits, now) {
         assert!(!results.is_empty() && results.len() <= MAX_ENTRIES);
@@ -245,7 +250,8 @@ pub struct Patch {
 }
 
 /// Fields a `PATCH` may carry.
-pub const PATCH_FIELDS: [&str; 7] = ["origin_url", "valid_since", "valid_until", "valid_day", "max_visits", "tags", "title"];
+pub const PATCH_FIELDS: [&str; 7] =
+    ["origin_url", "valid_since", "valid_until", "valid_day", "max_visits", "tags", "title"];
 
 /// Parses and validates a `PATCH /short/v1/urls/{code}` body.
 pub fn patch(body: &[u8], limits: &Limits<'_>, now: i64) -> Result<Patch, String> {
@@ -340,8 +346,13 @@ pub fn list_query(query: &str) -> Result<crate::store::links::ListQuery, String>
 pub fn fuzz_manage(data: &[u8]) {
     let base = url::Url::parse("https://s.example/").ok();
     let domains = ["s.example".to_owned()];
-    let limits =
-        Limits { short_base: base.as_ref(), max_valid_day: 365, default_valid_day: None, day_secs: 86_400, domains: &domains };
+    let limits = Limits {
+        short_base: base.as_ref(),
+        max_valid_day: 365,
+        default_valid_day: None,
+        day_secs: 86_400,
+        domains: &domains,
+    };
     if let Ok(p) = patch(data, &limits, 1_700_000_000) {
         assert!(p.origin_url.is_none_or(|u| u.len() <= MAX_URL_BYTES));
         assert!(p.tags.is_none_or(|t| t.len() <= MAX_TAGS));

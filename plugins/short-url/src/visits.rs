@@ -183,9 +183,13 @@ mod tests {
 
     #[test]
     fn classes_and_referers() {
-        let chrome = "Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/120.0 Safari/537.36";
+        let chrome =
+            "Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/120.0 Safari/537.36";
         assert_eq!(classify(Some(chrome)), UaClass::Browser);
-        assert_eq!(classify(Some("Mozilla/5.0 (compatible; Googlebot/2.1; +http://www.google.com/bot.html)")), UaClass::Bot);
+        assert_eq!(
+            classify(Some("Mozilla/5.0 (compatible; Googlebot/2.1; +http://www.google.com/bot.html)")),
+            UaClass::Bot
+        );
         assert_eq!(classify(Some("facebookexternalhit/1.1")), UaClass::Bot);
         assert_eq!(classify(Some("curl/8.5.0")), UaClass::Other);
         assert_eq!(classify(None), UaClass::Other);

@@ -409,8 +409,23 @@ pub struct Report {
     pub referers: Vec<(String, i64)>,
     /// (class, visits).
     pub classes: Vec<(String, i64)>,
-    /// A page of visits, newest first: (at, referer, class, country, ip hash).
-    pub recent: Vec<(i64, Option<String>, String, Option<String>, String)>,
+    /// A page of visits, newest first.
+    pub recent: Vec<Recent>,
+}
+
+/// A recorded visit as read back.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Recent {
+    /// Unix seconds.
+    pub at: i64,
+    /// Referer host.
+    pub referer: Option<String>,
+    /// User-agent class.
+    pub ua_class: String,
+    /// Country.
+    pub country: Option<String>,
+    /// IP hash, hex.
+    pub ip_hash: String,
 }
 
 /// The visit report of a code: the last `days` days, and page `page` of recent visits.
@@ -444,16 +459,18 @@ pub fn report(
     let rows = conn.query(
         "SELECT at, referer, ua_class, country, ip_hash FROM short_url_visits WHERE code = $1
          ORDER BY at DESC, id DESC LIMIT $2 OFFSET $3",
-        &[
-            code.into(),
-            i64::from(page_size).into(),
-            (i64::from(page.saturating_sub(1)) * i64::from(page_size)).into(),
-        ],
+        &[code.into(), i64::from(page_size).into(), (i64::from(page.saturating_sub(1)) * i64::from(page_size)).into()],
     )?;
     let text = |r: &Vec<Val>, i: usize| r.get(i).and_then(Val::text);
     let recent = rows
         .iter()
-        .map(|r| (int(r, 0), text(r, 1), text(r, 2).unwrap_or_default(), text(r, 3), text(r, 4).unwrap_or_default()))
+        .map(|r| Recent {
+            at: int(r, 0),
+            referer: text(r, 1),
+            ua_class: text(r, 2).unwrap_or_default(),
+            country: text(r, 3),
+            ip_hash: text(r, 4).unwrap_or_default(),
+        })
         .collect();
     Ok(Report { days, referers, classes, recent })
 }

@@ -8,7 +8,8 @@ use super::{Conn, Connector, Counts, NewRow, Record, Val};
 use postgres::types::{IsNull, ToSql, Type};
 
 /// Schema versions, applied in order.
-const MIGRATIONS: &[&str] = &["CREATE TABLE IF NOT EXISTS short_url_codes (
+const MIGRATIONS: &[&str] = &[
+    "CREATE TABLE IF NOT EXISTS short_url_codes (
         code TEXT PRIMARY KEY,
         origin_url TEXT NOT NULL,
         created_at BIGINT NOT NULL,
@@ -43,7 +44,8 @@ const MIGRATIONS: &[&str] = &["CREATE TABLE IF NOT EXISTS short_url_codes (
         country TEXT,
         ip_hash TEXT NOT NULL
     );
-    CREATE INDEX short_url_visits_code_at ON short_url_visits (code, at);"];
+    CREATE INDEX short_url_visits_code_at ON short_url_visits (code, at);",
+];
 
 /// Arbitrary key of the migration advisory lock.
 const MIGRATION_LOCK: i64 = 0x5745_4952_5355; // "WEIRSU"
@@ -134,11 +136,7 @@ impl PgConn {
 }
 
 impl ToSql for Val {
-    fn to_sql(
-        &self,
-        ty: &Type,
-        out: &mut bytes::BytesMut,
-    ) -> Result<IsNull, Box<dyn std::error::Error + Sync + Send>> {
+    fn to_sql(&self, ty: &Type, out: &mut bytes::BytesMut) -> Result<IsNull, Box<dyn std::error::Error + Sync + Send>> {
         match self {
             Val::Null => Ok(IsNull::Yes),
             Val::Int(i) => match *ty {

@@ -24,7 +24,8 @@ fn insert_sql(n: usize) -> String {
 }
 
 /// Schema versions, applied in order.
-const MIGRATIONS: &[&str] = &["CREATE TABLE codes (
+const MIGRATIONS: &[&str] = &[
+    "CREATE TABLE codes (
         code TEXT PRIMARY KEY,
         origin_url TEXT NOT NULL,
         created_at INTEGER NOT NULL,
@@ -58,7 +59,8 @@ const MIGRATIONS: &[&str] = &["CREATE TABLE codes (
         country TEXT,
         ip_hash TEXT NOT NULL
     );
-    CREATE INDEX visits_code_at ON visits (code, at);"];
+    CREATE INDEX visits_code_at ON visits (code, at);",
+];
 
 /// Opens connections to one database file.
 pub struct Sqlite {
