@@ -28,8 +28,8 @@ const MIGRATIONS: &[&str] = &[
         ADD COLUMN domain TEXT,
         ADD COLUMN owner TEXT,
         ADD COLUMN deleted_at BIGINT;
-    CREATE INDEX short_url_codes_owner_created ON short_url_codes (owner, created_at);
-    CREATE INDEX short_url_codes_owner_visits ON short_url_codes (owner, visits);
+    CREATE INDEX short_url_codes_owner_created ON short_url_codes (owner, created_at) WHERE owner IS NOT NULL;
+    CREATE INDEX short_url_codes_owner_visits ON short_url_codes (owner, visits) WHERE owner IS NOT NULL;
     CREATE INDEX short_url_codes_created ON short_url_codes (created_at);
     CREATE INDEX short_url_codes_visits ON short_url_codes (visits);
     CREATE INDEX short_url_codes_origin ON short_url_codes (origin_url);
