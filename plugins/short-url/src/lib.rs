@@ -366,15 +366,8 @@ impl PluginInstance for Instance {
 impl Instance {
     fn create(&self, ctx: &mut RequestCtx) -> Flow<'static> {
         let now = now();
-        if let Some(ct) = ctx.header("content-type") {
-            let media = ct.split(';').next().unwrap_or("").trim();
-            if !media.eq_ignore_ascii_case("application/json") {
-                return request_error(
-                    StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                    &format!("Content-Type must be application/json, not `{media}`"),
-                    now,
-                );
-            }
+        if let Some(refused) = refuse_non_json(ctx, now) {
+            return refused;
         }
         let body = ctx.body.take().unwrap_or_default();
         let mut checked = match validate::batch(&body, &self.meta.limits(), now) {
@@ -516,6 +509,18 @@ impl Instance {
             Flow::Respond(answer(&meta, &link, now, qr_params, visit))
         })
     }
+}
+
+/// 415 when the request says its body is not JSON (no `Content-Type` is accepted).
+fn refuse_non_json(ctx: &RequestCtx, now: i64) -> Option<Flow<'static>> {
+    let media = ctx.header("content-type")?.split(';').next().unwrap_or("").trim();
+    (!media.eq_ignore_ascii_case("application/json")).then(|| {
+        request_error(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            &format!("Content-Type must be application/json, not `{media}`"),
+            now,
+        )
+    })
 }
 
 fn unavailable(e: &StoreError) -> PluginResponse {

@@ -331,15 +331,8 @@ pub(crate) fn handle(meta: &Arc<Meta>, shared: &Arc<Shared>, ctx: &mut RequestCt
             })
         }
         (Target::One(code), Method::PATCH) => {
-            if let Some(ct) = ctx.header("content-type") {
-                let media = ct.split(';').next().unwrap_or("").trim();
-                if !media.eq_ignore_ascii_case("application/json") {
-                    return request_error(
-                        StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                        &format!("Content-Type must be application/json, not `{media}`"),
-                        now,
-                    );
-                }
+            if let Some(refused) = crate::refuse_non_json(ctx, now) {
+                return refused;
             }
             let body = ctx.body.take().unwrap_or_default();
             let patch = match validate::patch(&body, &meta.limits(), now) {

@@ -82,17 +82,25 @@ pub fn batch(
 /// Fuzzing entry point: any body, with the default limits. Panics when an invariant breaks.
 #[doc(hidden)]
 pub fn fuzz_batch(body: &[u8]) {
+    with_fuzz_limits(|limits| fuzz_batch_with(body, limits))
+}
+
+/// Runs `f` with the limits the fuzz targets use (`https://s.example/`, 365 days).
+fn with_fuzz_limits(f: impl FnOnce(&Limits<'_>)) {
     let base = url::Url::parse("https://s.example/").ok();
     let domains = ["s.example".to_owned()];
-    let limits = Limits {
+    f(&Limits {
         short_base: base.as_ref(),
         max_valid_day: 365,
         default_valid_day: None,
         day_secs: 86_400,
         domains: &domains,
-    };
+    })
+}
+
+fn fuzz_batch_with(body: &[u8], limits: &Limits<'_>) {
     let now = 1_700_000_000;
-    if let Ok(results) = batch(body, &limits, now) {
+    if let Ok(results) = batch(body, limits, now) {
         assert!(!results.is_empty() && results.len() <= MAX_ENTRIES);
         for r in results.into_iter().flatten() {
             assert!(r.origin_url.len() <= MAX_URL_BYTES, "accepted an over-long url");
@@ -344,16 +352,11 @@ pub fn list_query(query: &str) -> Result<crate::store::links::ListQuery, String>
 /// Fuzzing entry point for the management parsers: a `PATCH` body and a list query.
 #[doc(hidden)]
 pub fn fuzz_manage(data: &[u8]) {
-    let base = url::Url::parse("https://s.example/").ok();
-    let domains = ["s.example".to_owned()];
-    let limits = Limits {
-        short_base: base.as_ref(),
-        max_valid_day: 365,
-        default_valid_day: None,
-        day_secs: 86_400,
-        domains: &domains,
-    };
-    if let Ok(p) = patch(data, &limits, 1_700_000_000) {
+    with_fuzz_limits(|limits| fuzz_manage_with(data, limits))
+}
+
+fn fuzz_manage_with(data: &[u8], limits: &Limits<'_>) {
+    if let Ok(p) = patch(data, limits, 1_700_000_000) {
         assert!(p.origin_url.is_none_or(|u| u.len() <= MAX_URL_BYTES));
         assert!(p.tags.is_none_or(|t| t.len() <= MAX_TAGS));
         assert!(p.max_visits.flatten().is_none_or(|m| m >= 1));
