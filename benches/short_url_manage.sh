@@ -26,7 +26,7 @@ config() { # visits on|off
     printf 'gateway:\n  node_listen: [{ip: 127.0.0.1, port: %s}]\n  worker_processes: 1\n  control: {port: %s}\n' "$PORT" "$CTL"
     printf 'plugin_attr:\n  short-url:\n'
     if [ "$BACKEND" = postgres ]; then printf '    storage: {backend: postgres, url: "%s"}\n' "$PG_URL"; fi
-    if [ "$1" = off ]; then printf '    visits: {enabled: false}\n'; fi
+    if [ "$1" = off ]; then printf '    visits: {enabled: false}\n'; else printf '    visits: {enabled: true}\n'; fi
   } > "$WORK/conf/config.yaml"
 }
 cat > "$WORK/conf/resources.yaml" <<CONF
