@@ -115,7 +115,7 @@ fn options_and_management(pg: Option<&str>) {
     let first = create_as(
         &p,
         None,
-        &json!([{"origin_url": "https://docs.example/guide", "custom_code": "guide-2030", "title": "The Guide",
+        &json!([{"origin_url": "https://docs.example/guide", "custom_code": "guide-2030", "title": "The Guide", "find_if_exists": true,
                  "tags": ["docs", "Launch", "docs"], "domain": "go.example", "max_visits": 100,
                  "valid_until": "2099-01-01T00:00:00Z"}]),
     );

@@ -103,10 +103,12 @@ impl Scope {
     }
 }
 
-/// The code of a live link of the same owner, URL and options.
+/// The code of a live link of the same owner, URL and options, among the links created with
+/// `find_if_exists` (only those are in the partial index on `origin_url`, so that plain creation
+/// does not pay for it).
 pub fn find_existing(conn: &mut dyn Conn, e: &NewEntry, now: i64) -> Result<Option<String>, String> {
     let rows = conn.query(
-        "SELECT code FROM short_url_codes WHERE origin_url = $1 AND deleted_at IS NULL
+        "SELECT code FROM short_url_codes WHERE origin_url = $1 AND findable = 1 AND deleted_at IS NULL
            AND (expires_at IS NULL OR expires_at > $2)
            AND owner IS NOT DISTINCT FROM CAST($3 AS TEXT)
            AND valid_since IS NOT DISTINCT FROM CAST($4 AS BIGINT)
@@ -132,8 +134,8 @@ pub fn find_existing(conn: &mut dyn Conn, e: &NewEntry, now: i64) -> Result<Opti
 /// Inserts a link with all its columns unless the code exists (also deleted); whether it did.
 pub fn insert_full(conn: &mut dyn Conn, code: &str, e: &NewEntry, now: i64) -> Result<bool, String> {
     let n = conn.execute(
-        "INSERT INTO short_url_codes (code, origin_url, created_at, expires_at, valid_since, max_visits, title, tags, domain, owner)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) ON CONFLICT (code) DO NOTHING",
+        "INSERT INTO short_url_codes (code, origin_url, created_at, expires_at, valid_since, max_visits, title, tags, domain, owner, findable)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) ON CONFLICT (code) DO NOTHING",
         &[
             code.into(),
             e.origin_url.as_str().into(),
@@ -145,6 +147,7 @@ pub fn insert_full(conn: &mut dyn Conn, code: &str, e: &NewEntry, now: i64) -> R
             tags_text(&e.tags).into(),
             e.domain.clone().into(),
             e.owner.clone().into(),
+            e.find_if_exists.then_some(1i64).into(),
         ],
     )?;
     if n == 1 {

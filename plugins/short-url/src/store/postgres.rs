@@ -27,12 +27,13 @@ const MIGRATIONS: &[&str] = &[
         ADD COLUMN tags TEXT,
         ADD COLUMN domain TEXT,
         ADD COLUMN owner TEXT,
-        ADD COLUMN deleted_at BIGINT;
+        ADD COLUMN deleted_at BIGINT,
+        ADD COLUMN findable INT;
     CREATE INDEX short_url_codes_owner_created ON short_url_codes (owner, created_at) WHERE owner IS NOT NULL;
     CREATE INDEX short_url_codes_owner_visits ON short_url_codes (owner, visits) WHERE owner IS NOT NULL;
     CREATE INDEX short_url_codes_created ON short_url_codes (created_at);
     CREATE INDEX short_url_codes_visits ON short_url_codes (visits);
-    CREATE INDEX short_url_codes_origin ON short_url_codes (origin_url);
+    CREATE INDEX short_url_codes_origin ON short_url_codes (origin_url) WHERE findable = 1;
     CREATE TABLE short_url_tags (tag TEXT NOT NULL, code TEXT NOT NULL, PRIMARY KEY (tag, code));
     CREATE INDEX short_url_tags_code ON short_url_tags (code);
     CREATE TABLE short_url_visits (

@@ -43,11 +43,12 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE codes ADD COLUMN domain TEXT;
     ALTER TABLE codes ADD COLUMN owner TEXT;
     ALTER TABLE codes ADD COLUMN deleted_at INTEGER;
+    ALTER TABLE codes ADD COLUMN findable INTEGER;
     CREATE INDEX codes_owner_created ON codes (owner, created_at) WHERE owner IS NOT NULL;
     CREATE INDEX codes_owner_visits ON codes (owner, visits) WHERE owner IS NOT NULL;
     CREATE INDEX codes_created ON codes (created_at);
     CREATE INDEX codes_visits ON codes (visits);
-    CREATE INDEX codes_origin ON codes (origin_url);
+    CREATE INDEX codes_origin ON codes (origin_url) WHERE findable = 1;
     CREATE TABLE tags (tag TEXT NOT NULL, code TEXT NOT NULL, PRIMARY KEY (tag, code)) WITHOUT ROWID;
     CREATE INDEX tags_code ON tags (code);
     CREATE TABLE visits (
