@@ -42,10 +42,16 @@ const BOT_TOKENS: [&str; 14] = [
 /// like one (`Mozilla/`), other otherwise (curl, scripts, none).
 pub fn classify(ua: Option<&str>) -> UaClass {
     let Some(ua) = ua else { return UaClass::Other };
-    let lower = ua.to_ascii_lowercase();
-    if BOT_TOKENS.iter().any(|t| lower.contains(t)) {
+    // Lower-cased on the stack: no allocation on the redirect path (the first 512 bytes decide).
+    let mut buf = [0u8; 512];
+    let n = ua.len().min(buf.len());
+    for (d, s) in buf.iter_mut().zip(ua.as_bytes()) {
+        *d = s.to_ascii_lowercase();
+    }
+    let lower = &buf[..n];
+    if BOT_TOKENS.iter().any(|t| lower.windows(t.len()).any(|w| w == t.as_bytes())) {
         UaClass::Bot
-    } else if lower.starts_with("mozilla/") || lower.starts_with("opera/") {
+    } else if lower.starts_with(b"mozilla/") || lower.starts_with(b"opera/") {
         UaClass::Browser
     } else {
         UaClass::Other
