@@ -6,6 +6,7 @@
 #   - req/s and latency vs nginx proxy_pass, 10 vs 10,000 routes, RSS   benches/proxy.sh
 #   - RSS per idle keep-alive connection vs nginx    benches/idle_conns.sh
 #   - short-url creation and redirects (SQLite; PostgreSQL when PG_URL is set)   benches/short_url.sh
+#   - short-url visits on/off, list p99 over 1M links (SQLite)                    benches/short_url_manage.sh
 #   - HTTPS keep-alive, full TLS handshakes/s and HTTP/2 (h2load) vs nginx   benches/tls.sh
 #   - the TCP stream proxy vs nginx stream: MB/s, connections/s, RSS per idle connection   benches/stream.sh
 #   - cluster mode (when etcd is installed): cold start, route changes under load, Admin API
@@ -38,6 +39,7 @@ fi
 benches/proxy.sh > "$out/proxy" 2>&1 || true
 benches/idle_conns.sh > "$out/idle" 2>&1 || true
 benches/short_url.sh > "$out/su-sqlite" 2>&1 || true
+benches/short_url_manage.sh > "$out/su-manage" 2>&1 || true
 benches/tls.sh > "$out/tls" 2>&1 || true
 benches/stream.sh > "$out/stream" 2>&1 || true
 if command -v etcd >/dev/null; then benches/cluster.sh > "$out/cluster" 2>&1 || true; fi
@@ -61,6 +63,8 @@ echo "=== idle connections ==="
 sed 's/^/  /' "$out/idle" | tail -n 1
 echo "=== short-url, SQLite ==="
 grep -E "create|redirect|stored" "$out/su-sqlite" | sed 's/^/  /'
+echo "=== short-url visits and management, SQLite ==="
+grep -E "create|redirect|list|stored|visits" "$out/su-manage" | sed 's/^/  /'
 echo "=== TLS and HTTP/2 (medians of $ROUNDS rounds) ==="
 sed -n '/^scenario/,$p' "$out/tls" | sed 's/^/  /'
 echo "=== TCP stream proxy (medians of $ROUNDS rounds) ==="

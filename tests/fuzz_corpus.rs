@@ -40,6 +40,12 @@ fn short_url_body() {
     each_input("short_url_body", weir_plugin_short_url::validate::fuzz_batch);
 }
 
+#[cfg(feature = "short-url")]
+#[test]
+fn short_url_manage() {
+    each_input("short_url_manage", weir_plugin_short_url::validate::fuzz_manage);
+}
+
 #[cfg(feature = "openid-connect")]
 #[test]
 fn oidc_session() {

@@ -55,6 +55,28 @@ pub fn item_ok<'a>(origin_url: &'a str, code: &'a str, short_base: &'a str, now:
     }
 }
 
+/// A failed item with its own code (409: the `custom_code` is taken).
+pub fn item_fail<'a>(code: u16, origin_url: &'a str, message: &'a str, now: i64) -> Item<'a> {
+    Item {
+        code,
+        data: ItemData { origin_url: Some(origin_url), short_code: None, short_url: None },
+        message,
+        timestamp: now,
+    }
+}
+
+/// A successful management answer: HTTP 200, envelope code 200 `success`, `data` as given.
+pub fn data<T: Serialize + ?Sized>(data: &T, now: i64) -> PluginResponse {
+    #[derive(Serialize)]
+    struct One<'a, T: ?Sized> {
+        code: u16,
+        data: &'a T,
+        message: &'a str,
+        timestamp: i64,
+    }
+    PluginResponse::json_of(StatusCode::OK, &One { code: 200, data, message: "success", timestamp: now })
+}
+
 /// A failed item.
 pub fn item_err(rejected: Option<&Rejected>, now: i64) -> Item<'_> {
     let (origin_url, message) = match rejected {
@@ -76,11 +98,15 @@ struct Envelope<'a> {
 /// The envelope for items: 200 `success`, 207 `partial success` (HTTP 200), or 400 (HTTP 400).
 pub fn respond(items: &[Item<'_>], now: i64) -> PluginResponse {
     let ok = items.iter().filter(|i| i.code == 200).count();
+    let some_conflict = items.iter().any(|i| i.code == 409);
     let none_valid;
     let (code, message, status) = if ok == items.len() {
         (200, "success", StatusCode::OK)
     } else if ok > 0 {
         (207, "partial success", StatusCode::OK)
+    } else if some_conflict {
+        none_valid = format!("no entry was stored ({} rejected, a custom_code taken)", items.len());
+        (409, none_valid.as_str(), StatusCode::CONFLICT)
     } else {
         none_valid = format!("no entry was valid ({} rejected)", items.len());
         (400, none_valid.as_str(), StatusCode::BAD_REQUEST)

@@ -7,8 +7,11 @@
 
 pub mod cache;
 pub mod envelope;
+pub mod manage;
+pub mod qr;
 pub mod store;
 pub mod validate;
+pub mod visits;
 
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock, Weak};
@@ -25,8 +28,8 @@ use weir_plugin::{
 };
 
 use cache::Cache;
-use envelope::{item_err, item_ok, request_error, respond};
-use store::{CodeGen, Connector, RandomCodes, Store, StoreError, CODE_LEN};
+use envelope::{item_err, item_fail, item_ok, request_error, respond};
+use store::{CodeGen, Connector, RandomCodes, Store, StoreError, Stored};
 
 /// What a route with this plugin does.
 #[derive(Debug, Clone, Copy, Default, Deserialize, JsonSchema, PartialEq, Eq)]
@@ -35,15 +38,18 @@ pub enum Action {
     // Serve `POST /short/v1/urls` (batch creation).
     #[default]
     Create,
-    // Serve redirects under the short base path.
+    // Serve redirects under the short base path, and QR codes at `<code>/qr`.
     Resolve,
+    // Serve the management API: `GET /short/v1/urls`, `GET|PATCH|DELETE /short/v1/urls/{code}`,
+    // `GET /short/v1/urls/{code}/visits`.
+    Manage,
 }
 
 /// Route configuration.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Conf {
-    /// `create` (default) or `resolve`.
+    /// `create` (default), `resolve` or `manage`.
     #[serde(default)]
     pub action: Action,
 }
@@ -68,6 +74,16 @@ pub struct Metadata {
     #[serde(default)]
     #[schemars(range(min = 1, max = 36500))]
     pub default_valid_day: Option<u32>,
+    /// More bases links can be shown on: an entry's `domain` names the host of one of them (or of
+    /// `short_base`).
+    #[serde(default)]
+    pub short_bases: Vec<String>,
+    /// Consumers that see, change and delete every link (also those of no owner).
+    #[serde(default)]
+    pub admin_consumers: Vec<String>,
+    /// Whether visits by bots do not count against `max_visits` (default false).
+    #[serde(default)]
+    pub max_visits_exclude_bots: bool,
 }
 
 /// Storage backends.
@@ -104,6 +120,62 @@ pub struct Attr {
     /// Where codes are stored.
     #[serde(default)]
     pub storage: Storage,
+    /// Visit recording.
+    #[serde(default)]
+    pub visits: VisitsAttr,
+}
+
+/// `plugin_attr.short-url.visits`.
+#[derive(Debug, Clone, Copy, Deserialize, JsonSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct VisitsAttr {
+    /// Record visits (default true).
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    /// Visits buffered at most; more are dropped and counted (default 10000).
+    #[serde(default = "default_buffer")]
+    #[schemars(range(min = 1, max = 10_000_000))]
+    pub buffer_size: u32,
+    /// Longest time a visit waits in the buffer, in seconds (default 1).
+    #[serde(default = "default_flush")]
+    #[schemars(range(min = 0.01, max = 4.0))]
+    pub flush_interval: f64,
+    /// Visits written in one transaction at most (default 1000).
+    #[serde(default = "default_batch")]
+    #[schemars(range(min = 1, max = 100_000))]
+    pub batch_size: u32,
+    /// Seconds between two salts of the client IP hash (default 86400).
+    #[serde(default = "default_salt")]
+    #[schemars(range(min = 60))]
+    pub salt_rotate_secs: u32,
+}
+
+fn yes() -> bool {
+    true
+}
+fn default_buffer() -> u32 {
+    10_000
+}
+fn default_flush() -> f64 {
+    1.0
+}
+fn default_batch() -> u32 {
+    1000
+}
+fn default_salt() -> u32 {
+    86_400
+}
+
+impl Default for VisitsAttr {
+    fn default() -> Self {
+        VisitsAttr {
+            enabled: true,
+            buffer_size: default_buffer(),
+            flush_interval: default_flush(),
+            batch_size: default_batch(),
+            salt_rotate_secs: default_salt(),
+        }
+    }
 }
 
 /// Default `short_base`.
@@ -117,6 +189,7 @@ pub const EXPIRED_GRACE_SECS: i64 = 7 * 86_400;
 
 struct Shared {
     store: RwLock<Option<(Storage, PathBuf, Arc<Store>)>>,
+    visits: RwLock<Option<(VisitsAttr, Arc<visits::Sink>)>>,
     cache: Cache,
     codes: Arc<dyn CodeGen>,
     sweeper: OnceLock<()>,
@@ -125,6 +198,9 @@ struct Shared {
 impl Shared {
     fn store(&self) -> Option<Arc<Store>> {
         self.store.read().as_ref().map(|(_, _, s)| s.clone())
+    }
+    fn visits(&self) -> Option<Arc<visits::Sink>> {
+        self.visits.read().as_ref().map(|(_, s)| s.clone())
     }
 }
 
@@ -145,6 +221,7 @@ impl ShortUrl {
         ShortUrl {
             shared: Arc::new(Shared {
                 store: RwLock::new(None),
+                visits: RwLock::new(None),
                 cache: Cache::new(100_000),
                 codes,
                 sweeper: OnceLock::new(),
@@ -164,6 +241,20 @@ struct Meta {
     max_valid_day: u32,
     default_valid_day: Option<u32>,
     day_secs: i64,
+    /// `domain` values (host[:port], lower case) and their bases; the first is `short_base`'s.
+    bases: Vec<(String, String)>,
+    domains: Vec<String>,
+    admins: Vec<String>,
+    exclude_bots: bool,
+}
+
+/// `host[:port]` of a base URL, lower case.
+fn authority(u: &url::Url) -> String {
+    let host = u.host_str().unwrap_or("").to_ascii_lowercase();
+    match u.port() {
+        Some(p) => format!("{host}:{p}"),
+        None => host,
+    }
 }
 
 /// Seconds in a `valid_day` day: 86400, unless `WEIR_SHORT_URL_DAY_SECS` is set. That variable
@@ -180,10 +271,29 @@ impl Meta {
     fn from(metadata: Option<&Value>) -> Result<Meta, String> {
         let m: Metadata = match metadata {
             Some(v) => weir_plugin::parse_conf(v)?,
-            None => Metadata { short_base: None, redirect_status: None, max_valid_day: None, default_valid_day: None },
+            None => Metadata {
+                short_base: None,
+                redirect_status: None,
+                max_valid_day: None,
+                default_valid_day: None,
+                short_bases: Vec::new(),
+                admin_consumers: Vec::new(),
+                max_visits_exclude_bots: false,
+            },
         };
         let short_base = m.short_base.unwrap_or_else(|| DEFAULT_SHORT_BASE.to_owned()).trim_end_matches('/').to_owned();
-        let base_url = Some(url::Url::parse(&short_base).map_err(|e| format!("short_base: {e}"))?);
+        let parsed = url::Url::parse(&short_base).map_err(|e| format!("short_base: {e}"))?;
+        let mut bases = vec![(authority(&parsed), short_base.clone())];
+        for (i, b) in m.short_bases.iter().enumerate() {
+            let b = b.trim_end_matches('/');
+            let u = url::Url::parse(b).map_err(|e| format!("short_bases[{i}]: {e}"))?;
+            if (u.scheme() != "http" && u.scheme() != "https") || u.host_str().is_none() {
+                return Err(format!("short_bases[{i}]: `{b}` is not an http(s) URL with a host"));
+            }
+            bases.push((authority(&u), b.to_owned()));
+        }
+        let domains = bases.iter().map(|(d, _)| d.clone()).collect();
+        let base_url = Some(parsed);
         let max_valid_day = m.max_valid_day.unwrap_or(3650);
         if m.default_valid_day.is_some_and(|d| d > max_valid_day) {
             return Err("default_valid_day: larger than max_valid_day".into());
@@ -195,6 +305,10 @@ impl Meta {
             max_valid_day,
             default_valid_day: m.default_valid_day,
             day_secs: day_secs(),
+            bases,
+            domains,
+            admins: m.admin_consumers,
+            exclude_bots: m.max_visits_exclude_bots,
         })
     }
 }
@@ -205,18 +319,46 @@ struct Instance {
     shared: Arc<Shared>,
 }
 
+impl Meta {
+    /// The base a link is shown on.
+    fn base_of(&self, domain: Option<&str>) -> &str {
+        domain
+            .and_then(|d| self.bases.iter().find(|(h, _)| h == d))
+            .map_or(self.short_base.as_str(), |(_, b)| b.as_str())
+    }
+    fn limits(&self) -> validate::Limits<'_> {
+        validate::Limits {
+            short_base: self.base_url.as_ref(),
+            max_valid_day: self.max_valid_day,
+            default_valid_day: self.default_valid_day,
+            day_secs: self.day_secs,
+            domains: &self.domains,
+        }
+    }
+    /// Who asks: without a consumer (no authentication on the route) or as an admin consumer,
+    /// every link; otherwise the consumer's own.
+    fn scope(&self, ctx: &RequestCtx) -> store::links::Scope {
+        match &ctx.consumer {
+            None => store::links::Scope::All,
+            Some(c) if self.admins.iter().any(|a| **a == *c.username) => store::links::Scope::All,
+            Some(c) => store::links::Scope::Owner(c.username.to_string()),
+        }
+    }
+}
+
 impl PluginInstance for Instance {
     fn late(&self) -> Late {
         Late::NONE
     }
     fn wants_request_body(&self) -> bool {
-        self.action == Action::Create
+        self.action != Action::Resolve
     }
 
     fn access(&self, ctx: &mut RequestCtx) -> Flow<'_> {
         match self.action {
             Action::Create => self.create(ctx),
             Action::Resolve => self.resolve(ctx),
+            Action::Manage => manage::handle(&self.meta, &self.shared, ctx),
         }
     }
 }
@@ -224,27 +366,20 @@ impl PluginInstance for Instance {
 impl Instance {
     fn create(&self, ctx: &mut RequestCtx) -> Flow<'static> {
         let now = now();
-        if let Some(ct) = ctx.header("content-type") {
-            let media = ct.split(';').next().unwrap_or("").trim();
-            if !media.eq_ignore_ascii_case("application/json") {
-                return request_error(
-                    StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                    &format!("Content-Type must be application/json, not `{media}`"),
-                    now,
-                );
-            }
+        if let Some(refused) = refuse_non_json(ctx, now) {
+            return refused;
         }
         let body = ctx.body.take().unwrap_or_default();
-        let limits = validate::Limits {
-            short_base: self.meta.base_url.as_ref(),
-            max_valid_day: self.meta.max_valid_day,
-            default_valid_day: self.meta.default_valid_day,
-            day_secs: self.meta.day_secs,
-        };
-        let checked = match validate::batch(&body, &limits, now) {
+        let mut checked = match validate::batch(&body, &self.meta.limits(), now) {
             Ok(c) => c,
             Err((status, message)) => return request_error(status, &message, now),
         };
+        // The consumer an authentication plugin identified owns what it creates.
+        if let Some(c) = &ctx.consumer {
+            for e in checked.iter_mut().flatten() {
+                e.owner = Some(c.username.to_string());
+            }
+        }
         let valid: Vec<store::NewEntry> = checked.iter().filter_map(|c| c.as_ref().ok().cloned()).collect();
         if valid.is_empty() {
             let items: Vec<_> = checked.iter().map(|c| item_err(c.as_ref().err(), now)).collect();
@@ -256,7 +391,7 @@ impl Instance {
         let meta = self.meta.clone();
         let shared = self.shared.clone();
         Flow::wait(async move {
-            match store.create(valid.clone(), now).await {
+            match store.create_entries(valid.clone(), now).await {
                 Err(e) => {
                     log::error!("short-url: batch not stored: {e}");
                     let status = match e {
@@ -265,17 +400,24 @@ impl Instance {
                     };
                     request_error(status, &format!("{e}; nothing of this request was stored"), now)
                 }
-                Ok(codes) => {
-                    counters::add(&counters::CREATED, codes.len() as u64);
-                    let mut stored = codes.iter().zip(&valid);
+                Ok(results) => {
+                    let created = results.iter().filter(|r| matches!(r, Stored::New(_))).count();
+                    counters::add(&counters::CREATED, created as u64);
+                    let mut stored = results.iter().zip(&valid);
                     let items: Vec<_> = checked
                         .iter()
                         .map(|c| match c {
                             Err(r) => item_err(Some(r), now),
                             Ok(_) => match stored.next() {
-                                Some((code, entry)) => {
-                                    shared.cache.put(code, &entry.origin_url, entry.expires_at);
-                                    item_ok(&entry.origin_url, code, &meta.short_base, now)
+                                Some((Stored::New(code), entry)) => {
+                                    shared.cache.put(Arc::new(store::links::Link::of_entry(code, entry, now)), now);
+                                    item_ok(&entry.origin_url, code, meta.base_of(entry.domain.as_deref()), now)
+                                }
+                                Some((Stored::Existing(code), entry)) => {
+                                    item_ok(&entry.origin_url, code, meta.base_of(entry.domain.as_deref()), now)
+                                }
+                                Some((Stored::Taken, entry)) => {
+                                    item_fail(409, &entry.origin_url, "custom_code: is already taken", now)
                                 }
                                 None => item_err(None, now),
                             },
@@ -288,14 +430,49 @@ impl Instance {
     }
 
     fn resolve(&self, ctx: &mut RequestCtx) -> Flow<'static> {
-        let code = ctx.path.rsplit('/').next().unwrap_or("").to_owned();
         let now = now();
-        if code.len() != CODE_LEN || !code.bytes().all(|b| b.is_ascii_alphanumeric()) {
-            return Flow::Respond(not_found(&code));
+        let (code, qr) = match ctx.path.strip_suffix("/qr") {
+            Some(rest) => (rest.rsplit('/').next().unwrap_or(""), true),
+            None => (ctx.path.rsplit('/').next().unwrap_or(""), false),
+        };
+        if !validate::is_code(code) {
+            return Flow::Respond(not_found(code));
         }
-        let status = self.meta.redirect_status;
-        if let Some(hit) = self.shared.cache.get(&code) {
-            return Flow::Respond(redirect_or_gone(&code, &hit.0, hit.1, now, status));
+        let code = code.to_owned();
+        let qr_params = if qr {
+            match qr::params(&ctx.query) {
+                Ok(p) => Some(p),
+                Err(m) => return request_error(StatusCode::BAD_REQUEST, &m, now),
+            }
+        } else {
+            None
+        };
+        // What a visit records, taken now (the request is gone once this waits).
+        let visit = match (&qr_params, self.shared.visits()) {
+            (None, Some(sink)) => {
+                let class = visits::classify(ctx.header("user-agent"));
+                Some((sink, class))
+            }
+            _ => None,
+        };
+        let class = visit.as_ref().map_or_else(|| visits::classify(ctx.header("user-agent")), |(_, c)| *c);
+        let visit = visit.map(|(sink, class)| {
+            let v = store::links::Visit {
+                code: code.clone(),
+                at: now,
+                referer: ctx.header("referer").and_then(visits::referer_host),
+                class,
+                country: None,
+                ip_hash: sink.salt.hash(&ctx.remote_ip, now),
+            };
+            (sink, v)
+        });
+        let meta = self.meta.clone();
+        let counted = !(meta.exclude_bots && class == store::links::UaClass::Bot);
+        if let Some(link) = self.shared.cache.get(&code, now) {
+            if link.max_visits.is_none() || qr_params.is_some() || !counted {
+                return Flow::Respond(answer(&meta, &link, now, qr_params, visit));
+            }
         }
         let Some(store) = self.shared.store() else {
             return Flow::Respond(PluginResponse::json(
@@ -305,19 +482,104 @@ impl Instance {
         };
         let shared = self.shared.clone();
         Flow::wait(async move {
-            match store.get(&code).await {
-                Ok(Some(r)) => {
-                    shared.cache.put(&code, &r.origin_url, r.expires_at);
-                    Flow::Respond(redirect_or_gone(&code, &r.origin_url, r.expires_at, now, status))
+            let link = match shared.cache.get(&code, now) {
+                Some(l) => l,
+                None => match store.run(move |c| store::links::get(c, &code)).await {
+                    Ok(Some(l)) => {
+                        let l = Arc::new(l);
+                        shared.cache.put(l.clone(), now);
+                        l
+                    }
+                    Ok(None) => return Flow::Respond(not_found(visit.as_ref().map_or("", |(_, v)| &v.code))),
+                    Err(e) => return Flow::Respond(unavailable(&e)),
+                },
+            };
+            if link.max_visits.is_some() && qr_params.is_none() && counted && unusable(&link, now).is_none() {
+                // Capped: counted in the database, atomically, before the redirect.
+                let code = link.code.clone();
+                match store.run(move |c| store::links::hit(c, &code)).await {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        counters::add(&counters::CAPPED, 1);
+                        return Flow::Respond(gone(&link.code, "has reached its max_visits"));
+                    }
+                    Err(e) => return Flow::Respond(unavailable(&e)),
                 }
-                Ok(None) => Flow::Respond(not_found(&code)),
-                Err(e) => Flow::Respond(PluginResponse::json(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    &json!({"error_msg": format!("short-url {e}")}),
-                )),
             }
+            Flow::Respond(answer(&meta, &link, now, qr_params, visit))
         })
     }
+}
+
+/// 415 when the request says its body is not JSON (no `Content-Type` is accepted).
+fn refuse_non_json(ctx: &RequestCtx, now: i64) -> Option<Flow<'static>> {
+    let media = ctx.header("content-type")?.split(';').next().unwrap_or("").trim();
+    (!media.eq_ignore_ascii_case("application/json")).then(|| {
+        request_error(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            &format!("Content-Type must be application/json, not `{media}`"),
+            now,
+        )
+    })
+}
+
+fn unavailable(e: &StoreError) -> PluginResponse {
+    PluginResponse::json(StatusCode::SERVICE_UNAVAILABLE, &json!({"error_msg": format!("short-url {e}")}))
+}
+
+fn gone(code: &str, why: &str) -> PluginResponse {
+    PluginResponse::json(StatusCode::GONE, &json!({"error_msg": format!("short code `{code}` {why}")}))
+}
+
+/// Why a link does not redirect now: the answer (deleted or expired: 410, not yet valid: 404),
+/// or none when it does.
+fn unusable(link: &store::links::Link, now: i64) -> Option<PluginResponse> {
+    if link.deleted_at.is_some() {
+        return Some(gone(&link.code, "has been deleted"));
+    }
+    if link.valid_since.is_some_and(|t| now < t) {
+        return Some(not_found(&link.code));
+    }
+    if link.expires_at.is_some_and(|t| now >= t) {
+        return Some(gone(&link.code, "has expired"));
+    }
+    None
+}
+
+/// The answer for a link found (and, when capped, already counted): the redirect or the QR code,
+/// and the visit buffered.
+fn answer(
+    meta: &Meta,
+    link: &store::links::Link,
+    now: i64,
+    qr_params: Option<qr::Params>,
+    visit: Option<(Arc<visits::Sink>, store::links::Visit)>,
+) -> PluginResponse {
+    if let Some(r) = unusable(link, now) {
+        if r.status == StatusCode::GONE && link.deleted_at.is_none() {
+            counters::add(&counters::EXPIRED, 1);
+        }
+        return r;
+    }
+    if let Some(p) = qr_params {
+        let url = format!("{}/{}", meta.base_of(link.domain.as_deref()), link.code);
+        return match qr::render(&url, p) {
+            Ok((ct, bytes)) => {
+                let mut r = PluginResponse { status: StatusCode::OK, headers: Default::default(), body: bytes.into() };
+                r.headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(ct));
+                r.headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("public, max-age=86400"));
+                r
+            }
+            Err(e) => PluginResponse::json(StatusCode::BAD_REQUEST, &json!({"error_msg": format!("qr: {e}")})),
+        };
+    }
+    let r = redirect(&link.code, &link.origin_url, meta.redirect_status);
+    if r.status == meta.redirect_status {
+        if let Some((sink, v)) = visit {
+            sink.record(v);
+        }
+    }
+    r
 }
 
 /// Counters exported with the metrics (`short_url_*_total`).
@@ -330,6 +592,8 @@ mod counters {
     pub static RESOLVED: AtomicU64 = AtomicU64::new(0);
     /// Requests for an expired code (410).
     pub static EXPIRED: AtomicU64 = AtomicU64::new(0);
+    /// Redirects refused because the link reached its `max_visits` (410).
+    pub static CAPPED: AtomicU64 = AtomicU64::new(0);
 
     pub fn add(c: &AtomicU64, n: u64) {
         c.fetch_add(n, Ordering::Relaxed);
@@ -342,6 +606,13 @@ mod counters {
                 ("short_url_created_total", "Short codes created.", &CREATED),
                 ("short_url_resolved_total", "Short codes resolved to a redirect.", &RESOLVED),
                 ("short_url_expired_total", "Requests for an expired short code (410).", &EXPIRED),
+                ("short_url_capped_total", "Redirects refused at max_visits (410).", &CAPPED),
+                ("short_url_visits_recorded_total", "Visits written to storage.", &crate::visits::RECORDED),
+                (
+                    "short_url_visits_dropped_total",
+                    "Visits dropped (buffer full or batch not written).",
+                    &crate::visits::DROPPED,
+                ),
             ] {
                 e.family(name, "counter", help);
                 e.sample(name, &[], c.load(Ordering::Relaxed));
@@ -354,15 +625,8 @@ fn not_found(code: &str) -> PluginResponse {
     PluginResponse::json(StatusCode::NOT_FOUND, &json!({"error_msg": format!("short code `{code}` not found")}))
 }
 
-/// A redirect, or 410 once `expires_at` is reached (checked to the second, also on cache hits).
-fn redirect_or_gone(code: &str, origin: &str, expires_at: Option<i64>, now: i64, status: StatusCode) -> PluginResponse {
-    if expires_at.is_some_and(|t| now >= t) {
-        counters::add(&counters::EXPIRED, 1);
-        return PluginResponse::json(
-            StatusCode::GONE,
-            &json!({"error_msg": format!("short code `{code}` has expired")}),
-        );
-    }
+/// A redirect to `origin`.
+fn redirect(code: &str, origin: &str, status: StatusCode) -> PluginResponse {
     let mut r = PluginResponse { status, headers: Default::default(), body: Default::default() };
     match HeaderValue::from_bytes(origin.as_bytes()) {
         Ok(v) => {
@@ -375,10 +639,10 @@ fn redirect_or_gone(code: &str, origin: &str, expires_at: Option<i64>, now: i64,
     r
 }
 
-fn storage_from(attr: Option<&Value>) -> Result<Storage, String> {
+fn attr_from(attr: Option<&Value>) -> Result<Attr, String> {
     match attr {
-        None => Ok(Storage::default()),
-        Some(v) => weir_plugin::parse_conf::<Attr>(v).map(|a| a.storage),
+        None => Ok(Attr::default()),
+        Some(v) => weir_plugin::parse_conf::<Attr>(v),
     }
 }
 
@@ -425,9 +689,13 @@ impl Plugin for ShortUrl {
         Some(schema_of::<Attr>())
     }
     fn init(&self, attr: Option<&Value>, env: &InitEnv) -> Result<(), String> {
-        let storage = storage_from(attr)?;
+        let attr = attr_from(attr)?;
+        let storage = attr.storage;
         if let Storage::Postgres { url, .. } = &storage {
             store::postgres::check_url(url)?;
+        }
+        if !attr.visits.flush_interval.is_finite() || !(0.01..=4.0).contains(&attr.visits.flush_interval) {
+            return Err("visits.flush_interval: must be 0.01 to 4 seconds (a visit shows within 5 s)".into());
         }
         if env.check_only {
             return Ok(());
@@ -435,11 +703,23 @@ impl Plugin for ShortUrl {
         counters::register();
         {
             let current = self.shared.store.read();
-            if current.as_ref().is_some_and(|(s, dir, _)| *s == storage && *dir == env.data_dir) {
+            let same_visits = self.shared.visits.read().as_ref().map(|(a, _)| *a);
+            if current.as_ref().is_some_and(|(s, dir, _)| *s == storage && *dir == env.data_dir)
+                && (same_visits == Some(attr.visits) || (!attr.visits.enabled && same_visits.is_none()))
+            {
                 return Ok(());
             }
         }
         let (connector, readers) = connector(&storage, &env.data_dir);
+        *self.shared.visits.write() = attr.visits.enabled.then(|| {
+            let settings = visits::Settings {
+                buffer: attr.visits.buffer_size as usize,
+                flush_interval: Duration::from_secs_f64(attr.visits.flush_interval),
+                batch_size: attr.visits.batch_size as usize,
+                salt_rotate_secs: i64::from(attr.visits.salt_rotate_secs),
+            };
+            (attr.visits, visits::Sink::start(connector.clone(), settings))
+        });
         match connector.connect() {
             Ok(_) => log::info!("short-url: storage {} ready", connector.describe()),
             Err(e) => {

@@ -20,6 +20,26 @@ pub struct Limits<'a> {
     pub default_valid_day: Option<u32>,
     /// Seconds in a day (86400; tests shorten it).
     pub day_secs: i64,
+    /// Hosts (`host[:port]`, lower case) `domain` may name: those of `short_base` and `short_bases`.
+    pub domains: &'a [String],
+}
+
+/// Longest `custom_code`.
+pub const MAX_CODE_LEN: usize = 64;
+/// Shortest `custom_code`.
+pub const MIN_CUSTOM_CODE_LEN: usize = 4;
+/// Most tags of a link.
+pub const MAX_TAGS: usize = 20;
+/// Longest tag, in bytes.
+pub const MAX_TAG_BYTES: usize = 64;
+/// Longest title, in bytes.
+pub const MAX_TITLE_BYTES: usize = 512;
+
+/// Whether `code` could be a code: 1 to 64 of [A-Za-z0-9_-].
+pub fn is_code(code: &str) -> bool {
+    !code.is_empty()
+        && code.len() <= MAX_CODE_LEN
+        && code.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
 /// A rejected entry: the `origin_url` to echo (as submitted, if it was a string) and why.
@@ -62,10 +82,25 @@ pub fn batch(
 /// Fuzzing entry point: any body, with the default limits. Panics when an invariant breaks.
 #[doc(hidden)]
 pub fn fuzz_batch(body: &[u8]) {
+    with_fuzz_limits(|limits| fuzz_batch_with(body, limits))
+}
+
+/// Runs `f` with the limits the fuzz targets use (`https://s.example/`, 365 days).
+fn with_fuzz_limits(f: impl FnOnce(&Limits<'_>)) {
     let base = url::Url::parse("https://s.example/").ok();
-    let limits = Limits { short_base: base.as_ref(), max_valid_day: 365, default_valid_day: None, day_secs: 86_400 };
+    let domains = ["s.example".to_owned()];
+    f(&Limits {
+        short_base: base.as_ref(),
+        max_valid_day: 365,
+        default_valid_day: None,
+        day_secs: 86_400,
+        domains: &domains,
+    })
+}
+
+fn fuzz_batch_with(body: &[u8], limits: &Limits<'_>) {
     let now = 1_700_000_000;
-    if let Ok(results) = batch(body, &limits, now) {
+    if let Ok(results) = batch(body, limits, now) {
         assert!(!results.is_empty() && results.len() <= MAX_ENTRIES);
         for r in results.into_iter().flatten() {
             assert!(r.origin_url.len() <= MAX_URL_BYTES, "accepted an over-long url");
@@ -92,7 +127,243 @@ pub fn entry(v: &Value, limits: &Limits<'_>, now: i64) -> Result<NewEntry, Rejec
         None | Some(Value::Null) => limits.default_valid_day,
         Some(v) => Some(valid_day(v, limits.max_valid_day).map_err(reject)?),
     };
-    Ok(NewEntry { origin_url: origin, expires_at: days.map(|d| now + i64::from(d) * limits.day_secs) })
+    let mut out = NewEntry {
+        origin_url: origin.clone(),
+        expires_at: days.map(|d| now + i64::from(d) * limits.day_secs),
+        ..NewEntry::default()
+    };
+    if let Some(v) = obj.get("valid_until").filter(|v| !v.is_null()) {
+        if obj.get("valid_day").is_some_and(|v| !v.is_null()) {
+            return Err(reject("valid_until: give valid_day or valid_until, not both".into()));
+        }
+        let t = rfc3339("valid_until", v).map_err(reject)?;
+        if t <= now {
+            return Err(reject("valid_until: must be in the future".into()));
+        }
+        out.expires_at = Some(t);
+    }
+    if let Some(v) = obj.get("custom_code").filter(|v| !v.is_null()) {
+        out.custom_code = Some(custom_code(v).map_err(reject)?);
+    }
+    match obj.get("find_if_exists") {
+        None | Some(Value::Null) => {}
+        Some(Value::Bool(b)) => out.find_if_exists = *b,
+        Some(_) => return Err(reject("find_if_exists: must be true or false".into())),
+    }
+    if let Some(v) = obj.get("valid_since").filter(|v| !v.is_null()) {
+        out.valid_since = Some(rfc3339("valid_since", v).map_err(reject)?);
+    }
+    if let Some(v) = obj.get("max_visits").filter(|v| !v.is_null()) {
+        out.max_visits = Some(max_visits(v).map_err(reject)?);
+    }
+    if let Some(v) = obj.get("tags").filter(|v| !v.is_null()) {
+        out.tags = tags(v).map_err(reject)?;
+    }
+    if let Some(v) = obj.get("title").filter(|v| !v.is_null()) {
+        out.title = Some(title(v).map_err(reject)?);
+    }
+    if let Some(v) = obj.get("domain").filter(|v| !v.is_null()) {
+        let Some(d) = v.as_str() else {
+            return Err(reject("domain: must be a string".into()));
+        };
+        let d = d.to_ascii_lowercase();
+        if !limits.domains.contains(&d) {
+            return Err(reject(format!(
+                "domain: `{d}` is not one of the configured short bases ({})",
+                limits.domains.join(", ")
+            )));
+        }
+        out.domain = Some(d);
+    }
+    if out.valid_since.zip(out.expires_at).is_some_and(|(a, b)| a >= b) {
+        return Err(reject("valid_since: must be before the expiry".into()));
+    }
+    Ok(out)
+}
+
+/// An RFC 3339 date as Unix seconds.
+pub fn rfc3339(field: &str, v: &Value) -> Result<i64, String> {
+    let Some(s) = v.as_str() else {
+        return Err(format!("{field}: must be an RFC 3339 date string, e.g. 2030-01-31T12:00:00Z"));
+    };
+    chrono::DateTime::parse_from_rfc3339(s)
+        .map(|d| d.timestamp())
+        .map_err(|err| format!("{field}: `{s}` is not an RFC 3339 date ({err}), e.g. 2030-01-31T12:00:00Z"))
+}
+
+fn custom_code(v: &Value) -> Result<String, String> {
+    let Some(s) = v.as_str() else {
+        return Err("custom_code: must be a string".into());
+    };
+    if s.len() < MIN_CUSTOM_CODE_LEN || !is_code(s) {
+        return Err(format!(
+            "custom_code: `{s}` must be {MIN_CUSTOM_CODE_LEN} to {MAX_CODE_LEN} characters of A-Z, a-z, 0-9, _ and -"
+        ));
+    }
+    Ok(s.to_owned())
+}
+
+fn max_visits(v: &Value) -> Result<i64, String> {
+    match v.as_i64() {
+        Some(n) if n >= 1 => Ok(n),
+        _ => Err(format!("max_visits: `{v}` is not a whole number of visits of at least 1")),
+    }
+}
+
+fn tags(v: &Value) -> Result<Vec<String>, String> {
+    let Some(a) = v.as_array() else {
+        return Err("tags: must be an array of strings".into());
+    };
+    if a.len() > MAX_TAGS {
+        return Err(format!("tags: at most {MAX_TAGS} tags, got {}", a.len()));
+    }
+    let mut out = Vec::with_capacity(a.len());
+    for t in a {
+        let Some(t) = t.as_str() else {
+            return Err("tags: must be an array of strings".into());
+        };
+        if t.is_empty() || t.len() > MAX_TAG_BYTES || t.chars().any(char::is_control) {
+            return Err(format!("tags: `{t}` must be 1 to {MAX_TAG_BYTES} bytes without control characters"));
+        }
+        out.push(t.to_owned());
+    }
+    out.sort();
+    out.dedup();
+    Ok(out)
+}
+
+fn title(v: &Value) -> Result<String, String> {
+    match v.as_str() {
+        Some(t) if t.len() <= MAX_TITLE_BYTES && !t.chars().any(char::is_control) => Ok(t.to_owned()),
+        Some(_) => Err(format!("title: must be at most {MAX_TITLE_BYTES} bytes without control characters")),
+        None => Err("title: must be a string".into()),
+    }
+}
+
+/// A validated `PATCH`: each field `None` when absent, `Some(None)` when cleared with `null`.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Patch {
+    /// New URL.
+    pub origin_url: Option<String>,
+    /// New expiry (from `valid_until` or `valid_day`, counted from now).
+    pub expires_at: Option<Option<i64>>,
+    /// New start of validity.
+    pub valid_since: Option<Option<i64>>,
+    /// New cap.
+    pub max_visits: Option<Option<i64>>,
+    /// New tags (`null` or `[]` clears).
+    pub tags: Option<Vec<String>>,
+    /// New title.
+    pub title: Option<Option<String>>,
+}
+
+/// Fields a `PATCH` may carry.
+pub const PATCH_FIELDS: [&str; 7] =
+    ["origin_url", "valid_since", "valid_until", "valid_day", "max_visits", "tags", "title"];
+
+/// Parses and validates a `PATCH /short/v1/urls/{code}` body.
+pub fn patch(body: &[u8], limits: &Limits<'_>, now: i64) -> Result<Patch, String> {
+    if body.len() > MAX_BODY {
+        return Err(format!("request body larger than {MAX_BODY} bytes"));
+    }
+    let v: Value = serde_json::from_slice(body).map_err(|e| format!("request body is not valid JSON: {e}"))?;
+    let Some(obj) = v.as_object() else {
+        return Err("request body must be a JSON object".into());
+    };
+    if let Some(k) = obj.keys().find(|k| !PATCH_FIELDS.contains(&k.as_str())) {
+        return Err(format!("{k}: is not a field that can be changed (those are: {})", PATCH_FIELDS.join(", ")));
+    }
+    let mut p = Patch::default();
+    if let Some(v) = obj.get("origin_url") {
+        let Some(u) = v.as_str() else {
+            return Err("origin_url: must be a string".into());
+        };
+        check_url(u, limits.short_base)?;
+        p.origin_url = Some(u.to_owned());
+    }
+    if obj.contains_key("valid_day") && obj.contains_key("valid_until") {
+        return Err("valid_until: give valid_day or valid_until, not both".into());
+    }
+    if let Some(v) = obj.get("valid_day") {
+        p.expires_at = Some(match v {
+            Value::Null => None,
+            v => Some(now + i64::from(valid_day(v, limits.max_valid_day)?) * limits.day_secs),
+        });
+    }
+    if let Some(v) = obj.get("valid_until") {
+        p.expires_at = Some(match v {
+            Value::Null => None,
+            v => Some(rfc3339("valid_until", v)?),
+        });
+    }
+    if let Some(v) = obj.get("valid_since") {
+        p.valid_since = Some(if v.is_null() { None } else { Some(rfc3339("valid_since", v)?) });
+    }
+    if let Some(v) = obj.get("max_visits") {
+        p.max_visits = Some(if v.is_null() { None } else { Some(max_visits(v)?) });
+    }
+    if let Some(v) = obj.get("tags") {
+        p.tags = Some(if v.is_null() { Vec::new() } else { tags(v)? });
+    }
+    if let Some(v) = obj.get("title") {
+        p.title = Some(if v.is_null() { None } else { Some(title(v)?) });
+    }
+    Ok(p)
+}
+
+/// Parses the query of `GET /short/v1/urls`.
+pub fn list_query(query: &str) -> Result<crate::store::links::ListQuery, String> {
+    use crate::store::links::{ListQuery, Order};
+    let mut q = ListQuery::default();
+    for (k, v) in url::form_urlencoded::parse(query.as_bytes()) {
+        let num = |max: u32| -> Result<u32, String> {
+            match v.parse::<u32>() {
+                Ok(n) if (1..=max).contains(&n) => Ok(n),
+                _ => Err(format!("{k}: `{v}` must be a whole number from 1 to {max}")),
+            }
+        };
+        match &*k {
+            "page" => q.page = num(1_000_000)?,
+            "page_size" => q.page_size = num(100)?,
+            "search" if !v.is_empty() => q.search = Some(v.chars().take(256).collect()),
+            "tag" if !v.is_empty() => q.tag = Some(v.into_owned()),
+            "since" => q.since = Some(rfc3339("since", &Value::String(v.into_owned()))?),
+            "until" => q.until = Some(rfc3339("until", &Value::String(v.into_owned()))?),
+            "order_by" => {
+                q.order = match &*v {
+                    "created_at" => Order::CreatedAsc,
+                    "-created_at" => Order::CreatedDesc,
+                    "visits" => Order::VisitsAsc,
+                    "-visits" => Order::VisitsDesc,
+                    _ => return Err(format!("order_by: `{v}` is not one of created_at, -created_at, visits, -visits")),
+                }
+            }
+            "search" | "tag" => {}
+            _ => {
+                return Err(format!(
+                    "{k}: unknown parameter (known: page, page_size, search, tag, since, until, order_by)"
+                ))
+            }
+        }
+    }
+    Ok(q)
+}
+
+/// Fuzzing entry point for the management parsers: a `PATCH` body and a list query.
+#[doc(hidden)]
+pub fn fuzz_manage(data: &[u8]) {
+    with_fuzz_limits(|limits| fuzz_manage_with(data, limits))
+}
+
+fn fuzz_manage_with(data: &[u8], limits: &Limits<'_>) {
+    if let Ok(p) = patch(data, limits, 1_700_000_000) {
+        assert!(p.origin_url.is_none_or(|u| u.len() <= MAX_URL_BYTES));
+        assert!(p.tags.is_none_or(|t| t.len() <= MAX_TAGS));
+        assert!(p.max_visits.flatten().is_none_or(|m| m >= 1));
+    }
+    if let Ok(q) = list_query(&String::from_utf8_lossy(data)) {
+        assert!(q.page >= 1 && (1..=100).contains(&q.page_size));
+    }
 }
 
 fn check_url(s: &str, short_base: Option<&url::Url>) -> Result<(), String> {
@@ -157,7 +428,7 @@ mod tests {
     use serde_json::json;
 
     fn limits(base: &url::Url) -> Limits<'_> {
-        Limits { short_base: Some(base), max_valid_day: 3650, default_valid_day: None, day_secs: 86_400 }
+        Limits { short_base: Some(base), max_valid_day: 3650, default_valid_day: None, day_secs: 86_400, domains: &[] }
     }
 
     #[test]

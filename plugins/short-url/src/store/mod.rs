@@ -9,6 +9,7 @@
 //! - a failed connection is dropped and re-established on the next job (storage comes back by
 //!   itself); meanwhile jobs fail with [`StoreError::Unavailable`].
 
+pub mod links;
 pub mod postgres;
 pub mod sqlite;
 
@@ -89,12 +90,102 @@ impl CodeGen for RandomCodes {
 }
 
 /// An entry to store.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct NewEntry {
     /// The URL, as submitted.
     pub origin_url: String,
     /// Unix seconds after which the code is expired (none: never).
     pub expires_at: Option<i64>,
+    /// The code asked for (none: a random one).
+    pub custom_code: Option<String>,
+    /// Answer with an existing link of the same owner, URL and options instead of a new one.
+    pub find_if_exists: bool,
+    /// Unix seconds before which the code answers 404.
+    pub valid_since: Option<i64>,
+    /// Redirects allowed (none: unlimited).
+    pub max_visits: Option<i64>,
+    /// Tags, sorted, without repeats.
+    pub tags: Vec<String>,
+    /// A title.
+    pub title: Option<String>,
+    /// The host of the short base the link is shown on (none: `short_base`).
+    pub domain: Option<String>,
+    /// The consumer that owns the link (none: nobody).
+    pub owner: Option<String>,
+}
+
+impl NewEntry {
+    /// Whether only `origin_url` and `expires_at` are set: such entries take the batched insert.
+    pub fn is_plain(&self) -> bool {
+        self.custom_code.is_none()
+            && !self.find_if_exists
+            && self.valid_since.is_none()
+            && self.max_visits.is_none()
+            && self.tags.is_empty()
+            && self.title.is_none()
+            && self.domain.is_none()
+            && self.owner.is_none()
+    }
+}
+
+/// How one entry of a batch was stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Stored {
+    /// A new code.
+    New(String),
+    /// An existing link matched (`find_if_exists`).
+    Existing(String),
+    /// The `custom_code` is taken (or was deleted: deleted codes are never handed out again).
+    Taken,
+}
+
+/// A value bound to or read from SQL, the same for both backends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Val {
+    /// NULL.
+    Null,
+    /// An integer.
+    Int(i64),
+    /// Text.
+    Text(String),
+}
+
+impl Val {
+    /// The integer, if it is one.
+    pub fn int(&self) -> Option<i64> {
+        match self {
+            Val::Int(i) => Some(*i),
+            _ => None,
+        }
+    }
+    /// The text, if it is some.
+    pub fn text(&self) -> Option<String> {
+        match self {
+            Val::Text(s) => Some(s.clone()),
+            _ => None,
+        }
+    }
+}
+
+impl From<&str> for Val {
+    fn from(s: &str) -> Val {
+        Val::Text(s.to_owned())
+    }
+}
+impl From<String> for Val {
+    fn from(s: String) -> Val {
+        Val::Text(s)
+    }
+}
+impl From<i64> for Val {
+    fn from(i: i64) -> Val {
+        Val::Int(i)
+    }
+}
+impl<T: Into<Val>> From<Option<T>> for Val {
+    fn from(v: Option<T>) -> Val {
+        v.map_or(Val::Null, Into::into)
+    }
 }
 
 /// A row to insert.
@@ -177,6 +268,12 @@ pub trait Conn: Send {
     fn maintain(&mut self) -> Result<(), String> {
         Ok(())
     }
+    /// Runs one statement of the shared SQL dialect ([`links`]) and returns its rows. Tables are
+    /// named `short_url_*` (SQLite drops the prefix), `ILIKE` is case-insensitive matching
+    /// (SQLite: `LIKE`), parameters are `$1`, `$2`... in order of first use.
+    fn query(&mut self, sql: &str, params: &[Val]) -> Result<Vec<Vec<Val>>, String>;
+    /// Like [`Conn::query`], for a statement without rows: the rows it changed.
+    fn execute(&mut self, sql: &str, params: &[Val]) -> Result<u64, String>;
 }
 
 /// Opens connections of one backend.
@@ -192,13 +289,17 @@ pub trait Connector: Send + Sync + 'static {
 struct WriteJob {
     entries: Vec<NewEntry>,
     now: i64,
-    reply: oneshot::Sender<Result<Vec<String>, StoreError>>,
+    reply: oneshot::Sender<Result<Vec<Stored>, StoreError>>,
 }
+
+/// A job a reader runs on its connection; `Err` drops the connection.
+type RunJob = Box<dyn FnOnce(Result<&mut dyn Conn, StoreError>) -> Result<(), String> + Send>;
 
 enum ReadJob {
     Get(String, oneshot::Sender<Result<Option<Record>, StoreError>>),
     Counts(i64, oneshot::Sender<Result<Counts, StoreError>>),
     Purge(i64, oneshot::Sender<Result<u64, StoreError>>),
+    Run(RunJob),
 }
 
 /// The store: a writer thread and reader threads over one backend.
@@ -253,13 +354,52 @@ impl Store {
         &self.describe
     }
 
-    /// Stores a batch in one transaction; the codes, in entry order, once committed.
+    /// Stores a batch of plain entries in one transaction; the codes, in entry order, once committed.
     pub async fn create(&self, entries: Vec<NewEntry>, now: i64) -> Result<Vec<String>, StoreError> {
+        let stored = self.create_entries(entries, now).await?;
+        Ok(stored
+            .into_iter()
+            .filter_map(|s| match s {
+                Stored::New(c) | Stored::Existing(c) => Some(c),
+                Stored::Taken => None,
+            })
+            .collect())
+    }
+
+    /// Stores a batch in one transaction; how each entry was stored, in entry order, once committed.
+    pub async fn create_entries(&self, entries: Vec<NewEntry>, now: i64) -> Result<Vec<Stored>, StoreError> {
         let (reply, rx) = oneshot::channel();
         if self.writes.lock().send(WriteJob { entries, now, reply }).is_err() {
             return Err(StoreError::Unavailable("writer stopped".into()));
         }
         rx.await.unwrap_or_else(|_| Err(StoreError::Unavailable("writer stopped".into())))
+    }
+
+    /// Runs `op` on a reader's connection (off the gateway's workers). An `Err` of `op` is a
+    /// storage failure: the connection is dropped and re-established for the next job.
+    pub async fn run<T: Send + 'static>(
+        &self,
+        op: impl FnOnce(&mut dyn Conn) -> Result<T, String> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let (reply, rx) = oneshot::channel();
+        let job: RunJob = Box::new(move |conn| match conn {
+            Err(e) => {
+                let _ = reply.send(Err(e));
+                Ok(())
+            }
+            Ok(conn) => match op(conn) {
+                Ok(v) => {
+                    let _ = reply.send(Ok(v));
+                    Ok(())
+                }
+                Err(e) => {
+                    let _ = reply.send(Err(StoreError::Unavailable(e.clone())));
+                    Err(e)
+                }
+            },
+        });
+        self.read(ReadJob::Run(job))?;
+        rx.await.unwrap_or_else(|_| Err(StoreError::Unavailable("reader stopped".into())))
     }
 
     /// The record of a code.
@@ -368,17 +508,39 @@ fn write_group(
     conn: &mut dyn Conn,
     jobs: &[WriteJob],
     codes: &dyn CodeGen,
-) -> Result<Vec<Result<Vec<String>, StoreError>>, String> {
+) -> Result<Vec<Result<Vec<Stored>, StoreError>>, String> {
     conn.exec("BEGIN")?;
-    let run = |conn: &mut dyn Conn| -> Result<Vec<Result<Vec<String>, StoreError>>, String> {
+    let run = |conn: &mut dyn Conn| -> Result<Vec<Result<Vec<Stored>, StoreError>>, String> {
         let mut results = Vec::with_capacity(jobs.len());
         for job in jobs {
             codes.start_batch();
             conn.exec("SAVEPOINT batch")?;
-            // All entries of the job in one statement; the few whose random code was taken get a
-            // new one in the next round.
-            let mut assigned: Vec<Option<String>> = vec![None; job.entries.len()];
-            let mut pending: Vec<usize> = (0..job.entries.len()).collect();
+            let mut assigned: Vec<Option<Stored>> = vec![None; job.entries.len()];
+            // Entries with options, one by one: an existing match, the custom code, or a random one.
+            for (i, entry) in job.entries.iter().enumerate().filter(|(_, e)| !e.is_plain()) {
+                if entry.find_if_exists {
+                    if let Some(code) = links::find_existing(conn, entry, job.now)? {
+                        assigned[i] = Some(Stored::Existing(code));
+                        continue;
+                    }
+                }
+                if let Some(custom) = &entry.custom_code {
+                    let ok = links::insert_full(conn, custom, entry, job.now)?;
+                    assigned[i] = Some(if ok { Stored::New(custom.clone()) } else { Stored::Taken });
+                    continue;
+                }
+                for _ in 0..MAX_CODE_ATTEMPTS {
+                    let code = codes.next();
+                    if links::insert_full(conn, &code, entry, job.now)? {
+                        assigned[i] = Some(Stored::New(code));
+                        break;
+                    }
+                }
+            }
+            // All plain entries of the job in one statement; the few whose random code was
+            // taken get a new one in the next round.
+            let mut pending: Vec<usize> =
+                job.entries.iter().enumerate().filter(|(_, e)| e.is_plain()).map(|(i, _)| i).collect();
             for _ in 0..MAX_CODE_ATTEMPTS {
                 if pending.is_empty() {
                     break;
@@ -398,22 +560,20 @@ fn write_group(
                 let mut still = Vec::new();
                 for ((i, code), ok) in pending.into_iter().zip(candidates).zip(inserted) {
                     if ok {
-                        assigned[i] = Some(code);
+                        assigned[i] = Some(Stored::New(code));
                     } else {
                         still.push(i);
                     }
                 }
                 pending = still;
             }
-            let exhausted = !pending.is_empty();
-            let out: Vec<String> = assigned.into_iter().flatten().collect();
-            if exhausted {
+            if assigned.iter().any(Option::is_none) {
                 conn.exec("ROLLBACK TO SAVEPOINT batch")?;
                 conn.exec("RELEASE SAVEPOINT batch")?;
                 results.push(Err(StoreError::Exhausted));
             } else {
                 conn.exec("RELEASE SAVEPOINT batch")?;
-                results.push(Ok(out));
+                results.push(Ok(assigned.into_iter().flatten().collect()));
             }
         }
         Ok(results)
@@ -474,6 +634,15 @@ fn reader(connector: Arc<dyn Connector>, rx: Arc<Mutex<Receiver<ReadJob>>>) {
             ReadJob::Get(code, reply) => run!(reply, |c: &mut Box<dyn Conn>| c.get(&code)),
             ReadJob::Counts(now, reply) => run!(reply, |c: &mut Box<dyn Conn>| c.counts(now)),
             ReadJob::Purge(before, reply) => run!(reply, |c: &mut Box<dyn Conn>| c.purge(before)),
+            ReadJob::Run(job) => {
+                let r = match link.get() {
+                    Err(e) => job(Err(e)),
+                    Ok(conn) => job(Ok(conn.as_mut())),
+                };
+                if let Err(e) = r {
+                    link.failed(&e);
+                }
+            }
         }
     }
 }
@@ -503,7 +672,7 @@ pub(crate) mod suite {
     }
 
     fn entry(url: &str, expires_at: Option<i64>) -> NewEntry {
-        NewEntry { origin_url: url.into(), expires_at }
+        NewEntry { origin_url: url.into(), expires_at, ..NewEntry::default() }
     }
 
     pub fn run(connector: Arc<dyn Connector>) {

@@ -4,17 +4,49 @@
 
 use postgres::{Client, NoTls};
 
-use super::{Conn, Connector, Counts, NewRow, Record};
+use super::{Conn, Connector, Counts, NewRow, Record, Val};
+use postgres::types::{IsNull, ToSql, Type};
 
 /// Schema versions, applied in order.
-const MIGRATIONS: &[&str] = &["CREATE TABLE IF NOT EXISTS short_url_codes (
+const MIGRATIONS: &[&str] = &[
+    "CREATE TABLE IF NOT EXISTS short_url_codes (
         code TEXT PRIMARY KEY,
         origin_url TEXT NOT NULL,
         created_at BIGINT NOT NULL,
         expires_at BIGINT
     );
     CREATE INDEX IF NOT EXISTS short_url_codes_expires_at ON short_url_codes (expires_at)
-        WHERE expires_at IS NOT NULL;"];
+        WHERE expires_at IS NOT NULL;",
+    // Issue 28: options, owners, deletion tombstones, visit counters, tags and visits.
+    "ALTER TABLE short_url_codes ADD COLUMN valid_since BIGINT,
+        ADD COLUMN max_visits BIGINT,
+        ADD COLUMN cap_used BIGINT NOT NULL DEFAULT 0,
+        ADD COLUMN visits BIGINT NOT NULL DEFAULT 0,
+        ADD COLUMN bot_visits BIGINT NOT NULL DEFAULT 0,
+        ADD COLUMN title TEXT,
+        ADD COLUMN tags TEXT,
+        ADD COLUMN domain TEXT,
+        ADD COLUMN owner TEXT,
+        ADD COLUMN deleted_at BIGINT,
+        ADD COLUMN findable INT;
+    CREATE INDEX short_url_codes_owner_created ON short_url_codes (owner, created_at) WHERE owner IS NOT NULL;
+    CREATE INDEX short_url_codes_owner_visits ON short_url_codes (owner, visits) WHERE owner IS NOT NULL;
+    CREATE INDEX short_url_codes_created ON short_url_codes (created_at);
+    CREATE INDEX short_url_codes_visits ON short_url_codes (visits);
+    CREATE INDEX short_url_codes_origin ON short_url_codes (origin_url) WHERE findable = 1;
+    CREATE TABLE short_url_tags (tag TEXT NOT NULL, code TEXT NOT NULL, PRIMARY KEY (tag, code));
+    CREATE INDEX short_url_tags_code ON short_url_tags (code);
+    CREATE TABLE short_url_visits (
+        id BIGSERIAL PRIMARY KEY,
+        code TEXT NOT NULL,
+        at BIGINT NOT NULL,
+        referer TEXT,
+        ua_class TEXT NOT NULL,
+        country TEXT,
+        ip_hash TEXT NOT NULL
+    );
+    CREATE INDEX short_url_visits_code_at ON short_url_visits (code, at);",
+];
 
 /// Arbitrary key of the migration advisory lock.
 const MIGRATION_LOCK: i64 = 0x5745_4952_5355; // "WEIRSU"
@@ -65,7 +97,7 @@ impl Connector for Postgres {
         config.connect_timeout(std::time::Duration::from_secs(3));
         let mut client = config.connect(NoTls).map_err(e)?;
         migrate(&mut client)?;
-        Ok(Box::new(PgConn(client, None, None)))
+        Ok(Box::new(PgConn(client, None, None, Default::default())))
     }
 }
 
@@ -82,7 +114,57 @@ fn migrate(c: &mut Client) -> Result<(), String> {
     tx.commit().map_err(e)
 }
 
-struct PgConn(Client, Option<postgres::Statement>, Option<postgres::Statement>);
+struct PgConn(
+    Client,
+    Option<postgres::Statement>,
+    Option<postgres::Statement>,
+    std::collections::HashMap<String, postgres::Statement>,
+);
+
+impl PgConn {
+    /// A prepared statement of the shared dialect, prepared once per connection.
+    fn prepared(&mut self, sql: &str) -> Result<postgres::Statement, String> {
+        if let Some(s) = self.3.get(sql) {
+            return Ok(s.clone());
+        }
+        let s = self.0.prepare(sql).map_err(e)?;
+        if self.3.len() > 256 {
+            self.3.clear();
+        }
+        self.3.insert(sql.to_owned(), s.clone());
+        Ok(s)
+    }
+}
+
+impl ToSql for Val {
+    fn to_sql(&self, ty: &Type, out: &mut bytes::BytesMut) -> Result<IsNull, Box<dyn std::error::Error + Sync + Send>> {
+        match self {
+            Val::Null => Ok(IsNull::Yes),
+            Val::Int(i) => match *ty {
+                Type::INT4 => i32::try_from(*i)?.to_sql(ty, out),
+                Type::INT2 => i16::try_from(*i)?.to_sql(ty, out),
+                Type::TEXT | Type::VARCHAR => i.to_string().to_sql(ty, out),
+                _ => i.to_sql(ty, out),
+            },
+            Val::Text(s) => s.as_str().to_sql(ty, out),
+        }
+    }
+    fn accepts(_: &Type) -> bool {
+        true
+    }
+    postgres::types::to_sql_checked!();
+}
+
+fn val_of(row: &postgres::Row, i: usize) -> Result<Val, String> {
+    let ty = row.columns().get(i).map(|c| c.type_().clone()).unwrap_or(Type::TEXT);
+    Ok(match ty {
+        Type::INT8 => row.try_get::<_, Option<i64>>(i).map_err(e)?.map_or(Val::Null, Val::Int),
+        Type::INT4 => row.try_get::<_, Option<i32>>(i).map_err(e)?.map_or(Val::Null, |v| Val::Int(v.into())),
+        Type::INT2 => row.try_get::<_, Option<i16>>(i).map_err(e)?.map_or(Val::Null, |v| Val::Int(v.into())),
+        Type::BOOL => row.try_get::<_, Option<bool>>(i).map_err(e)?.map_or(Val::Null, |v| Val::Int(v.into())),
+        _ => row.try_get::<_, Option<String>>(i).map_err(e)?.map_or(Val::Null, Val::Text),
+    })
+}
 
 impl Conn for PgConn {
     fn exec(&mut self, sql: &str) -> Result<(), String> {
@@ -160,8 +242,23 @@ impl Conn for PgConn {
         Ok(Counts { codes: codes as u64, expired: expired as u64 })
     }
     fn purge(&mut self, before: i64) -> Result<u64, String> {
+        // Deleted links stay as tombstones: their codes are never handed out again.
         self.0
-            .execute("DELETE FROM short_url_codes WHERE expires_at IS NOT NULL AND expires_at < $1", &[&before])
+            .execute(
+                "DELETE FROM short_url_codes WHERE expires_at IS NOT NULL AND expires_at < $1 AND deleted_at IS NULL",
+                &[&before],
+            )
             .map_err(e)
+    }
+    fn query(&mut self, sql: &str, params: &[Val]) -> Result<Vec<Vec<Val>>, String> {
+        let stmt = self.prepared(sql)?;
+        let refs: Vec<&(dyn ToSql + Sync)> = params.iter().map(|p| p as &(dyn ToSql + Sync)).collect();
+        let rows = self.0.query(&stmt, &refs).map_err(e)?;
+        rows.iter().map(|r| (0..r.len()).map(|i| val_of(r, i)).collect()).collect()
+    }
+    fn execute(&mut self, sql: &str, params: &[Val]) -> Result<u64, String> {
+        let stmt = self.prepared(sql)?;
+        let refs: Vec<&(dyn ToSql + Sync)> = params.iter().map(|p| p as &(dyn ToSql + Sync)).collect();
+        self.0.execute(&stmt, &refs).map_err(e)
     }
 }

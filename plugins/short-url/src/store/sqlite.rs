@@ -4,9 +4,10 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use rusqlite::types::ValueRef;
 use rusqlite::{params, Connection, OptionalExtension};
 
-use super::{Conn, Connector, Counts, NewRow, Record};
+use super::{Conn, Connector, Counts, NewRow, Record, Val};
 
 /// Rows per multi-row INSERT (4 parameters each, far below SQLite's 32,766).
 const ROWS_PER_INSERT: usize = 100;
@@ -23,13 +24,44 @@ fn insert_sql(n: usize) -> String {
 }
 
 /// Schema versions, applied in order.
-const MIGRATIONS: &[&str] = &["CREATE TABLE codes (
+const MIGRATIONS: &[&str] = &[
+    "CREATE TABLE codes (
         code TEXT PRIMARY KEY,
         origin_url TEXT NOT NULL,
         created_at INTEGER NOT NULL,
         expires_at INTEGER
     ) WITHOUT ROWID;
-    CREATE INDEX codes_expires_at ON codes (expires_at) WHERE expires_at IS NOT NULL;"];
+    CREATE INDEX codes_expires_at ON codes (expires_at) WHERE expires_at IS NOT NULL;",
+    // Issue 28: options, owners, deletion tombstones, visit counters, tags and visits.
+    "ALTER TABLE codes ADD COLUMN valid_since INTEGER;
+    ALTER TABLE codes ADD COLUMN max_visits INTEGER;
+    ALTER TABLE codes ADD COLUMN cap_used INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE codes ADD COLUMN visits INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE codes ADD COLUMN bot_visits INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE codes ADD COLUMN title TEXT;
+    ALTER TABLE codes ADD COLUMN tags TEXT;
+    ALTER TABLE codes ADD COLUMN domain TEXT;
+    ALTER TABLE codes ADD COLUMN owner TEXT;
+    ALTER TABLE codes ADD COLUMN deleted_at INTEGER;
+    ALTER TABLE codes ADD COLUMN findable INTEGER;
+    CREATE INDEX codes_owner_created ON codes (owner, created_at) WHERE owner IS NOT NULL;
+    CREATE INDEX codes_owner_visits ON codes (owner, visits) WHERE owner IS NOT NULL;
+    CREATE INDEX codes_created ON codes (created_at);
+    CREATE INDEX codes_visits ON codes (visits);
+    CREATE INDEX codes_origin ON codes (origin_url) WHERE findable = 1;
+    CREATE TABLE tags (tag TEXT NOT NULL, code TEXT NOT NULL, PRIMARY KEY (tag, code)) WITHOUT ROWID;
+    CREATE INDEX tags_code ON tags (code);
+    CREATE TABLE visits (
+        id INTEGER PRIMARY KEY,
+        code TEXT NOT NULL,
+        at INTEGER NOT NULL,
+        referer TEXT,
+        ua_class TEXT NOT NULL,
+        country TEXT,
+        ip_hash TEXT NOT NULL
+    );
+    CREATE INDEX visits_code_at ON visits (code, at);",
+];
 
 /// Opens connections to one database file.
 pub struct Sqlite {
@@ -170,10 +202,74 @@ impl Conn for SqliteConn {
         self.0.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())).map_err(e)
     }
     fn purge(&mut self, before: i64) -> Result<u64, String> {
+        // Deleted links stay as tombstones: their codes are never handed out again.
         let n = self
             .0
-            .execute("DELETE FROM codes WHERE expires_at IS NOT NULL AND expires_at < ?1", params![before])
+            .execute(
+                "DELETE FROM codes WHERE expires_at IS NOT NULL AND expires_at < ?1 AND deleted_at IS NULL",
+                params![before],
+            )
             .map_err(e)?;
         Ok(n as u64)
+    }
+    fn query(&mut self, sql: &str, params: &[Val]) -> Result<Vec<Vec<Val>>, String> {
+        let mut stmt = self.prepare(sql)?;
+        let n = stmt.column_count();
+        bind(&mut stmt, params)?;
+        let mut rows = stmt.raw_query();
+        let mut out = Vec::new();
+        while let Some(r) = rows.next().map_err(e)? {
+            let mut row = Vec::with_capacity(n);
+            for i in 0..n {
+                row.push(match r.get_ref(i).map_err(e)? {
+                    ValueRef::Null => Val::Null,
+                    ValueRef::Integer(v) => Val::Int(v),
+                    ValueRef::Real(v) => Val::Int(v as i64),
+                    ValueRef::Text(t) | ValueRef::Blob(t) => Val::Text(String::from_utf8_lossy(t).into_owned()),
+                });
+            }
+            out.push(row);
+        }
+        Ok(out)
+    }
+    fn execute(&mut self, sql: &str, params: &[Val]) -> Result<u64, String> {
+        let mut stmt = self.prepare(sql)?;
+        bind(&mut stmt, params)?;
+        Ok(stmt.raw_execute().map_err(e)? as u64)
+    }
+}
+
+/// Binds `$N` to `params[N - 1]` by name: SQLite numbers parameters in order of first use,
+/// which is not always N.
+fn bind(stmt: &mut rusqlite::CachedStatement<'_>, params: &[Val]) -> Result<(), String> {
+    for i in 1..=stmt.parameter_count() {
+        let n: usize = stmt
+            .parameter_name(i)
+            .and_then(|name| name.strip_prefix('$'))
+            .and_then(|n| n.parse().ok())
+            .ok_or_else(|| format!("parameter {i} is not $N"))?;
+        let v = params.get(n.wrapping_sub(1)).ok_or_else(|| format!("no value for ${n}"))?;
+        stmt.raw_bind_parameter(i, v).map_err(e)?;
+    }
+    Ok(())
+}
+
+impl SqliteConn {
+    /// The shared dialect in SQLite's: tables without the `short_url_` prefix, `LIKE` for `ILIKE`
+    /// (case-insensitive for ASCII in SQLite).
+    fn prepare(&self, sql: &str) -> Result<rusqlite::CachedStatement<'_>, String> {
+        let sql = sql.replace("short_url_", "").replace("ILIKE", "LIKE");
+        self.0.prepare_cached(&sql).map_err(e)
+    }
+}
+
+impl rusqlite::ToSql for Val {
+    fn to_sql(&self) -> rusqlite::Result<rusqlite::types::ToSqlOutput<'_>> {
+        use rusqlite::types::{ToSqlOutput, Value};
+        Ok(match self {
+            Val::Null => ToSqlOutput::Owned(Value::Null),
+            Val::Int(i) => ToSqlOutput::Owned(Value::Integer(*i)),
+            Val::Text(s) => ToSqlOutput::Borrowed(ValueRef::Text(s.as_bytes())),
+        })
     }
 }

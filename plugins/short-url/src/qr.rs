@@ -1,0 +1,149 @@
+//! QR codes of short URLs (`GET <short_base path>/<code>/qr?size=&format=&margin=`), rendered
+//! with the `qrcode` crate: PNG (8-bit grey, through `png`) or SVG.
+
+use qrcode::{Color, EcLevel, QrCode};
+
+/// Smallest and largest `size` (pixels of a side).
+pub const SIZE_RANGE: (u32, u32) = (50, 2000);
+/// Largest `margin` (modules of quiet zone on each side).
+pub const MAX_MARGIN: u32 = 20;
+
+/// Image format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// PNG.
+    Png,
+    /// SVG.
+    Svg,
+}
+
+/// A validated QR request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Params {
+    /// Pixels of a side (the image is at most this, a whole number of pixels per module).
+    pub size: u32,
+    /// Image format.
+    pub format: Format,
+    /// Quiet zone, in modules.
+    pub margin: u32,
+}
+
+/// Parses `size` (default 300), `format` (png, default, or svg) and `margin` (default 1).
+pub fn params(query: &str) -> Result<Params, String> {
+    let mut p = Params { size: 300, format: Format::Png, margin: 1 };
+    for (k, v) in url::form_urlencoded::parse(query.as_bytes()) {
+        match &*k {
+            "size" => {
+                p.size = v
+                    .parse()
+                    .ok()
+                    .filter(|s| (SIZE_RANGE.0..=SIZE_RANGE.1).contains(s))
+                    .ok_or_else(|| format!("size: `{v}` must be {} to {} pixels", SIZE_RANGE.0, SIZE_RANGE.1))?
+            }
+            "margin" => {
+                p.margin = v
+                    .parse()
+                    .ok()
+                    .filter(|m| *m <= MAX_MARGIN)
+                    .ok_or_else(|| format!("margin: `{v}` must be 0 to {MAX_MARGIN} modules"))?
+            }
+            "format" => {
+                p.format = match &*v {
+                    "png" => Format::Png,
+                    "svg" => Format::Svg,
+                    _ => return Err(format!("format: `{v}` must be png or svg")),
+                }
+            }
+            _ => return Err(format!("{k}: unknown parameter (known: size, format, margin)")),
+        }
+    }
+    Ok(p)
+}
+
+/// The image of `text`: its content type and bytes.
+pub fn render(text: &str, p: Params) -> Result<(&'static str, Vec<u8>), String> {
+    let code = QrCode::with_error_correction_level(text.as_bytes(), EcLevel::M).map_err(|e| e.to_string())?;
+    let width = code.width() as u32;
+    let colors = code.to_colors();
+    let modules = width + 2 * p.margin;
+    let scale = (p.size / modules).max(1);
+    let dark = |x: u32, y: u32| -> bool {
+        x >= p.margin
+            && y >= p.margin
+            && x < p.margin + width
+            && y < p.margin + width
+            && colors[((y - p.margin) * width + (x - p.margin)) as usize] == Color::Dark
+    };
+    match p.format {
+        Format::Svg => {
+            let side = modules * scale;
+            let mut path = String::new();
+            for y in 0..modules {
+                for x in 0..modules {
+                    if dark(x, y) {
+                        path.push_str(&format!("M{},{}h{s}v{s}h-{s}z", x * scale, y * scale, s = scale));
+                    }
+                }
+            }
+            let svg = format!(
+                "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<svg xmlns=\"http://www.w3.org/2000/svg\" version=\"1.1\" width=\"{side}\" height=\"{side}\" viewBox=\"0 0 {side} {side}\" shape-rendering=\"crispEdges\"><rect width=\"100%\" height=\"100%\" fill=\"#fff\"/><path fill=\"#000\" d=\"{path}\"/></svg>\n"
+            );
+            Ok(("image/svg+xml", svg.into_bytes()))
+        }
+        Format::Png => {
+            let side = modules * scale;
+            let mut pixels = Vec::with_capacity((side * side) as usize);
+            for y in 0..side {
+                for x in 0..side {
+                    pixels.push(if dark(x / scale, y / scale) { 0u8 } else { 255u8 });
+                }
+            }
+            let mut out = Vec::new();
+            {
+                let mut enc = png::Encoder::new(&mut out, side, side);
+                enc.set_color(png::ColorType::Grayscale);
+                enc.set_depth(png::BitDepth::Eight);
+                let mut w = enc.write_header().map_err(|e| e.to_string())?;
+                w.write_image_data(&pixels).map_err(|e| e.to_string())?;
+            }
+            Ok(("image/png", out))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_png_decodes_back_to_the_url() {
+        let url = "https://s.example/s/Ab3dEf9h";
+        let (ct, bytes) =
+            render(url, Params { size: 300, format: Format::Png, margin: 2 }).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(ct, "image/png");
+        let dec = png::Decoder::new(std::io::Cursor::new(bytes));
+        let mut reader = dec.read_info().unwrap_or_else(|e| panic!("{e}"));
+        let mut buf = vec![0; reader.output_buffer_size()];
+        let info = reader.next_frame(&mut buf).unwrap_or_else(|e| panic!("{e}"));
+        assert!(info.width <= 300 && info.width >= 200, "{}", info.width);
+        let (w, h) = (info.width as usize, info.height as usize);
+        let mut img = rqrr::PreparedImage::prepare_from_greyscale(w, h, |x, y| buf[y * w + x]);
+        let grids = img.detect_grids();
+        assert_eq!(grids.len(), 1);
+        let (_, content) = grids[0].decode().unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(content, url);
+    }
+
+    #[test]
+    fn params_are_checked() {
+        assert_eq!(params(""), Ok(Params { size: 300, format: Format::Png, margin: 1 }));
+        assert_eq!(params("size=120&format=svg&margin=0"), Ok(Params { size: 120, format: Format::Svg, margin: 0 }));
+        for bad in ["size=10", "size=5000", "size=x", "format=gif", "margin=21", "colour=red"] {
+            assert!(params(bad).is_err(), "{bad}");
+        }
+        let (ct, svg) = render("https://s.example/s/x", Params { size: 100, format: Format::Svg, margin: 1 })
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(ct, "image/svg+xml");
+        assert!(String::from_utf8_lossy(&svg).contains("<path fill=\"#000\" d=\"M"));
+    }
+}

@@ -1,0 +1,479 @@
+//! Links with options, the management queries and visits, written once in the SQL both backends
+//! share (see [`Conn::query`]): tables `short_url_codes`, `short_url_tags`, `short_url_visits`.
+
+use super::{Conn, NewEntry, Val};
+
+/// The columns of a link, in [`Link::from_row`] order.
+const LINK_COLS: &str = "code, origin_url, created_at, expires_at, valid_since, max_visits, cap_used, visits, \
+                         bot_visits, title, tags, domain, owner, deleted_at";
+
+/// A stored link with everything the management API shows.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Link {
+    /// The code.
+    pub code: String,
+    /// Where it redirects.
+    pub origin_url: String,
+    /// Unix seconds.
+    pub created_at: i64,
+    /// Unix seconds from which it answers 410 (none: never).
+    pub expires_at: Option<i64>,
+    /// Unix seconds before which it answers 404.
+    pub valid_since: Option<i64>,
+    /// Redirects allowed (none: unlimited).
+    pub max_visits: Option<i64>,
+    /// Redirects counted against `max_visits` (counted at the redirect, atomically).
+    pub cap_used: i64,
+    /// Visits recorded (bots included).
+    pub visits: i64,
+    /// Of which by bots.
+    pub bot_visits: i64,
+    /// Title.
+    pub title: Option<String>,
+    /// Tags, sorted.
+    pub tags: Vec<String>,
+    /// Host of the short base it is shown on.
+    pub domain: Option<String>,
+    /// Owning consumer.
+    pub owner: Option<String>,
+    /// Unix seconds of its deletion (it answers 410 and its code is never reused).
+    pub deleted_at: Option<i64>,
+}
+
+fn tags_text(tags: &[String]) -> Option<String> {
+    (!tags.is_empty()).then(|| serde_json::to_string(tags).unwrap_or_default())
+}
+
+impl Link {
+    fn from_row(r: &[Val]) -> Link {
+        let int = |i: usize| r.get(i).and_then(Val::int);
+        let text = |i: usize| r.get(i).and_then(Val::text);
+        Link {
+            code: text(0).unwrap_or_default(),
+            origin_url: text(1).unwrap_or_default(),
+            created_at: int(2).unwrap_or_default(),
+            expires_at: int(3),
+            valid_since: int(4),
+            max_visits: int(5),
+            cap_used: int(6).unwrap_or_default(),
+            visits: int(7).unwrap_or_default(),
+            bot_visits: int(8).unwrap_or_default(),
+            title: text(9),
+            tags: text(10).and_then(|t| serde_json::from_str(&t).ok()).unwrap_or_default(),
+            domain: text(11),
+            owner: text(12),
+            deleted_at: int(13),
+        }
+    }
+
+    /// A new link as the writer stores it.
+    pub fn of_entry(code: &str, e: &NewEntry, now: i64) -> Link {
+        Link {
+            code: code.to_owned(),
+            origin_url: e.origin_url.clone(),
+            created_at: now,
+            expires_at: e.expires_at,
+            valid_since: e.valid_since,
+            max_visits: e.max_visits,
+            title: e.title.clone(),
+            tags: e.tags.clone(),
+            domain: e.domain.clone(),
+            owner: e.owner.clone(),
+            ..Link::default()
+        }
+    }
+}
+
+/// Who asks: everyone's links (no authentication, or an admin consumer) or one owner's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Scope {
+    /// Every link.
+    All,
+    /// The links of this consumer only.
+    Owner(String),
+}
+
+impl Scope {
+    /// Whether `link` is visible.
+    pub fn sees(&self, link: &Link) -> bool {
+        match self {
+            Scope::All => true,
+            Scope::Owner(o) => link.owner.as_deref() == Some(o),
+        }
+    }
+}
+
+/// The code of a live link of the same owner, URL and options, among the links created with
+/// `find_if_exists` (only those are in the partial index on `origin_url`, so that plain creation
+/// does not pay for it).
+pub fn find_existing(conn: &mut dyn Conn, e: &NewEntry, now: i64) -> Result<Option<String>, String> {
+    let rows = conn.query(
+        "SELECT code FROM short_url_codes WHERE origin_url = $1 AND findable = 1 AND deleted_at IS NULL
+           AND (expires_at IS NULL OR expires_at > $2)
+           AND owner IS NOT DISTINCT FROM CAST($3 AS TEXT)
+           AND valid_since IS NOT DISTINCT FROM CAST($4 AS BIGINT)
+           AND max_visits IS NOT DISTINCT FROM CAST($5 AS BIGINT)
+           AND title IS NOT DISTINCT FROM CAST($6 AS TEXT)
+           AND tags IS NOT DISTINCT FROM CAST($7 AS TEXT)
+           AND domain IS NOT DISTINCT FROM CAST($8 AS TEXT)
+         ORDER BY created_at LIMIT 1",
+        &[
+            e.origin_url.as_str().into(),
+            now.into(),
+            e.owner.clone().into(),
+            e.valid_since.into(),
+            e.max_visits.into(),
+            e.title.clone().into(),
+            tags_text(&e.tags).into(),
+            e.domain.clone().into(),
+        ],
+    )?;
+    Ok(rows.first().and_then(|r| r.first()).and_then(Val::text))
+}
+
+/// Inserts a link with all its columns unless the code exists (also deleted); whether it did.
+pub fn insert_full(conn: &mut dyn Conn, code: &str, e: &NewEntry, now: i64) -> Result<bool, String> {
+    let n = conn.execute(
+        "INSERT INTO short_url_codes (code, origin_url, created_at, expires_at, valid_since, max_visits, title, tags, domain, owner, findable)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) ON CONFLICT (code) DO NOTHING",
+        &[
+            code.into(),
+            e.origin_url.as_str().into(),
+            now.into(),
+            e.expires_at.into(),
+            e.valid_since.into(),
+            e.max_visits.into(),
+            e.title.clone().into(),
+            tags_text(&e.tags).into(),
+            e.domain.clone().into(),
+            e.owner.clone().into(),
+            e.find_if_exists.then_some(1i64).into(),
+        ],
+    )?;
+    if n == 1 {
+        set_tags(conn, code, &e.tags)?;
+    }
+    Ok(n == 1)
+}
+
+fn set_tags(conn: &mut dyn Conn, code: &str, tags: &[String]) -> Result<(), String> {
+    conn.execute("DELETE FROM short_url_tags WHERE code = $1", &[code.into()])?;
+    for t in tags {
+        conn.execute(
+            "INSERT INTO short_url_tags (tag, code) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+            &[t.as_str().into(), code.into()],
+        )?;
+    }
+    Ok(())
+}
+
+/// The link of a code, deleted or not.
+pub fn get(conn: &mut dyn Conn, code: &str) -> Result<Option<Link>, String> {
+    let rows = conn.query(&format!("SELECT {LINK_COLS} FROM short_url_codes WHERE code = $1"), &[code.into()])?;
+    Ok(rows.first().map(|r| Link::from_row(r)))
+}
+
+/// Counts one redirect of a capped link, atomically: whether it was still under `max_visits`.
+/// Two gateways on one database never let more than `max_visits` through together.
+pub fn hit(conn: &mut dyn Conn, code: &str) -> Result<bool, String> {
+    let rows = conn.query(
+        "UPDATE short_url_codes SET cap_used = cap_used + 1
+         WHERE code = $1 AND deleted_at IS NULL AND max_visits IS NOT NULL AND cap_used < max_visits
+         RETURNING cap_used",
+        &[code.into()],
+    )?;
+    Ok(!rows.is_empty())
+}
+
+/// Order of a list.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Order {
+    /// Newest first (default).
+    #[default]
+    CreatedDesc,
+    /// Oldest first.
+    CreatedAsc,
+    /// Most visited first.
+    VisitsDesc,
+    /// Least visited first.
+    VisitsAsc,
+}
+
+/// A list request, validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListQuery {
+    /// 1-based page.
+    pub page: u32,
+    /// Links per page.
+    pub page_size: u32,
+    /// Substring of origin_url, title or tags (case-insensitive).
+    pub search: Option<String>,
+    /// Links with this tag.
+    pub tag: Option<String>,
+    /// Created at or after (Unix seconds).
+    pub since: Option<i64>,
+    /// Created before (Unix seconds).
+    pub until: Option<i64>,
+    /// Order.
+    pub order: Order,
+}
+
+impl Default for ListQuery {
+    fn default() -> Self {
+        ListQuery { page: 1, page_size: 20, search: None, tag: None, since: None, until: None, order: Order::default() }
+    }
+}
+
+/// A page of links, and whether more follow.
+pub fn list(conn: &mut dyn Conn, q: &ListQuery, scope: &Scope) -> Result<(Vec<Link>, bool), String> {
+    let mut sql = format!("SELECT {LINK_COLS} FROM short_url_codes WHERE deleted_at IS NULL");
+    let mut params: Vec<Val> = Vec::new();
+    fn bind(params: &mut Vec<Val>, v: Val) -> String {
+        params.push(v);
+        format!("${}", params.len())
+    }
+    if let Scope::Owner(o) = scope {
+        let p = bind(&mut params, o.as_str().into());
+        sql.push_str(&format!(" AND owner = {p}"));
+    }
+    if let Some(s) = &q.search {
+        let pattern = format!("%{}%", s.replace('\\', "\\\\").replace('%', "\\%").replace('_', "\\_"));
+        let p = bind(&mut params, pattern.into());
+        sql.push_str(&format!(
+            " AND (origin_url ILIKE {p} ESCAPE '\\' OR title ILIKE {p} ESCAPE '\\' OR tags ILIKE {p} ESCAPE '\\')"
+        ));
+    }
+    if let Some(t) = &q.tag {
+        let p = bind(&mut params, t.as_str().into());
+        sql.push_str(&format!(" AND code IN (SELECT code FROM short_url_tags WHERE tag = {p})"));
+    }
+    if let Some(t) = q.since {
+        let p = bind(&mut params, t.into());
+        sql.push_str(&format!(" AND created_at >= {p}"));
+    }
+    if let Some(t) = q.until {
+        let p = bind(&mut params, t.into());
+        sql.push_str(&format!(" AND created_at < {p}"));
+    }
+    sql.push_str(match q.order {
+        Order::CreatedDesc => " ORDER BY created_at DESC, code DESC",
+        Order::CreatedAsc => " ORDER BY created_at, code",
+        Order::VisitsDesc => " ORDER BY visits DESC, code DESC",
+        Order::VisitsAsc => " ORDER BY visits, code",
+    });
+    let limit = bind(&mut params, i64::from(q.page_size + 1).into());
+    let offset = bind(&mut params, (i64::from(q.page.saturating_sub(1)) * i64::from(q.page_size)).into());
+    sql.push_str(&format!(" LIMIT {limit} OFFSET {offset}"));
+    let rows = conn.query(&sql, &params)?;
+    let mut links: Vec<Link> = rows.iter().map(|r| Link::from_row(r)).collect();
+    let more = links.len() > q.page_size as usize;
+    links.truncate(q.page_size as usize);
+    Ok((links, more))
+}
+
+/// Writes the changeable fields of `link` (origin_url, validity, max_visits, tags, title).
+pub fn update(conn: &mut dyn Conn, link: &Link) -> Result<bool, String> {
+    conn.exec("BEGIN")?;
+    let r = (|| {
+        let n = conn.execute(
+            "UPDATE short_url_codes SET origin_url = $2, expires_at = $3, valid_since = $4, max_visits = $5,
+                 title = $6, tags = $7
+             WHERE code = $1 AND deleted_at IS NULL",
+            &[
+                link.code.as_str().into(),
+                link.origin_url.as_str().into(),
+                link.expires_at.into(),
+                link.valid_since.into(),
+                link.max_visits.into(),
+                link.title.clone().into(),
+                tags_text(&link.tags).into(),
+            ],
+        )?;
+        if n == 1 {
+            set_tags(conn, &link.code, &link.tags)?;
+        }
+        Ok(n == 1)
+    })();
+    match r {
+        Ok(v) => conn.exec("COMMIT").map(|_| v),
+        Err(e) => {
+            let _ = conn.exec("ROLLBACK");
+            Err(e)
+        }
+    }
+}
+
+/// Marks a link deleted (kept as a tombstone, so that its code is never handed out again).
+pub fn delete(conn: &mut dyn Conn, code: &str, now: i64) -> Result<bool, String> {
+    let n = conn.execute(
+        "UPDATE short_url_codes SET deleted_at = $2 WHERE code = $1 AND deleted_at IS NULL",
+        &[code.into(), now.into()],
+    )?;
+    Ok(n == 1)
+}
+
+/// User-agent class of a visit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UaClass {
+    /// A browser (`Mozilla/` and no crawler token).
+    Browser,
+    /// A crawler or link previewer.
+    Bot,
+    /// Anything else: scripts, tools, no user-agent.
+    Other,
+}
+
+impl UaClass {
+    /// Its name in the API and the database.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UaClass::Browser => "browser",
+            UaClass::Bot => "bot",
+            UaClass::Other => "other",
+        }
+    }
+}
+
+/// One recorded visit, as buffered (the client IP is already hashed).
+#[derive(Debug, Clone)]
+pub struct Visit {
+    /// The code.
+    pub code: String,
+    /// Unix seconds.
+    pub at: i64,
+    /// Host of the `Referer`, lower case.
+    pub referer: Option<String>,
+    /// User-agent class.
+    pub class: UaClass,
+    /// ISO country code (only with a GeoIP database; not implemented: always none).
+    pub country: Option<String>,
+    /// Salted hash of the client IP, hex.
+    pub ip_hash: u64,
+}
+
+/// Rows per multi-row visit INSERT (6 parameters each).
+const VISITS_PER_INSERT: usize = 100;
+
+/// Writes a batch of visits and the links' counters in one transaction: after a crash either
+/// all of the batch is there or none of it, and the counters always equal the rows.
+pub fn flush_visits(conn: &mut dyn Conn, visits: &[Visit]) -> Result<(), String> {
+    conn.exec("BEGIN")?;
+    let r = (|| {
+        for chunk in visits.chunks(VISITS_PER_INSERT) {
+            let mut sql =
+                String::from("INSERT INTO short_url_visits (code, at, referer, ua_class, country, ip_hash) VALUES ");
+            let mut params = Vec::with_capacity(chunk.len() * 6);
+            for (i, v) in chunk.iter().enumerate() {
+                let b = i * 6;
+                if i > 0 {
+                    sql.push(',');
+                }
+                sql.push_str(&format!("(${}, ${}, ${}, ${}, ${}, ${})", b + 1, b + 2, b + 3, b + 4, b + 5, b + 6));
+                params.extend([
+                    v.code.as_str().into(),
+                    v.at.into(),
+                    v.referer.clone().into(),
+                    v.class.as_str().into(),
+                    v.country.clone().into(),
+                    format!("{:016x}", v.ip_hash).into(),
+                ]);
+            }
+            conn.execute(&sql, &params)?;
+        }
+        let mut per_code: std::collections::BTreeMap<&str, (i64, i64)> = Default::default();
+        for v in visits {
+            let e = per_code.entry(&v.code).or_default();
+            e.0 += 1;
+            e.1 += i64::from(v.class == UaClass::Bot);
+        }
+        for (code, (n, bots)) in per_code {
+            conn.execute(
+                "UPDATE short_url_codes SET visits = visits + $2, bot_visits = bot_visits + $3 WHERE code = $1",
+                &[code.into(), n.into(), bots.into()],
+            )?;
+        }
+        Ok(())
+    })();
+    match r {
+        Ok(()) => conn.exec("COMMIT"),
+        Err(e) => {
+            let _ = conn.exec("ROLLBACK");
+            Err(e)
+        }
+    }
+}
+
+/// What `GET /short/v1/urls/{code}/visits` shows.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Report {
+    /// (day as Unix seconds / 86400, visits, of which bots), oldest first.
+    pub days: Vec<(i64, i64, i64)>,
+    /// (referer host or "" for none, visits), most first.
+    pub referers: Vec<(String, i64)>,
+    /// (class, visits).
+    pub classes: Vec<(String, i64)>,
+    /// A page of visits, newest first.
+    pub recent: Vec<Recent>,
+}
+
+/// A recorded visit as read back.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Recent {
+    /// Unix seconds.
+    pub at: i64,
+    /// Referer host.
+    pub referer: Option<String>,
+    /// User-agent class.
+    pub ua_class: String,
+    /// Country.
+    pub country: Option<String>,
+    /// IP hash, hex.
+    pub ip_hash: String,
+}
+
+/// The visit report of a code: the last `days` days, and page `page` of recent visits.
+pub fn report(
+    conn: &mut dyn Conn,
+    code: &str,
+    days: i64,
+    page: u32,
+    page_size: u32,
+    now: i64,
+) -> Result<Report, String> {
+    let from = (now / 86_400 - days + 1) * 86_400;
+    let rows = conn.query(
+        "SELECT at / 86400, count(*), sum(CASE WHEN ua_class = 'bot' THEN 1 ELSE 0 END) FROM short_url_visits
+         WHERE code = $1 AND at >= $2 GROUP BY at / 86400 ORDER BY at / 86400",
+        &[code.into(), from.into()],
+    )?;
+    let int = |r: &Vec<Val>, i: usize| r.get(i).and_then(Val::int).unwrap_or_default();
+    let days = rows.iter().map(|r| (int(r, 0), int(r, 1), int(r, 2))).collect();
+    let rows = conn.query(
+        "SELECT coalesce(referer, ''), count(*) FROM short_url_visits WHERE code = $1
+         GROUP BY coalesce(referer, '') ORDER BY count(*) DESC, coalesce(referer, '') LIMIT 50",
+        &[code.into()],
+    )?;
+    let referers = rows.iter().map(|r| (r.first().and_then(Val::text).unwrap_or_default(), int(r, 1))).collect();
+    let rows = conn.query(
+        "SELECT ua_class, count(*) FROM short_url_visits WHERE code = $1 GROUP BY ua_class ORDER BY ua_class",
+        &[code.into()],
+    )?;
+    let classes = rows.iter().map(|r| (r.first().and_then(Val::text).unwrap_or_default(), int(r, 1))).collect();
+    let rows = conn.query(
+        "SELECT at, referer, ua_class, country, ip_hash FROM short_url_visits WHERE code = $1
+         ORDER BY at DESC, id DESC LIMIT $2 OFFSET $3",
+        &[code.into(), i64::from(page_size).into(), (i64::from(page.saturating_sub(1)) * i64::from(page_size)).into()],
+    )?;
+    let text = |r: &Vec<Val>, i: usize| r.get(i).and_then(Val::text);
+    let recent = rows
+        .iter()
+        .map(|r| Recent {
+            at: int(r, 0),
+            referer: text(r, 1),
+            ua_class: text(r, 2).unwrap_or_default(),
+            country: text(r, 3),
+            ip_hash: text(r, 4).unwrap_or_default(),
+        })
+        .collect();
+    Ok(Report { days, referers, classes, recent })
+}

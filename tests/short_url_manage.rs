@@ -1,0 +1,510 @@
+//! short-url as a product (issue 28), through the real binary, on SQLite and on PostgreSQL:
+//! creation options, the management API, owners, visits, max_visits (exact across two
+//! instances on one PostgreSQL), QR codes, and kill -9 during batched visit writes.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use serde_json::{json, Value};
+
+/// Routes: open create/manage (no auth), authenticated create/manage under /a/, redirects.
+fn resources(p: &Prefix, meta: &str) -> String {
+    format!(
+        r#"consumers:
+  - {{username: alice, plugins: {{key-auth: {{key: alice-key}}}}}}
+  - {{username: bob, plugins: {{key-auth: {{key: bob-key}}}}}}
+  - {{username: boss, plugins: {{key-auth: {{key: boss-key}}}}}}
+routes:
+  - {{id: c, uri: /short/v1/urls, methods: [POST], plugins: {{short-url: {{}}}}}}
+  - {{id: m, uris: [/short/v1/urls, /short/v1/urls/*], methods: [GET, PATCH, DELETE], plugins: {{short-url: {{action: manage}}}}}}
+  - {{id: ac, uri: /a/short/v1/urls, methods: [POST], plugins: {{key-auth: {{}}, short-url: {{}}}}}}
+  - {{id: am, uris: [/a/short/v1/urls, /a/short/v1/urls/*], methods: [GET, PATCH, DELETE], plugins: {{key-auth: {{}}, short-url: {{action: manage}}}}}}
+  - {{id: r, uri: /s/*, methods: [GET, HEAD], plugins: {{short-url: {{action: resolve}}}}}}
+plugin_metadata:
+  - {{id: short-url, short_base: "http://{node}/s", short_bases: ["https://go.example/s"], admin_consumers: [boss]{meta}}}
+"#,
+        node = p.node()
+    )
+}
+
+/// A gateway on SQLite (`pg` none) or on the PostgreSQL database `pg`.
+fn gateway(pg: Option<&str>, meta: &str, visits: &str) -> (Prefix, Weir) {
+    let storage = match pg {
+        Some(url) => format!("storage: {{backend: postgres, url: \"{url}\"}}"),
+        None => "storage: {backend: sqlite}".to_owned(),
+    };
+    let attr = format!("plugin_attr:\n  short-url:\n    {storage}\n    visits: {{flush_interval: 0.2{visits}}}\n");
+    let p = Prefix::new("", &attr, "");
+    p.write_resources(&resources(&p, meta));
+    let w = Weir::spawn(&p);
+    w.wait_ready(p.control());
+    w.wait_ready(p.node());
+    (p, w)
+}
+
+fn pg_db(name: &str) -> Option<String> {
+    let Some(base) = std::env::var("WEIR_TEST_POSTGRES_URL").ok().filter(|u| !u.is_empty()) else {
+        skip(name, "set WEIR_TEST_POSTGRES_URL to a PostgreSQL the tests may create databases in (.ci/run does)");
+        return None;
+    };
+    let db = format!("weir_{name}_{}", std::process::id());
+    let mut admin = postgres::Client::connect(&base, postgres::NoTls).expect("connect to WEIR_TEST_POSTGRES_URL");
+    let _ = admin.batch_execute(&format!("DROP DATABASE IF EXISTS {db}"));
+    admin.batch_execute(&format!("CREATE DATABASE {db}")).expect("create test database");
+    let mut u = url::Url::parse(&base).expect("WEIR_TEST_POSTGRES_URL is a URL");
+    u.set_path(&db);
+    Some(u.to_string())
+}
+
+const JSON: (&str, &str) = ("Content-Type", "application/json");
+
+fn create_as(p: &Prefix, key: Option<&str>, body: &Value) -> Response {
+    match key {
+        None => request(p.node(), "POST", "/short/v1/urls", &[JSON], body.to_string().as_bytes()),
+        Some(k) => request(p.node(), "POST", "/a/short/v1/urls", &[JSON, ("apikey", k)], body.to_string().as_bytes()),
+    }
+}
+
+fn call(p: &Prefix, key: Option<&str>, method: &str, path: &str, body: Option<&Value>) -> Response {
+    let body = body.map(Value::to_string).unwrap_or_default();
+    match key {
+        None => request(p.node(), method, &format!("/short/v1/urls{path}"), &[JSON], body.as_bytes()),
+        Some(k) => {
+            request(p.node(), method, &format!("/a/short/v1/urls{path}"), &[JSON, ("apikey", k)], body.as_bytes())
+        }
+    }
+}
+
+fn code_of(item: &Value) -> String {
+    item["data"]["short_code"].as_str().unwrap_or_default().to_owned()
+}
+
+fn codes(list: &Value) -> Vec<String> {
+    list["data"]["items"]
+        .as_array()
+        .map(|a| a.iter().map(|l| l["short_code"].as_str().unwrap_or_default().to_owned()).collect())
+        .unwrap_or_default()
+}
+
+fn browser(p: &Prefix, code: &str, referer: &str) -> Response {
+    request(
+        p.node(),
+        "GET",
+        &format!("/s/{code}"),
+        &[("User-Agent", "Mozilla/5.0 (X11; Linux x86_64) Firefox/120.0"), ("Referer", referer)],
+        b"",
+    )
+}
+
+fn bot(p: &Prefix, code: &str) -> Response {
+    request(
+        p.node(),
+        "GET",
+        &format!("/s/{code}"),
+        &[("User-Agent", "Googlebot/2.1 (+http://www.google.com/bot.html)")],
+        b"",
+    )
+}
+
+/// Creation options and the whole management API on one backend.
+fn options_and_management(pg: Option<&str>) {
+    let (p, _w) = gateway(pg, "", "");
+    // Every option at once, a taken custom code (409 inside 207), find_if_exists.
+    let first = create_as(
+        &p,
+        None,
+        &json!([{"origin_url": "https://docs.example/guide", "custom_code": "guide-2030", "title": "The Guide", "find_if_exists": true,
+                 "tags": ["docs", "Launch", "docs"], "domain": "go.example", "max_visits": 100,
+                 "valid_until": "2099-01-01T00:00:00Z"}]),
+    );
+    assert_eq!(first.status, 200, "{}", first.text());
+    let item = &first.json()["data"][0];
+    assert_eq!(item["data"]["short_url"], "https://go.example/s/guide-2030", "{item}");
+    let r = create_as(
+        &p,
+        None,
+        &json!([{"origin_url": "https://other.example/", "custom_code": "guide-2030"},
+                {"origin_url": "https://docs.example/guide", "find_if_exists": true, "title": "The Guide",
+                 "tags": ["Launch", "docs"], "domain": "go.example", "max_visits": 100},
+                {"origin_url": "https://plain.example/", "find_if_exists": true},
+                {"origin_url": "https://x.example/", "custom_code": "no spaces"},
+                {"origin_url": "https://x.example/", "domain": "evil.example"},
+                {"origin_url": "https://x.example/", "valid_since": "yesterday"},
+                {"origin_url": "https://x.example/", "max_visits": 0}]),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let env = r.json();
+    assert_eq!((env["code"].as_u64(), env["message"].as_str()), (Some(207), Some("partial success")), "{env}");
+    let items = env["data"].as_array().cloned().unwrap_or_default();
+    assert_eq!(items[0]["code"], 409, "{}", items[0]);
+    assert_eq!(items[0]["message"], "custom_code: is already taken");
+    assert_eq!(items[0]["data"]["origin_url"], "https://other.example/");
+    assert_eq!(items[1]["code"], 200);
+    // Same URL, owner and options (validity is not compared): the existing link.
+    assert_eq!(code_of(&items[1]), "guide-2030");
+    assert_eq!(items[2]["code"], 200);
+    let plain = code_of(&items[2]);
+    for (i, field) in [(3, "custom_code: "), (4, "domain: "), (5, "valid_since: "), (6, "max_visits: ")] {
+        assert_eq!(items[i]["code"], 400, "{}", items[i]);
+        assert!(items[i]["message"].as_str().unwrap_or_default().starts_with(field), "{}", items[i]);
+    }
+    // The same URL and options again: the existing code.
+    let again = create_as(&p, None, &json!([{"origin_url": "https://plain.example/", "find_if_exists": true}])).json();
+    assert_eq!(code_of(&again["data"][0]), plain);
+    // A lone taken custom code: envelope 409.
+    let r = create_as(&p, None, &json!([{"origin_url": "https://y.example/", "custom_code": "guide-2030"}]));
+    assert_eq!((r.status, r.json()["code"].as_u64()), (409, Some(409)), "{}", r.text());
+
+    // GET one.
+    let one = call(&p, None, "GET", "/guide-2030", None);
+    assert_eq!(one.status, 200, "{}", one.text());
+    let l = &one.json()["data"];
+    assert_eq!(l["origin_url"], "https://docs.example/guide");
+    assert_eq!(l["tags"], json!(["Launch", "docs"]));
+    assert_eq!(l["title"], "The Guide");
+    assert_eq!(l["domain"], "go.example");
+    assert_eq!(l["max_visits"], 100);
+    assert_eq!(l["valid_until"], "2099-01-01T00:00:00Z");
+    assert!(l["created_at"].as_str().is_some_and(|t| t.ends_with('Z') && t.len() == 20), "{l}");
+    assert_eq!(l["visits"]["total"], 0);
+    assert_eq!(call(&p, None, "GET", "/Nope1234", None).status, 404);
+
+    // List: paging, search (URL, title, tags), tag filter, order, dates.
+    let many: Vec<Value> = (0..25)
+        .map(|i| json!({"origin_url": format!("https://list.example/{i}"), "tags": [if i % 2 == 0 {"even"} else {"odd"}]}))
+        .collect();
+    assert_eq!(create_as(&p, None, &json!(many)).status, 200);
+    let page1 = call(&p, None, "GET", "?page_size=10", None).json();
+    assert_eq!(codes(&page1).len(), 10);
+    assert_eq!(page1["data"]["has_more"], true);
+    let all: Vec<String> = (1..=4)
+        .flat_map(|pg| codes(&call(&p, None, "GET", &format!("?page_size=10&page={pg}"), None).json()))
+        .collect();
+    let mut dedup = all.clone();
+    dedup.sort();
+    dedup.dedup();
+    assert_eq!((all.len(), dedup.len()), (27, 27), "every link once over the pages");
+    assert_eq!(codes(&call(&p, None, "GET", "?search=LIST.example%2F1", None).json()).len(), 11, "1, 10..19");
+    assert_eq!(codes(&call(&p, None, "GET", "?search=the%20guide", None).json()), vec!["guide-2030"], "by title");
+    assert_eq!(codes(&call(&p, None, "GET", "?search=launch", None).json()), vec!["guide-2030"], "by tag");
+    assert_eq!(codes(&call(&p, None, "GET", "?search=100%25", None).json()).len(), 0, "% is literal");
+    assert_eq!(codes(&call(&p, None, "GET", "?tag=even&page_size=100", None).json()).len(), 13);
+    assert_eq!(codes(&call(&p, None, "GET", "?since=2099-01-01T00:00:00Z", None).json()).len(), 0);
+    assert_eq!(codes(&call(&p, None, "GET", "?until=2000-01-01T00:00:00Z", None).json()).len(), 0);
+    assert_eq!(codes(&call(&p, None, "GET", "?since=2000-01-01T00:00:00Z&page_size=100", None).json()).len(), 27);
+    for bad in ["?page=0", "?page_size=101", "?order_by=name", "?since=now", "?color=red"] {
+        let r = call(&p, None, "GET", bad, None);
+        assert_eq!((r.status, r.json()["code"].as_u64()), (400, Some(400)), "{bad}: {}", r.text());
+    }
+    // Order by visits: the visited link first.
+    assert_eq!(browser(&p, &plain, "https://news.example/").status, 302);
+    assert!(eventually(Duration::from_secs(5), || {
+        codes(&call(&p, None, "GET", "?order_by=-visits&page_size=1", None).json()) == vec![plain.clone()]
+    }));
+
+    // PATCH: fields change, validation, unknown fields refused, redirect follows.
+    let r = call(
+        &p,
+        None,
+        "PATCH",
+        &format!("/{plain}"),
+        Some(&json!({"origin_url": "https://plain.example/v2", "title": "v2", "tags": ["x"], "max_visits": 50})),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["data"]["origin_url"], "https://plain.example/v2");
+    assert_eq!(get(p.node(), &format!("/s/{plain}")).header("location"), Some("https://plain.example/v2"));
+    for (body, field) in [
+        (json!({"origin_url": "ftp://x"}), "origin_url: "),
+        (json!({"valid_until": "tomorrow"}), "valid_until: "),
+        (json!({"shortCode": "x"}), "shortCode: "),
+        (json!({"max_visits": -1}), "max_visits: "),
+    ] {
+        let r = call(&p, None, "PATCH", &format!("/{plain}"), Some(&body));
+        assert_eq!(r.status, 400, "{body}: {}", r.text());
+        assert!(r.json()["message"].as_str().unwrap_or_default().starts_with(field), "{}", r.text());
+    }
+    // Not yet valid: 404; valid again when cleared.
+    let r = call(&p, None, "PATCH", &format!("/{plain}"), Some(&json!({"valid_since": "2098-01-01T00:00:00Z"})));
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(get(p.node(), &format!("/s/{plain}")).status, 404);
+    call(&p, None, "PATCH", &format!("/{plain}"), Some(&json!({"valid_since": null})));
+    assert_eq!(get(p.node(), &format!("/s/{plain}")).status, 302);
+
+    // DELETE: 410 afterwards, and the code is never handed out again.
+    let r = call(&p, None, "DELETE", "/guide-2030", None);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["data"]["short_code"], "guide-2030");
+    assert_eq!(get(p.node(), "/s/guide-2030").status, 410);
+    assert_eq!(call(&p, None, "GET", "/guide-2030", None).status, 410);
+    assert_eq!(call(&p, None, "DELETE", "/guide-2030", None).status, 410);
+    let r = create_as(&p, None, &json!([{"origin_url": "https://z.example/", "custom_code": "guide-2030"}]));
+    assert_eq!(r.status, 409, "a deleted code is never reused: {}", r.text());
+    assert!(!codes(&call(&p, None, "GET", "?page_size=100", None).json()).contains(&"guide-2030".to_owned()));
+}
+
+#[test]
+fn options_and_management_on_sqlite() {
+    options_and_management(None);
+}
+
+#[test]
+fn options_and_management_on_postgres() {
+    let Some(url) = pg_db("manage") else { return };
+    options_and_management(Some(&url));
+}
+
+/// Owners: each consumer sees its own links only, others are 404; admins see and change all;
+/// links of no owner are visible to admins only once authentication is on.
+fn owners(a: &Prefix, b: &Prefix) {
+    let r = create_as(a, Some("alice-key"), &json!([{"origin_url": "https://alice.example/"}]));
+    assert_eq!(r.status, 200, "{}", r.text());
+    let alice = code_of(&r.json()["data"][0]);
+    let bob =
+        code_of(&create_as(b, Some("bob-key"), &json!([{"origin_url": "https://bob.example/"}])).json()["data"][0]);
+    let nobody = code_of(&create_as(a, None, &json!([{"origin_url": "https://nobody.example/"}])).json()["data"][0]);
+    // Each through both instances.
+    for p in [a, b] {
+        assert_eq!(call(p, Some("alice-key"), "GET", &format!("/{alice}"), None).json()["data"]["owner"], "alice");
+        for (key, code) in [("bob-key", &alice), ("alice-key", &bob), ("alice-key", &nobody), ("bob-key", &nobody)] {
+            for (m, body) in [("GET", None), ("PATCH", Some(json!({"title": "mine"}))), ("DELETE", None)] {
+                let r = call(p, Some(key), m, &format!("/{code}"), body.as_ref());
+                assert_eq!(r.status, 404, "{key} {m} {code}: {}", r.text());
+            }
+            assert_eq!(call(p, Some(key), "GET", &format!("/{code}/visits"), None).status, 404);
+        }
+        assert_eq!(codes(&call(p, Some("alice-key"), "GET", "", None).json()), vec![alice.clone()]);
+        assert_eq!(codes(&call(p, Some("bob-key"), "GET", "", None).json()), vec![bob.clone()]);
+        let mut all = codes(&call(p, Some("boss-key"), "GET", "", None).json());
+        all.sort();
+        let mut want = vec![alice.clone(), bob.clone(), nobody.clone()];
+        want.sort();
+        assert_eq!(all, want, "admins see every link, also those of no owner");
+        assert_eq!(call(p, Some("alice-key"), "GET", "", None).status, 200);
+        assert_eq!(call(p, Some("nokey"), "GET", "", None).status, 401);
+    }
+    // Admins change and delete any link; the owner sees the change.
+    let r = call(b, Some("boss-key"), "PATCH", &format!("/{alice}"), Some(&json!({"title": "by boss"})));
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(call(a, Some("alice-key"), "GET", &format!("/{alice}"), None).json()["data"]["title"], "by boss");
+    assert_eq!(call(a, Some("boss-key"), "DELETE", &format!("/{nobody}"), None).status, 200);
+    assert_eq!(call(a, Some("alice-key"), "DELETE", &format!("/{alice}"), None).status, 200);
+    assert!(eventually(Duration::from_secs(8), || get(b.node(), &format!("/s/{alice}")).status == 410));
+}
+
+#[test]
+fn owners_on_sqlite() {
+    let (p, _w) = gateway(None, "", "");
+    owners(&p, &p);
+}
+
+#[test]
+fn owners_across_two_instances_on_one_postgres() {
+    let Some(url) = pg_db("owners") else { return };
+    let (a, _wa) = gateway(Some(&url), "", "");
+    let (b, _wb) = gateway(Some(&url), "", "");
+    owners(&a, &b);
+}
+
+/// Visits are recorded off the redirect path and show within 5 s; QR fetches are not visits.
+fn visits(pg: Option<&str>) {
+    let (p, _w) = gateway(pg, "", "");
+    let code = code_of(&create_as(&p, None, &json!([{"origin_url": "https://v.example/"}])).json()["data"][0]);
+    for _ in 0..3 {
+        assert_eq!(browser(&p, &code, "https://News.example/story?id=1").status, 302);
+    }
+    assert_eq!(browser(&p, &code, "https://blog.example/").status, 302);
+    assert_eq!(bot(&p, &code).status, 302);
+    assert_eq!(get(p.node(), &format!("/s/{code}")).status, 302, "no user-agent: other");
+    assert_eq!(get(p.node(), &format!("/s/{code}/qr")).status, 200);
+    let report = || call(&p, None, "GET", &format!("/{code}/visits"), None).json();
+    assert!(
+        eventually(Duration::from_secs(5), || report()["data"]["visits"]["total"] == 6),
+        "a visit shows within 5 s: {}",
+        report()
+    );
+    let r = report();
+    let d = &r["data"];
+    assert_eq!(d["visits"], json!({"total": 6, "bots": 1, "counted_for_max": 0}), "{r}");
+    assert_eq!(d["by_class"], json!({"browser": 4, "bot": 1, "other": 1}));
+    assert_eq!(d["by_referer"][0], json!({"referer": "news.example", "visits": 3}));
+    let days = d["by_day"].as_array().cloned().unwrap_or_default();
+    assert_eq!(days.len(), 1);
+    assert_eq!((days[0]["visits"].as_i64(), days[0]["bots"].as_i64()), (Some(6), Some(1)));
+    assert_eq!(days[0]["date"].as_str().map(str::len), Some(10));
+    let recent = d["recent"].as_array().cloned().unwrap_or_default();
+    assert_eq!(recent.len(), 6);
+    for v in &recent {
+        let h = v["ip_hash"].as_str().unwrap_or_default();
+        assert!(h.len() == 16 && h.chars().all(|c| c.is_ascii_hexdigit()), "{v}");
+        assert!(!v.to_string().contains("127.0.0.1"), "never the client IP in clear: {v}");
+    }
+    assert_eq!(recent[0]["ip_hash"], recent[5]["ip_hash"], "one client, one salt period");
+    assert_eq!(
+        call(&p, None, "GET", &format!("/{code}/visits?page=2&page_size=4"), None).json()["data"]["recent"]
+            .as_array()
+            .map(Vec::len),
+        Some(2)
+    );
+    assert_eq!(call(&p, None, "GET", &format!("/{code}/visits?days=0"), None).status, 400);
+    assert_eq!(call(&p, None, "GET", &format!("/{code}"), None).json()["data"]["visits"]["total"], 6);
+    let metrics = get(p.control(), "/v1/plugin/short-url/stats");
+    assert_eq!(metrics.status, 200);
+}
+
+#[test]
+fn visits_on_sqlite() {
+    visits(None);
+}
+
+#[test]
+fn visits_on_postgres() {
+    let Some(url) = pg_db("visits") else { return };
+    visits(Some(&url));
+}
+
+#[test]
+fn max_visits_and_bots() {
+    let (p, _w) = gateway(None, ", max_visits_exclude_bots: true", "");
+    let code = code_of(
+        &create_as(&p, None, &json!([{"origin_url": "https://cap.example/", "max_visits": 3}])).json()["data"][0],
+    );
+    for _ in 0..5 {
+        assert_eq!(bot(&p, &code).status, 302, "bots do not count when excluded");
+    }
+    for i in 0..3 {
+        assert_eq!(browser(&p, &code, "").status, 302, "visit {i}");
+    }
+    let r = browser(&p, &code, "");
+    assert_eq!(r.status, 410, "past max_visits: {}", r.text());
+    assert!(r.text().contains("max_visits"));
+    // Raising the cap lets it through again.
+    let r = call(&p, None, "PATCH", &format!("/{code}"), Some(&json!({"max_visits": 4})));
+    assert_eq!(r.status, 200);
+    assert_eq!(browser(&p, &code, "").status, 302);
+    assert_eq!(browser(&p, &code, "").status, 410);
+    assert!(eventually(Duration::from_secs(5), || {
+        let v = call(&p, None, "GET", &format!("/{code}"), None).json();
+        v["data"]["visits"] == json!({"total": 9, "bots": 5, "counted_for_max": 4})
+    }));
+}
+
+#[test]
+fn max_visits_is_exact_across_two_instances_on_one_postgres() {
+    let Some(url) = pg_db("cap") else { return };
+    let (a, _wa) = gateway(Some(&url), "", "");
+    let (b, _wb) = gateway(Some(&url), "", "");
+    let code = code_of(
+        &create_as(&a, None, &json!([{"origin_url": "https://cap.example/", "max_visits": 25}])).json()["data"][0],
+    );
+    let threads: Vec<_> = (0..8)
+        .map(|i| {
+            let node = if i % 2 == 0 { a.node() } else { b.node() };
+            let code = code.clone();
+            std::thread::spawn(move || {
+                (0..15).map(|_| request(node, "GET", &format!("/s/{code}"), &[], b"").status).collect::<Vec<u16>>()
+            })
+        })
+        .collect();
+    let statuses: Vec<u16> = threads.into_iter().flat_map(|t| t.join().unwrap_or_default()).collect();
+    assert_eq!(statuses.len(), 120);
+    assert_eq!(statuses.iter().filter(|s| **s == 302).count(), 25, "{statuses:?}");
+    assert_eq!(statuses.iter().filter(|s| **s == 410).count(), 95);
+}
+
+#[test]
+fn qr_codes() {
+    let (p, _w) = gateway(None, "", "");
+    let code = code_of(
+        &create_as(&p, None, &json!([{"origin_url": "https://qr.example/", "domain": "go.example"}])).json()["data"][0],
+    );
+    let r = get(p.node(), &format!("/s/{code}/qr?size=200&margin=2"));
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("content-type"), Some("image/png"));
+    assert_eq!(r.header("cache-control"), Some("public, max-age=86400"));
+    assert!(r.body.starts_with(b"\x89PNG\r\n\x1a\n"));
+    let r = get(p.node(), &format!("/s/{code}/qr?format=svg"));
+    assert_eq!((r.status, r.header("content-type")), (200, Some("image/svg+xml")));
+    assert!(r.text().starts_with("<?xml") && r.text().contains("<svg"));
+    for bad in ["size=1", "format=gif", "margin=-1", "x=1"] {
+        let r = get(p.node(), &format!("/s/{code}/qr?{bad}"));
+        assert_eq!(r.status, 400, "{bad}");
+        assert!(r.json()["message"].as_str().is_some(), "{}", r.text());
+    }
+    assert_eq!(get(p.node(), "/s/Missing9/qr").status, 404);
+    std::thread::sleep(Duration::from_millis(600));
+    assert_eq!(
+        call(&p, None, "GET", &format!("/{code}"), None).json()["data"]["visits"]["total"],
+        0,
+        "a QR fetch is not a visit"
+    );
+}
+
+/// kill -9 while visits are being written: links stay intact, and what was recorded is whole
+/// batches (the link counters equal the visit rows); only the unflushed tail is lost.
+#[test]
+fn kill_9_during_visit_writes_loses_only_the_unflushed_batch() {
+    let (p, mut w) = gateway(None, "", ", batch_size: 50");
+    let body: Vec<Value> = (0..20).map(|i| json!({"origin_url": format!("https://k.example/{i}")})).collect();
+    let created = create_as(&p, None, &json!(body)).json();
+    let links: Vec<(String, String)> = created["data"]
+        .as_array()
+        .map(|a| {
+            a.iter().map(|i| (code_of(i), i["data"]["origin_url"].as_str().unwrap_or_default().to_owned())).collect()
+        })
+        .unwrap_or_default();
+    // Flushed for sure: 200 visits, then a wait of several flush intervals.
+    for i in 0..200 {
+        assert_eq!(get(p.node(), &format!("/s/{}", links[i % 20].0)).status, 302);
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    // Then visits from 4 clients, and kill -9 in the middle of them.
+    let node = p.node();
+    let codes: Vec<String> = links.iter().map(|l| l.0.clone()).collect();
+    let load: Vec<_> = (0..4)
+        .map(|t| {
+            let codes = codes.clone();
+            std::thread::spawn(move || {
+                let mut ok = 0;
+                for i in 0..100_000 {
+                    let path = format!("/s/{}", codes[(i + t) % 20]);
+                    match std::panic::catch_unwind(|| request(node, "GET", &path, &[], b"").status) {
+                        Ok(302) => ok += 1,
+                        _ => break,
+                    }
+                }
+                ok
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(1500));
+    w.child.kill().expect("kill -9");
+    let _ = w.child.wait();
+    let sent: u64 = load.into_iter().map(|t| t.join().unwrap_or(0)).sum();
+    let db = p.dir.join("data/short-url.db");
+    let w2 = Weir::spawn(&p);
+    w2.wait_ready(p.node());
+    let r = call(&p, None, "GET", "?page_size=100", None).json();
+    let total: i64 = r["data"]["items"]
+        .as_array()
+        .map(|a| a.iter().map(|l| l["visits"]["total"].as_i64().unwrap_or(0)).sum())
+        .unwrap_or(0);
+    let rows: i64 = codes
+        .iter()
+        .map(|c| {
+            call(&p, None, "GET", &format!("/{c}/visits?page_size=1"), None).json()["data"]["by_class"]["other"]
+                .as_i64()
+                .unwrap_or(0)
+        })
+        .sum();
+    assert_eq!(total, rows, "counters equal the rows: batches are whole");
+    assert!(total >= 200, "flushed visits survive: {total}");
+    assert!(total <= 200 + sent as i64, "{total} > 200 + {sent} sent");
+    for (code, origin) in &links {
+        let r = get(p.node(), &format!("/s/{code}"));
+        assert_eq!((r.status, r.header("location")), (302, Some(origin.as_str())), "{code} intact after kill -9");
+    }
+
+    assert!(db.exists());
+}
