@@ -19,6 +19,7 @@
 #   - limit-req local and redis vs plain, RSS with 1,000,000 limiter keys   benches/limiters.sh
 #   - proxy-cache HIT (memory, disk) vs the proxied path vs nginx proxy_cache   benches/cache.sh
 #   - gzip and brotli of a 100 KiB JSON body vs nginx gzip   benches/compression.sh
+#   - http-logger to a log server that stalls for 60 s vs no logger: req/s, p99, RSS   benches/log_sinks.sh
 #
 #   benches/run.sh        # needs wrk, nginx, valgrind; DURATION, ROUNDS, STORED as the scripts take
 set -euo pipefail
@@ -46,6 +47,7 @@ benches/traffic.sh > "$out/traffic" 2>&1 || true
 if command -v redis-server >/dev/null; then benches/limiters.sh > "$out/limiters" 2>&1 || true; fi
 benches/cache.sh > "$out/cache" 2>&1 || true
 benches/compression.sh > "$out/compression" 2>&1 || true
+benches/log_sinks.sh > "$out/log_sinks" 2>&1 || true
 if [ -n "${PG_URL:-}" ]; then BACKEND=postgres benches/short_url.sh > "$out/su-pg" 2>&1 || true; fi
 
 echo
@@ -83,6 +85,8 @@ echo "=== proxy-cache ==="
 tail -n 6 "$out/cache" | sed 's/^/  /'
 echo "=== compression ==="
 grep -E "^(100 KiB|gzip level)" "$out/compression" | sed 's/^/  /'
+echo "=== log sinks (http-logger to a stalled sink, medians of $ROUNDS rounds) ==="
+grep -E "^(http-logger|logger RSS at the end)" "$out/log_sinks" | sed 's/^/  /'
 if [ -f "$out/su-pg" ]; then
   echo "=== short-url, PostgreSQL ==="
   grep -E "create|redirect|stored" "$out/su-pg" | sed 's/^/  /'

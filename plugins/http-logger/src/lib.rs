@@ -10,14 +10,11 @@ use std::time::Duration;
 
 use schemars::JsonSchema;
 use serde::Deserialize;
-use weir_plugin::batch::{self, BatchConf, Encode, LoggerInstance, SendFuture, Sink};
+use weir_plugin::batch::{self, BatchConf, Encode, SendFuture, Sink, SinkPlugin};
 use weir_plugin::http::header::{AUTHORIZATION, CONTENT_TYPE};
 use weir_plugin::http::{HeaderValue, Method};
-use weir_plugin::log_entry::BodyConf;
 use weir_plugin::serde_json::{Map, Value};
-use weir_plugin::{
-    register_plugin, schema_of, BuildContext, HttpClient, InitEnv, OutboundRequest, Plugin, PluginInstance, RequestCtx,
-};
+use weir_plugin::{register_plugin, BuildContext, HttpClient, OutboundRequest, RequestCtx};
 
 /// How a batch's entries are put together.
 #[derive(Debug, Clone, Copy, Default, Deserialize, JsonSchema, PartialEq, Eq)]
@@ -37,9 +34,9 @@ fn yes() -> bool {
     true
 }
 
-/// Route configuration (APISIX's fields and defaults).
+/// The plugin's own fields (APISIX's names and defaults); with `log_format`, the body fields and
+/// the batch processor's, they make its configuration (`weir_plugin::batch::SinkConf`).
 #[derive(Debug, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
 pub struct Conf {
     /// The log server: an `http://` or `https://` URL.
     #[schemars(length(min = 1))]
@@ -60,18 +57,10 @@ pub struct Conf {
     /// Verify the log server's certificate (`https`). Off by default, as in APISIX.
     #[serde(default)]
     pub ssl_verify: bool,
-    /// This configuration's entry shape (wins over the plugin metadata's `log_format`).
-    #[serde(default)]
-    pub log_format: Option<Map<String, Value>>,
-    /// `include_req_body`, `include_resp_body`, their expressions and size caps.
-    #[serde(flatten)]
-    pub body: BodyConf,
-    /// `batch_max_size`, `inactive_timeout`, `buffer_duration`, `max_retry_count`, `retry_delay`.
-    #[serde(flatten)]
-    pub batch: BatchConf,
 }
 
-struct HttpSink {
+/// Batches as POSTs through the host's client.
+pub struct HttpSink {
     client: Arc<dyn HttpClient>,
     uri: String,
     auth: Option<HeaderValue>,
@@ -110,7 +99,7 @@ impl Sink for HttpSink {
 }
 
 /// Entries without a route say `"route_id": "no-matched"`, as APISIX's.
-struct Entry;
+pub struct Entry;
 
 impl Encode for Entry {
     fn encode(&self, _ctx: &RequestCtx, mut entry: Map<String, Value>) -> String {
@@ -124,22 +113,13 @@ impl Encode for Entry {
 /// The plugin.
 pub struct HttpLogger;
 
-impl Plugin for HttpLogger {
-    type Conf = Conf;
-    fn name(&self) -> &'static str {
-        "http-logger"
-    }
-    fn priority(&self) -> i32 {
-        410
-    }
-    fn metadata_schema(&self) -> Option<Value> {
-        Some(schema_of::<batch::SinkMetadata>())
-    }
-    fn init(&self, _attr: Option<&Value>, _env: &InitEnv) -> Result<(), String> {
-        batch::register_metrics();
-        Ok(())
-    }
-    fn build(&self, conf: Conf, ctx: &BuildContext<'_>) -> Result<Arc<dyn PluginInstance>, String> {
+impl SinkPlugin for HttpLogger {
+    type Own = Conf;
+    type Sink = HttpSink;
+    type Encode = Entry;
+    const NAME: &'static str = "http-logger";
+    const PRIORITY: i32 = 410;
+    fn sink(&self, conf: Conf, batch: &BatchConf, ctx: &BuildContext<'_>) -> Result<(HttpSink, Entry), String> {
         let uri: weir_plugin::http::Uri =
             conf.uri.parse().map_err(|e| format!("uri: {:?} is not a URL: {e}", conf.uri))?;
         if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.host().is_none_or(str::is_empty) {
@@ -162,9 +142,9 @@ impl Plugin for HttpLogger {
             keepalive: conf.keepalive,
             verify: conf.ssl_verify,
             concat: conf.concat_method,
-            batch_max_size: conf.batch.batch_max_size as usize,
+            batch_max_size: batch.batch_max_size as usize,
         };
-        LoggerInstance::build("http-logger", ctx, conf.log_format.as_ref(), conf.body, &conf.batch, sink, Entry)
+        Ok((sink, Entry))
     }
 }
 

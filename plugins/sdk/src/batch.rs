@@ -240,7 +240,9 @@ fn expose(e: &mut Exposition) {
         return;
     }
     type Read = fn(&SinkStats) -> u64;
-    let families: [(&str, &str, &str, &[(&str, &str, Read)]); 4] = [
+    /// (label, value, reader) of one sample of a family.
+    type Sample<'s> = (&'s str, &'s str, Read);
+    let families: [(&str, &str, &str, &[Sample<'_>]); 4] = [
         ("log_sink_sent_total", "counter", "Log entries delivered by a sink.", &[("", "", |s| s.sent())]),
         (
             "log_sink_dropped_total",
@@ -508,6 +510,70 @@ pub trait Encode: Send + Sync + 'static {
     /// The queued text of `entry` (default: its JSON).
     fn encode(&self, _ctx: &RequestCtx, entry: Map<String, Value>) -> String {
         Value::Object(entry).to_string()
+    }
+}
+
+/// A sink plugin's whole configuration: its own fields (`C`, without `deny_unknown_fields`:
+/// this type refuses unknown keys), `log_format`, the body fields and the batch processor's.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SinkConf<C> {
+    /// The plugin's own fields (`uri`, `host`, `port`...).
+    #[serde(flatten)]
+    pub own: C,
+    /// This configuration's entry shape (wins over the plugin metadata's `log_format`).
+    #[serde(default)]
+    pub log_format: Option<Map<String, Value>>,
+    /// `include_req_body`, `include_resp_body`, their expressions and size caps.
+    #[serde(flatten)]
+    pub body: BodyConf,
+    /// `batch_max_size`, `inactive_timeout`, `buffer_duration`, `max_retry_count`, `retry_delay`.
+    #[serde(flatten)]
+    pub batch: BatchConf,
+}
+
+/// A log sink plugin: its identity, its own configuration fields and how it makes its
+/// [`Sink`]. Implementing it implements [`Plugin`](crate::Plugin): configuration
+/// [`SinkConf<Own>`], metadata [`SinkMetadata`], the metrics source registered in `init`, and
+/// instances that build entries and queue them ([`LoggerInstance`]).
+pub trait SinkPlugin: Send + Sync + 'static {
+    /// The plugin's own fields.
+    type Own: serde::de::DeserializeOwned + JsonSchema;
+    /// Where batches go.
+    type Sink: Sink;
+    /// How entries are queued.
+    type Encode: Encode;
+    /// The plugin's name.
+    const NAME: &'static str;
+    /// Its priority.
+    const PRIORITY: i32;
+    /// The sink and encoder of one configuration; errors name the key.
+    fn sink(
+        &self,
+        own: Self::Own,
+        batch: &BatchConf,
+        ctx: &BuildContext<'_>,
+    ) -> Result<(Self::Sink, Self::Encode), String>;
+}
+
+impl<T: SinkPlugin> crate::Plugin for T {
+    type Conf = SinkConf<T::Own>;
+    fn name(&self) -> &'static str {
+        T::NAME
+    }
+    fn priority(&self) -> i32 {
+        T::PRIORITY
+    }
+    fn metadata_schema(&self) -> Option<Value> {
+        Some(crate::schema_of::<SinkMetadata>())
+    }
+    fn init(&self, _attr: Option<&Value>, _env: &crate::InitEnv) -> Result<(), String> {
+        register_metrics();
+        Ok(())
+    }
+    fn build(&self, conf: Self::Conf, ctx: &BuildContext<'_>) -> Result<Arc<dyn PluginInstance>, String> {
+        let (sink, encode) = self.sink(conf.own, &conf.batch, ctx)?;
+        LoggerInstance::build(T::NAME, ctx, conf.log_format.as_ref(), conf.body, &conf.batch, sink, encode)
     }
 }
 

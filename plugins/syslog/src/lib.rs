@@ -7,15 +7,13 @@
 //! entry of `weir_plugin::log_entry`. Batching is `weir_plugin::batch`'s; the request's log
 //! phase only enqueues.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use schemars::JsonSchema;
 use serde::Deserialize;
-use weir_plugin::batch::{self, BatchConf, Encode, LoggerInstance, SendFuture, Sink, MAX_DATAGRAM};
-use weir_plugin::log_entry::BodyConf;
+use weir_plugin::batch::{self, BatchConf, Encode, SendFuture, Sink, SinkPlugin, MAX_DATAGRAM};
 use weir_plugin::serde_json::{Map, Value};
-use weir_plugin::{register_plugin, schema_of, BuildContext, InitEnv, Plugin, PluginInstance, RequestCtx};
+use weir_plugin::{register_plugin, BuildContext, RequestCtx};
 
 /// The transport.
 #[derive(Debug, Clone, Copy, Default, Deserialize, JsonSchema, PartialEq, Eq)]
@@ -104,9 +102,9 @@ fn three_thousand() -> u64 {
     3000
 }
 
-/// Route configuration (APISIX's fields and defaults).
+/// The plugin's own fields (APISIX's names and defaults); with `log_format`, the body fields and
+/// the batch processor's, they make its configuration (`weir_plugin::batch::SinkConf`).
 #[derive(Debug, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
 pub struct Conf {
     /// The syslog server's address or name.
     #[schemars(length(min = 1))]
@@ -141,19 +139,10 @@ pub struct Conf {
     #[serde(default)]
     #[schemars(range(min = 5))]
     pub pool_size: Option<u64>,
-    /// This configuration's entry shape (wins over the plugin metadata's `log_format`).
-    #[serde(default)]
-    pub log_format: Option<Map<String, Value>>,
-    /// `include_req_body`, `include_resp_body`, their expressions and size caps.
-    #[serde(flatten)]
-    pub body: BodyConf,
-    /// `batch_max_size`, `inactive_timeout`, `buffer_duration`, `max_retry_count`, `retry_delay`.
-    #[serde(flatten)]
-    pub batch: BatchConf,
 }
 
 /// Makes the RFC 5424 message of an entry.
-struct Rfc5424 {
+pub struct Rfc5424 {
     pri: u8,
     pid: u32,
 }
@@ -194,7 +183,8 @@ pub fn octet_counted(messages: &[String]) -> Vec<u8> {
     out
 }
 
-struct SyslogSink {
+/// TCP (octet counting) or UDP.
+pub struct SyslogSink {
     host: String,
     port: u16,
     sock_type: SockType,
@@ -220,22 +210,13 @@ impl Sink for SyslogSink {
 /// The plugin.
 pub struct Syslog;
 
-impl Plugin for Syslog {
-    type Conf = Conf;
-    fn name(&self) -> &'static str {
-        "syslog"
-    }
-    fn priority(&self) -> i32 {
-        401
-    }
-    fn metadata_schema(&self) -> Option<Value> {
-        Some(schema_of::<batch::SinkMetadata>())
-    }
-    fn init(&self, _attr: Option<&Value>, _env: &InitEnv) -> Result<(), String> {
-        batch::register_metrics();
-        Ok(())
-    }
-    fn build(&self, conf: Conf, ctx: &BuildContext<'_>) -> Result<Arc<dyn PluginInstance>, String> {
+impl SinkPlugin for Syslog {
+    type Own = Conf;
+    type Sink = SyslogSink;
+    type Encode = Rfc5424;
+    const NAME: &'static str = "syslog";
+    const PRIORITY: i32 = 401;
+    fn sink(&self, conf: Conf, _batch: &BatchConf, _ctx: &BuildContext<'_>) -> Result<(SyslogSink, Rfc5424), String> {
         if conf.tls {
             return Err("tls: TLS to the syslog server is not supported yet".into());
         }
@@ -245,8 +226,7 @@ impl Plugin for Syslog {
             sock_type: conf.sock_type,
             timeout: Duration::from_millis(conf.timeout),
         };
-        let encode = Rfc5424 { pri: conf.facility.code() * 8 + conf.severity as u8, pid: std::process::id() };
-        LoggerInstance::build("syslog", ctx, conf.log_format.as_ref(), conf.body, &conf.batch, sink, encode)
+        Ok((sink, Rfc5424 { pri: conf.facility.code() * 8 + conf.severity as u8, pid: std::process::id() }))
     }
 }
 

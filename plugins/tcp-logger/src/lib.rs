@@ -3,23 +3,20 @@
 //! closed, within `timeout` milliseconds. Entries are built by `weir_plugin::log_entry` and
 //! batched by `weir_plugin::batch`; the request's log phase only enqueues.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use schemars::JsonSchema;
 use serde::Deserialize;
-use weir_plugin::batch::{self, BatchConf, Encode, LoggerInstance, SendFuture, Sink};
-use weir_plugin::log_entry::BodyConf;
-use weir_plugin::serde_json::{Map, Value};
-use weir_plugin::{register_plugin, schema_of, BuildContext, InitEnv, Plugin, PluginInstance};
+use weir_plugin::batch::{self, BatchConf, Encode, SendFuture, Sink, SinkPlugin};
+use weir_plugin::{register_plugin, BuildContext};
 
 fn thousand() -> u64 {
     1000
 }
 
-/// Route configuration (APISIX's fields and defaults).
+/// The plugin's own fields (APISIX's names and defaults); with `log_format`, the body fields and
+/// the batch processor's, they make its configuration (`weir_plugin::batch::SinkConf`).
 #[derive(Debug, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
 pub struct Conf {
     /// The log server's address or name.
     #[schemars(length(min = 1))]
@@ -36,18 +33,10 @@ pub struct Conf {
     #[serde(default = "thousand")]
     #[schemars(range(min = 1))]
     pub timeout: u64,
-    /// This configuration's entry shape (wins over the plugin metadata's `log_format`).
-    #[serde(default)]
-    pub log_format: Option<Map<String, Value>>,
-    /// `include_req_body`, `include_resp_body`, their expressions and size caps.
-    #[serde(flatten)]
-    pub body: BodyConf,
-    /// `batch_max_size`, `inactive_timeout`, `buffer_duration`, `max_retry_count`, `retry_delay`.
-    #[serde(flatten)]
-    pub batch: BatchConf,
 }
 
-struct TcpSink {
+/// A connection per batch.
+pub struct TcpSink {
     host: String,
     port: u16,
     timeout: Duration,
@@ -63,28 +52,20 @@ impl Sink for TcpSink {
     }
 }
 
-struct Entry;
+/// Entries as their JSON.
+pub struct Entry;
 impl Encode for Entry {}
 
 /// The plugin.
 pub struct TcpLogger;
 
-impl Plugin for TcpLogger {
-    type Conf = Conf;
-    fn name(&self) -> &'static str {
-        "tcp-logger"
-    }
-    fn priority(&self) -> i32 {
-        405
-    }
-    fn metadata_schema(&self) -> Option<Value> {
-        Some(schema_of::<batch::SinkMetadata>())
-    }
-    fn init(&self, _attr: Option<&Value>, _env: &InitEnv) -> Result<(), String> {
-        batch::register_metrics();
-        Ok(())
-    }
-    fn build(&self, conf: Conf, ctx: &BuildContext<'_>) -> Result<Arc<dyn PluginInstance>, String> {
+impl SinkPlugin for TcpLogger {
+    type Own = Conf;
+    type Sink = TcpSink;
+    type Encode = Entry;
+    const NAME: &'static str = "tcp-logger";
+    const PRIORITY: i32 = 405;
+    fn sink(&self, conf: Conf, batch: &BatchConf, _ctx: &BuildContext<'_>) -> Result<(TcpSink, Entry), String> {
         if conf.tls {
             return Err("tls: TLS to the log server is not supported yet (use a local TLS-terminating relay)".into());
         }
@@ -92,9 +73,9 @@ impl Plugin for TcpLogger {
             host: conf.host,
             port: conf.port,
             timeout: Duration::from_millis(conf.timeout),
-            batch_max_size: conf.batch.batch_max_size as usize,
+            batch_max_size: batch.batch_max_size as usize,
         };
-        LoggerInstance::build("tcp-logger", ctx, conf.log_format.as_ref(), conf.body, &conf.batch, sink, Entry)
+        Ok((sink, Entry))
     }
 }
 

@@ -4,23 +4,20 @@
 //! `batch_max_size` is 1), as in APISIX; a batch larger than a datagram can carry (65,507
 //! bytes) is split into several arrays, each a whole JSON text.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use schemars::JsonSchema;
 use serde::Deserialize;
-use weir_plugin::batch::{self, BatchConf, Encode, LoggerInstance, SendFuture, Sink, MAX_DATAGRAM};
-use weir_plugin::log_entry::BodyConf;
-use weir_plugin::serde_json::{Map, Value};
-use weir_plugin::{register_plugin, schema_of, BuildContext, InitEnv, Plugin, PluginInstance};
+use weir_plugin::batch::{self, BatchConf, Encode, SendFuture, Sink, SinkPlugin, MAX_DATAGRAM};
+use weir_plugin::{register_plugin, BuildContext};
 
 fn three() -> u64 {
     3
 }
 
-/// Route configuration (APISIX's fields and defaults).
+/// The plugin's own fields (APISIX's names and defaults); with `log_format`, the body fields and
+/// the batch processor's, they make its configuration (`weir_plugin::batch::SinkConf`).
 #[derive(Debug, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
 pub struct Conf {
     /// The log server's address or name.
     #[schemars(length(min = 1))]
@@ -31,15 +28,6 @@ pub struct Conf {
     #[serde(default = "three")]
     #[schemars(range(min = 1))]
     pub timeout: u64,
-    /// This configuration's entry shape (wins over the plugin metadata's `log_format`).
-    #[serde(default)]
-    pub log_format: Option<Map<String, Value>>,
-    /// `include_req_body`, `include_resp_body`, their expressions and size caps.
-    #[serde(flatten)]
-    pub body: BodyConf,
-    /// `batch_max_size`, `inactive_timeout`, `buffer_duration`, `max_retry_count`, `retry_delay`.
-    #[serde(flatten)]
-    pub batch: BatchConf,
 }
 
 /// The JSON arrays of `entries`, each at most `max` bytes (an entry alone larger than that is an
@@ -66,7 +54,8 @@ pub fn datagrams(entries: &[String], batch_max_size: usize, max: usize) -> Resul
     Ok(out)
 }
 
-struct UdpSink {
+/// Datagrams of whole JSON arrays.
+pub struct UdpSink {
     host: String,
     port: u16,
     timeout: Duration,
@@ -82,35 +71,27 @@ impl Sink for UdpSink {
     }
 }
 
-struct Entry;
+/// Entries as their JSON.
+pub struct Entry;
 impl Encode for Entry {}
 
 /// The plugin.
 pub struct UdpLogger;
 
-impl Plugin for UdpLogger {
-    type Conf = Conf;
-    fn name(&self) -> &'static str {
-        "udp-logger"
-    }
-    fn priority(&self) -> i32 {
-        400
-    }
-    fn metadata_schema(&self) -> Option<Value> {
-        Some(schema_of::<batch::SinkMetadata>())
-    }
-    fn init(&self, _attr: Option<&Value>, _env: &InitEnv) -> Result<(), String> {
-        batch::register_metrics();
-        Ok(())
-    }
-    fn build(&self, conf: Conf, ctx: &BuildContext<'_>) -> Result<Arc<dyn PluginInstance>, String> {
+impl SinkPlugin for UdpLogger {
+    type Own = Conf;
+    type Sink = UdpSink;
+    type Encode = Entry;
+    const NAME: &'static str = "udp-logger";
+    const PRIORITY: i32 = 400;
+    fn sink(&self, conf: Conf, batch: &BatchConf, _ctx: &BuildContext<'_>) -> Result<(UdpSink, Entry), String> {
         let sink = UdpSink {
             host: conf.host,
             port: conf.port,
             timeout: Duration::from_secs(conf.timeout),
-            batch_max_size: conf.batch.batch_max_size as usize,
+            batch_max_size: batch.batch_max_size as usize,
         };
-        LoggerInstance::build("udp-logger", ctx, conf.log_format.as_ref(), conf.body, &conf.batch, sink, Entry)
+        Ok((sink, Entry))
     }
 }
 
@@ -118,6 +99,8 @@ register_plugin!(UdpLogger);
 
 #[cfg(test)]
 mod tests {
+    use serde_json::Value;
+
     use super::*;
 
     #[test]
