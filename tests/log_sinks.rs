@@ -113,6 +113,22 @@ fn tcp_receiver() -> (SocketAddr, Receiver<Vec<u8>>) {
     (addr, rx)
 }
 
+/// A UDP socket to receive on, and its port.
+fn udp_receiver() -> (UdpSocket, u16) {
+    let udp = UdpSocket::bind("127.0.0.1:0").expect("bind");
+    udp.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    let port = udp.local_addr().expect("addr").port();
+    (udp, port)
+}
+
+/// The next datagram.
+fn datagram(udp: &UdpSocket, w: &Weir) -> Vec<u8> {
+    let mut buf = vec![0u8; 65536];
+    let n = udp.recv(&mut buf).unwrap_or_else(|e| panic!("no datagram ({e}); log:\n{}", w.log_text()));
+    buf.truncate(n);
+    buf
+}
+
 fn metric(p: &Prefix, name: &str, labels: &[(&str, &str)]) -> f64 {
     let text = get(p.metrics(), "/weir/prometheus/metrics").text();
     let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_owned())))
@@ -257,11 +273,7 @@ fn a_dead_sink_fails_batches_after_their_retries_and_requests_go_on() {
 
 #[test]
 fn tcp_and_udp_loggers_deliver_json_batches() {
-    let u = Upstream::start("u");
-    let (tcp, tcp_rx) = tcp_receiver();
-    let udp = UdpSocket::bind("127.0.0.1:0").expect("bind");
-    udp.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
-    let udp_port = udp.local_addr().expect("addr").port();
+    let (u, (tcp, tcp_rx), (udp, udp_port)) = (Upstream::start("u"), tcp_receiver(), udp_receiver());
     let (p, w) = start(&format!(
         "routes:\n  - {{id: t, uri: /t, upstream: {u}, plugins: {{tcp-logger: {{host: \"127.0.0.1\", port: {tp}, batch_max_size: 2}}, udp-logger: {{host: \"localhost\", port: {udp_port}, batch_max_size: 2, log_format: {{m: $request_method, u: $uri}}}}}}}}\n",
         u = up(&u),
@@ -275,9 +287,7 @@ fn tcp_and_udp_loggers_deliver_json_batches() {
         (got[0]["request"]["method"].as_str(), got[1]["request"]["method"].as_str()),
         (Some("GET"), Some("DELETE"))
     );
-    let mut buf = [0u8; 65536];
-    let n = udp.recv(&mut buf).unwrap_or_else(|e| panic!("no datagram ({e}); log:\n{}", w.log_text()));
-    let got: Value = serde_json::from_slice(&buf[..n]).expect("JSON");
+    let got: Value = serde_json::from_slice(&datagram(&udp, &w)).expect("JSON");
     assert_eq!(got, json!([{"m": "GET", "u": "/t", "route_id": "t"}, {"m": "DELETE", "u": "/t", "route_id": "t"}]));
 }
 
@@ -313,11 +323,7 @@ fn parse_rfc5424(msg: &str) -> (u8, String, Value) {
 
 #[test]
 fn syslog_sends_rfc5424_messages_over_udp_and_octet_counted_tcp() {
-    let u = Upstream::start("u");
-    let (tcp, tcp_rx) = tcp_receiver();
-    let udp = UdpSocket::bind("127.0.0.1:0").expect("bind");
-    udp.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
-    let udp_port = udp.local_addr().expect("addr").port();
+    let (u, (tcp, tcp_rx), (udp, udp_port)) = (Upstream::start("u"), tcp_receiver(), udp_receiver());
     let (p, w) = start(&format!(
         "routes:\n  - {{id: s, uri: /s, upstream: {u}, plugins: {{syslog: {{host: \"127.0.0.1\", port: {tp}, batch_max_size: 2, log_format: {{u: $uri, a: $arg_n}}}}}}}}\n  - {{id: su, uri: /su, upstream: {u}, plugins: {{syslog: {{host: \"127.0.0.1\", port: {udp_port}, sock_type: udp, facility: LOCAL4, severity: WARNING, batch_max_size: 2}}}}}}\n",
         u = up(&u),
@@ -343,10 +349,8 @@ fn syslog_sends_rfc5424_messages_over_udp_and_octet_counted_tcp() {
 
     get(p.node(), "/su");
     get(p.node(), "/su");
-    let mut buf = [0u8; 65536];
     for _ in 0..2 {
-        let n = udp.recv(&mut buf).unwrap_or_else(|e| panic!("no datagram ({e}); log:\n{}", w.log_text()));
-        let (pri, _, msg) = parse_rfc5424(std::str::from_utf8(&buf[..n]).expect("UTF-8"));
+        let (pri, _, msg) = parse_rfc5424(&String::from_utf8(datagram(&udp, &w)).expect("UTF-8"));
         assert_eq!(pri, 20 * 8 + 4, "LOCAL4.WARNING");
         assert_eq!(msg["request"]["uri"], "/su");
     }

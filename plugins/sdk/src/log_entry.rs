@@ -21,7 +21,7 @@
 //!
 //! let f = LogFormat::compile(json!({"who": "$remote_addr", "at": {"port": "$server_port"}, "v": 1}).as_object().unwrap()).unwrap();
 //! assert_eq!(f.len(), 3);
-//! let err = LogFormat::compile(json!({"x": {"y": "$remote_adr"}}).as_object().unwrap()).unwrap_err();
+//! let err = LogFormat::compile(json!({"x": {"y": "$remote_adr"}}).as_object().unwrap()).err().expect("refused");
 //! assert!(err.starts_with("log_format.x.y: unknown variable"), "{err}");
 //! ```
 
