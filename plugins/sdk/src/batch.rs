@@ -378,7 +378,7 @@ impl Processor {
             if entries >= self.limits.max_entries || bytes + len > self.limits.max_bytes {
                 drop(q);
                 let n = self.stats.dropped_full.fetch_add(1, Ordering::Relaxed);
-                if n.is_power_of_two() {
+                if (n + 1).is_power_of_two() {
                     log::warn!("{}: the log sink is behind, {} entries dropped so far", self.name, n + 1);
                 }
                 return false;
@@ -493,7 +493,7 @@ impl Processor {
     /// the error log).
     fn report(&self, e: &str, attempt: u32) {
         let n = self.failures.fetch_add(1, Ordering::Relaxed);
-        if n.is_power_of_two() || n == 0 {
+        if (n + 1).is_power_of_two() {
             log::error!(
                 "{}: sending a batch failed (attempt {}, {} failures so far): {e}",
                 self.name,
