@@ -19,8 +19,8 @@ LOAD_CPU=${LOAD_CPU:-1}
 BIN=${BIN:-target/release/weir}
 WORK=$(mktemp -d /tmp/weir-logsinks.XXXXXX)
 chmod 755 "$WORK"
-UP_PORT=18680
-SINK_PORT=18681
+UP_PORT=19380
+SINK_PORT=19381
 [ -x "$BIN" ] || cargo build --release
 for tool in wrk nginx curl python3; do command -v "$tool" >/dev/null || { echo "$tool is required"; exit 1; }; done
 
@@ -60,8 +60,8 @@ start() {
 rss() { awk '/VmRSS/ {print $2}' "/proc/$1/status"; }
 
 route="  - {id: 1, uri: /x, upstream: {nodes: {\"127.0.0.1:$UP_PORT\": 1}}%s}\n"
-start plain 18682 18683 "$(printf "routes:\n$route" "")"
-start logger 18684 18685 "$(printf "routes:\n$route" ", plugins: {http-logger: {uri: \"http://127.0.0.1:$SINK_PORT/logs\", timeout: $STALL}}")"
+start plain 19382 19383 "$(printf "routes:\n$route" "")"
+start logger 19384 19385 "$(printf "routes:\n$route" ", plugins: {http-logger: {uri: \"http://127.0.0.1:$SINK_PORT/logs\", timeout: $STALL}}")"
 LOGGER=$LAST
 echo "logger RSS at start: $(rss "$LOGGER") KiB"
 
@@ -76,11 +76,11 @@ run() {
 }
 declare -a RA RB PA PB
 for i in $(seq 1 "$ROUNDS"); do
-  read -r r p < <(run 18682); RA+=("$r"); PA+=("$p")
-  read -r r p < <(run 18684); RB+=("$r"); PB+=("$p")
+  read -r r p < <(run 19382); RA+=("$r"); PA+=("$p")
+  read -r r p < <(run 19384); RB+=("$r"); PB+=("$p")
   echo "round $i: without a logger ${RA[-1]} req/s p99 ${PA[-1]} ms; http-logger to a stalled sink ${RB[-1]} req/s p99 ${PB[-1]} ms; logger RSS $(rss "$LOGGER") KiB"
 done
-metrics=$(curl -s "127.0.0.1:$(( 18685 + 100 ))/weir/prometheus/metrics")
+metrics=$(curl -s "127.0.0.1:$(( 19385 + 100 ))/weir/prometheus/metrics")
 dropped=$(echo "$metrics" | awk '/^weir_log_sink_dropped_total\{.*reason="full"/ {print $2}')
 pending=$(echo "$metrics" | awk '/^weir_log_sink_pending_entries\{/ {print $2}')
 pbytes=$(echo "$metrics" | awk '/^weir_log_sink_pending_bytes\{/ {print $2}')

@@ -366,6 +366,28 @@ impl Processor {
         self.queue.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    fn dropped(&self) -> bool {
+        let n = self.stats.dropped_full.fetch_add(1, Ordering::Relaxed);
+        if (n + 1).is_power_of_two() {
+            log::warn!("{}: the log sink is behind, {} entries dropped so far", self.name, n + 1);
+        }
+        false
+    }
+
+    /// As [`Processor::push`], but the entry is made only when there is room for one more
+    /// (a sink that is behind costs the request no entry it would drop).
+    pub fn push_with(self: &Arc<Self>, make: impl FnOnce() -> String) -> bool {
+        let full = {
+            let q = self.lock();
+            q.waiting.len() + q.sending >= self.limits.max_entries
+                || q.waiting_bytes + q.sending_bytes >= self.limits.max_bytes
+        };
+        if full {
+            return self.dropped();
+        }
+        self.push(make())
+    }
+
     /// Queues one entry; never waits. `false` when it was dropped (counted): the processor is
     /// full, or there is no worker to deliver on.
     pub fn push(self: &Arc<Self>, entry: String) -> bool {
@@ -377,11 +399,7 @@ impl Processor {
             let bytes = q.waiting_bytes + q.sending_bytes;
             if entries >= self.limits.max_entries || bytes + len > self.limits.max_bytes {
                 drop(q);
-                let n = self.stats.dropped_full.fetch_add(1, Ordering::Relaxed);
-                if (n + 1).is_power_of_two() {
-                    log::warn!("{}: the log sink is behind, {} entries dropped so far", self.name, n + 1);
-                }
-                return false;
+                return self.dropped();
             }
             if q.waiting.is_empty() {
                 q.first_at = Some(now);
@@ -626,7 +644,7 @@ impl<E: Encode> PluginInstance for LoggerInstance<E> {
     }
     fn log(&self, ctx: &RequestCtx) {
         if let Some(p) = &self.processor {
-            p.push(self.encode.encode(ctx, self.entries.build(ctx)));
+            p.push_with(|| self.encode.encode(ctx, self.entries.build(ctx)));
         }
     }
 }
@@ -850,6 +868,9 @@ mod tests {
             );
             let kept = (0..100).filter(|_| p.push("x".repeat(100))).count();
             assert_eq!((kept, p.stats().pending_bytes()), (10, 1000));
+            // Full: the entry is not even made.
+            assert!(!p.push_with(|| unreachable!("made while full")));
+            assert_eq!(p.stats().dropped_full(), 91);
         });
     }
 
