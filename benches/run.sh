@@ -22,6 +22,7 @@
 #   - gzip and brotli of a 100 KiB JSON body vs nginx gzip   benches/compression.sh
 #   - each default plugin alone on a route: instructions per request   benches/plugin_cost.sh
 #   - 30-minute soak: RSS plateau, descriptors, p99 under churn   benches/soak.sh (SOAK=1)
+#   - http-logger to a log server that stalls for 60 s vs no logger: req/s, p99, RSS   benches/log_sinks.sh
 #
 #   benches/run.sh        # needs wrk, nginx, valgrind; DURATION, ROUNDS, STORED as the scripts take
 set -euo pipefail
@@ -52,6 +53,7 @@ benches/cache.sh > "$out/cache" 2>&1 || true
 benches/compression.sh > "$out/compression" 2>&1 || true
 benches/plugin_cost.sh > "$out/plugin_cost" 2>&1 || true
 if [ "${SOAK:-0}" = 1 ]; then benches/soak.sh > "$out/soak" 2>&1 || true; fi
+benches/log_sinks.sh > "$out/log_sinks" 2>&1 || true
 if [ -n "${PG_URL:-}" ]; then BACKEND=postgres benches/short_url.sh > "$out/su-pg" 2>&1 || true; fi
 
 echo
@@ -91,6 +93,8 @@ echo "=== proxy-cache ==="
 tail -n 6 "$out/cache" | sed 's/^/  /'
 echo "=== compression ==="
 grep -E "^(100 KiB|gzip level)" "$out/compression" | sed 's/^/  /'
+echo "=== log sinks (http-logger to a stalled sink, medians of $ROUNDS rounds) ==="
+grep -E "^(http-logger|logger RSS at the end)" "$out/log_sinks" | sed 's/^/  /'
 if [ -f "$out/su-pg" ]; then
   echo "=== short-url, PostgreSQL ==="
   grep -E "create|redirect|stored" "$out/su-pg" | sed 's/^/  /'

@@ -5,15 +5,14 @@
 //! a bounded queue; a writer thread per file does the I/O. On graceful shutdown the queues are
 //! drained before the process exits; on SIGUSR1 the files are reopened (log rotation).
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::{Map, Value};
+use weir_plugin::log_entry::{LogFormat, MAX_BODY};
 use weir_plugin::logfile::{LineWriter, LogFiles};
-use weir_plugin::template::{self, Piece, Template};
 use weir_plugin::{register_plugin, schema_of, BuildContext, Late, Plugin, PluginInstance, RequestCtx};
 
 /// Route configuration.
@@ -29,9 +28,10 @@ pub struct Conf {
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Metadata {
-    /// Field name → `$variable` (e.g. `$remote_addr`, `$http_user_agent`) or literal text.
+    /// Field name → `$variable` (e.g. `$remote_addr`, `$http_user_agent`), text, or a nested
+    /// object of them (the loggers' shared `log_format`, `weir_plugin::log_entry`).
     #[serde(default)]
-    pub log_format: BTreeMap<String, String>,
+    pub log_format: Map<String, Value>,
 }
 
 /// The default line format.
@@ -62,7 +62,7 @@ pub struct FileLogger {
 struct Instance {
     /// None when only validating (nothing is opened).
     writer: Option<Arc<LineWriter>>,
-    format: Vec<(String, Template)>,
+    format: LogFormat,
 }
 
 impl PluginInstance for Instance {
@@ -71,18 +71,8 @@ impl PluginInstance for Instance {
         Late { headers: true, ..Late::LOG }
     }
     fn log(&self, ctx: &RequestCtx) {
-        let mut line = Map::with_capacity(self.format.len());
-        for (field, template) in &self.format {
-            let value = match template.pieces() {
-                // A lone variable keeps its type: absent is `null`, the status a number.
-                [Piece::Var(name)] if &**name == "status" => Value::from(ctx.status),
-                [Piece::Var(name)] => template::value(name, ctx).map_or(Value::Null, |v| Value::String(v.into_owned())),
-                _ => Value::String(template.render(ctx).into_owned()),
-            };
-            line.insert(field.clone(), value);
-        }
         if let Some(w) = &self.writer {
-            w.line(Value::Object(line).to_string());
+            w.line(Value::Object(self.format.render(ctx, ctx.body.as_deref(), MAX_BODY)).to_string());
         }
     }
 }
@@ -100,24 +90,12 @@ impl Plugin for FileLogger {
     }
     fn build(&self, conf: Conf, ctx: &BuildContext<'_>) -> Result<Arc<dyn PluginInstance>, String> {
         let c = conf;
-        let format = match ctx.metadata {
-            Some(m) => {
-                let meta: Metadata = weir_plugin::parse_conf(m)?;
-                if meta.log_format.is_empty() {
-                    default_format()
-                } else {
-                    meta.log_format.into_iter().collect()
-                }
+        let format = match ctx.metadata_as::<Metadata>()? {
+            Some(meta) if !meta.log_format.is_empty() => {
+                LogFormat::compile(&meta.log_format).map_err(|e| format!("plugin metadata: {e}"))?
             }
-            None => default_format(),
+            _ => LogFormat::compile_pairs(&default_format())?,
         };
-        let format = format
-            .into_iter()
-            .map(|(field, text)| match Template::compile(&text) {
-                Ok(t) => Ok((field, t)),
-                Err(e) => Err(format!("plugin metadata: log_format.{field}: {e}")),
-            })
-            .collect::<Result<Vec<_>, String>>()?;
         let path = PathBuf::from(&c.path);
         if ctx.check_only {
             return Ok(Arc::new(Instance { writer: None, format }));

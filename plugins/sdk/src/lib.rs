@@ -14,6 +14,7 @@
 
 pub mod auth;
 pub mod background;
+pub mod batch;
 pub mod body;
 pub mod cache_zones;
 pub mod cidr;
@@ -23,6 +24,7 @@ pub mod expr;
 pub mod headers;
 pub mod jwt;
 pub mod limit;
+pub mod log_entry;
 pub mod logfile;
 pub mod meta;
 pub mod metrics;
