@@ -24,6 +24,7 @@ pub mod headers;
 pub mod jwt;
 pub mod limit;
 pub mod logfile;
+pub mod measure;
 pub mod meta;
 pub mod metrics;
 pub mod phase;
