@@ -291,6 +291,15 @@ pub fn parse_traceparent(value: &[u8]) -> Option<Parent> {
     Some(p)
 }
 
+/// Fuzzing entry point: any bytes as a `traceparent` parse or are refused, never panic, and
+/// what parses is written back (as the host sends it upstream) to the same ids and flag.
+pub fn fuzz_traceparent(data: &[u8]) {
+    let Some(p) = parse_traceparent(data) else { return };
+    let t = TraceContext { trace_id: p.trace_id, span_id: p.span_id, parent_id: None, sampled: p.sampled, state: None };
+    let again = parse_traceparent(t.traceparent(&p.span_id).as_bytes());
+    assert_eq!(again, Some(p), "{}", String::from_utf8_lossy(data));
+}
+
 /// The plugin.
 pub struct OpenTelemetry;
 
