@@ -7,7 +7,7 @@
 mod common;
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -73,31 +73,13 @@ fn http_receiver() -> (SocketAddr, Shared) {
             std::thread::spawn(move || {
                 let mut reader = BufReader::new(conn.try_clone().expect("clone"));
                 let mut writer = conn;
-                loop {
-                    let mut line = String::new();
-                    if reader.read_line(&mut line).unwrap_or(0) == 0 {
-                        return;
-                    }
-                    assert!(line.starts_with("POST /v1/traces HTTP/1.1"), "{line}");
-                    let mut len = 0;
-                    let mut headers = Vec::new();
-                    loop {
-                        let mut h = String::new();
-                        if reader.read_line(&mut h).unwrap_or(0) == 0 {
-                            return;
-                        }
-                        let h = h.trim_end();
-                        if h.is_empty() {
-                            break;
-                        }
-                        if let Some((k, v)) = h.split_once(':') {
-                            let (k, v) = (k.trim().to_ascii_lowercase(), v.trim().to_owned());
-                            if k == "content-length" {
-                                len = v.parse().expect("length");
-                            }
-                            headers.push((k, v));
-                        }
-                    }
+                while let Some((line, headers)) = common::upstream::read_head(&mut reader) {
+                    assert_eq!(line, "POST /v1/traces HTTP/1.1");
+                    let len: usize = headers
+                        .iter()
+                        .find(|(k, _)| k == "content-length")
+                        .and_then(|(_, v)| v.parse().ok())
+                        .expect("a content-length");
                     let mut body = vec![0; len];
                     reader.read_exact(&mut body).expect("body");
                     let req = ExportTraceServiceRequest::decode(&body[..]).expect("an ExportTraceServiceRequest");
@@ -355,13 +337,8 @@ routes:
 fn spans_go_to_an_otlp_grpc_collector() {
     let up = Upstream::start("a");
     let (collector, got) = grpc_receiver();
-    let p = Prefix::new("", &otel_config("grpc", collector, ""), "");
-    p.write_resources(&format!(
-        "routes:\n  - {{id: g1, uri: /g/*, plugins: {{opentelemetry: {{sampler: {{name: trace_id_ratio, options: {{fraction: 1}}}}}}}}, upstream: {{nodes: {{\"{}\": 1}}}}}}\n",
-        up.node()
-    ));
-    let w = Weir::start(&p);
-    w.wait_ready(p.node());
+    let plugins = "{opentelemetry: {sampler: {name: trace_id_ratio, options: {fraction: 1}}}}";
+    let (p, _w) = traced(&otel_config("grpc", collector, ""), plugins, &up);
     let r = request(
         p.node(),
         "POST",
@@ -374,10 +351,23 @@ fn spans_go_to_an_otlp_grpc_collector() {
     let server = server_span(&spans);
     assert_eq!(hex(&server.parent_span_id), CLIENT_PARENT);
     assert_eq!(attr(server, "http.request.method").as_deref(), Some("POST"));
-    assert_eq!(attr(server, "weir.route.id").as_deref(), Some("g1"));
+    assert_eq!(attr(server, "weir.route.id").as_deref(), Some("r"));
     let g = got.lock().unwrap_or_else(|e| e.into_inner());
     assert_eq!(g.resource.get("service.name").map(String::as_str), Some("edge"));
     assert!(g.headers.iter().any(|(k, v)| k == "x-collector-token" && v == "s3cret"), "{:?}", g.headers);
+}
+
+/// A gateway with `config` whose route `r` (every path) carries `plugins`, proxying to `up`.
+fn traced(config: &str, plugins: &str, up: &Upstream) -> (Prefix, Weir) {
+    let p = Prefix::new("", config, "");
+    p.write_resources(&format!(
+        "routes:\n  - {{id: r, uri: /*, plugins: {plugins}, upstream: {{nodes: {{\"{}\": 1}}}}}}\n",
+        up.node()
+    ));
+    let w = Weir::start(&p);
+    w.wait_ready(p.node());
+    w.wait_ready(p.metrics());
+    (p, w)
 }
 
 fn metric(p: &Prefix, name: &str) -> f64 {
@@ -395,14 +385,7 @@ fn a_collector_that_never_answers_costs_requests_nothing() {
     let collector = silent.local_addr().expect("addr");
     let extra = ", max_queue_size: 6, max_export_batch_size: 2";
     let config = otel_config("http", collector, extra).replace("request_timeout: 5", "request_timeout: 120");
-    let p = Prefix::new("", &config, "");
-    p.write_resources(&format!(
-        "routes:\n  - {{id: r, uri: /*, plugins: {{opentelemetry: {{sampler: {{name: always_on}}, plugin_spans: true}}}}, upstream: {{nodes: {{\"{}\": 1}}}}}}\n",
-        up.node()
-    ));
-    let w = Weir::start(&p);
-    w.wait_ready(p.node());
-    w.wait_ready(p.metrics());
+    let (p, _w) = traced(&config, "{opentelemetry: {sampler: {name: always_on}, plugin_spans: true}}", &up);
     // The export hangs for 120 s; the client waits 30 s at most for each answer (a request that
     // waited for the collector would fail here).
     for i in 0..40 {
@@ -419,14 +402,7 @@ fn a_collector_that_never_answers_costs_requests_nothing() {
 fn a_collector_that_is_down_is_counted_and_requests_go_on() {
     let up = Upstream::start("a");
     let down = TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr");
-    let p = Prefix::new("", &otel_config("grpc", down, ""), "");
-    p.write_resources(&format!(
-        "routes:\n  - {{id: r, uri: /*, plugins: {{opentelemetry: {{sampler: {{name: always_on}}}}}}, upstream: {{nodes: {{\"{}\": 1}}}}}}\n",
-        up.node()
-    ));
-    let w = Weir::start(&p);
-    w.wait_ready(p.node());
-    w.wait_ready(p.metrics());
+    let (p, w) = traced(&otel_config("grpc", down, ""), "{opentelemetry: {sampler: {name: always_on}}}", &up);
     for i in 0..10 {
         assert_eq!(get(p.node(), &format!("/y/{i}")).status, 200);
     }
