@@ -517,3 +517,19 @@ fn plugin_latency_is_per_plugin_and_phase_and_off_by_default() {
     assert!(text.contains("weir_plugin_latency_bucket{plugin=\"key-auth\",phase=\"rewrite\",le=\"0.005\"}"), "{text}");
     assert!(text.contains("# TYPE weir_plugin_latency histogram"));
 }
+
+#[test]
+fn a_graceful_stop_sends_the_spans_still_queued() {
+    let up = Upstream::start("a");
+    let (collector, got) = http_receiver();
+    // Batches would wait a minute: only the stop's flush sends these.
+    let config = otel_config("http", collector, "")
+        .replace("batch_timeout: 0.05, inactive_timeout: 0.02", "batch_timeout: 60, inactive_timeout: 60");
+    let (p, w) = traced(&config, "{opentelemetry: {sampler: {name: always_on}}}", &up);
+    let r = request(p.node(), "GET", "/z", &[("traceparent", &format!("00-{CLIENT_TRACE}-{CLIENT_PARENT}-01"))], b"");
+    assert_eq!(r.status, 200);
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(spans_of(&got, CLIENT_TRACE).is_empty(), "sent before the batch was due");
+    assert!(w.terminate().success());
+    assert_eq!(spans_of(&got, CLIENT_TRACE).len(), 2, "server and attempt spans, sent at the stop");
+}

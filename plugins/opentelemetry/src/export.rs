@@ -83,8 +83,15 @@ pub static DROPPED: AtomicU64 = AtomicU64::new(0);
 pub static FAILED: AtomicU64 = AtomicU64::new(0);
 pub static EXPORTS_FAILED: AtomicU64 = AtomicU64::new(0);
 
+/// What the exporter thread receives.
+enum Msg {
+    Spans(Box<Record>),
+    /// Export everything queued before this, then answer (a graceful stop).
+    Flush(std::sync::mpsc::Sender<()>),
+}
+
 struct Queue {
-    tx: mpsc::UnboundedSender<Box<Record>>,
+    tx: mpsc::UnboundedSender<Msg>,
     /// Spans queued or being exported.
     queued: AtomicUsize,
     max: AtomicUsize,
@@ -95,6 +102,11 @@ static SETTINGS: Mutex<Option<Arc<Settings>>> = Mutex::new(None);
 
 fn settings() -> Option<Arc<Settings>> {
     SETTINGS.lock().unwrap_or_else(|e| e.into_inner()).clone()
+}
+
+/// The collector's `request_timeout` in force.
+pub fn request_timeout() -> Option<Duration> {
+    settings().map(|s| s.request_timeout)
 }
 
 /// Spans waiting or being exported.
@@ -133,33 +145,54 @@ pub fn push(record: Box<Record>) {
         DROPPED.fetch_add(n as u64, Ordering::Relaxed);
         return;
     }
-    if q.tx.send(record).is_err() {
+    if q.tx.send(Msg::Spans(record)).is_err() {
         q.queued.fetch_sub(n, Ordering::Relaxed);
         DROPPED.fetch_add(n as u64, Ordering::Relaxed);
     }
 }
 
+/// Exports what was queued before this call, waiting at most `wait` (a graceful stop).
+pub fn flush(wait: Duration) {
+    let Some(q) = QUEUE.get() else { return };
+    let (tx, rx) = std::sync::mpsc::channel();
+    if q.tx.send(Msg::Flush(tx)).is_ok() {
+        let _ = rx.recv_timeout(wait);
+    }
+}
+
 /// The exporter: collects a batch (up to `max_export_batch_size` spans, for at most
 /// `batch_timeout`, or until nothing came for `inactive_timeout`), exports it, repeats.
-async fn run(mut rx: mpsc::UnboundedReceiver<Box<Record>>) {
+async fn run(mut rx: mpsc::UnboundedReceiver<Msg>) {
     let mut exporter = Exporter::default();
     let mut warned = false;
     loop {
-        let Some(first) = rx.recv().await else { return };
+        let first = match rx.recv().await {
+            None => return,
+            Some(Msg::Flush(done)) => {
+                let _ = done.send(());
+                continue;
+            }
+            Some(Msg::Spans(r)) => r,
+        };
         let Some(s) = settings() else { continue };
         let started = Instant::now();
         let mut spans = first.spans();
         let mut batch = vec![first];
         let mut closed = false;
+        let mut flushed = None;
         while spans < s.max_export_batch_size {
             let left = s.batch_timeout.saturating_sub(started.elapsed());
             if left.is_zero() {
                 break;
             }
             match tokio::time::timeout(left.min(s.inactive_timeout), rx.recv()).await {
-                Ok(Some(r)) => {
+                Ok(Some(Msg::Spans(r))) => {
                     spans += r.spans();
                     batch.push(r);
+                }
+                Ok(Some(Msg::Flush(done))) => {
+                    flushed = Some(done);
+                    break;
                 }
                 Ok(None) => {
                     closed = true;
@@ -186,6 +219,9 @@ async fn run(mut rx: mpsc::UnboundedReceiver<Box<Record>>) {
         }
         if let Some(q) = QUEUE.get() {
             q.queued.fetch_sub(spans, Ordering::Relaxed);
+        }
+        if let Some(done) = flushed {
+            let _ = done.send(());
         }
         if closed {
             return;

@@ -447,6 +447,11 @@ impl Plugin for OpenTelemetry {
         });
         Ok(())
     }
+    fn shutdown(&self) {
+        // The spans of the last requests: sent before the process exits, within the timeout.
+        let wait = export::request_timeout().unwrap_or(Duration::from_secs(3)) + Duration::from_secs(1);
+        export::flush(wait);
+    }
     fn build(&self, conf: Conf, _ctx: &BuildContext<'_>) -> Result<Arc<dyn PluginInstance>, String> {
         let sampler = Sampler::compile(&conf.sampler).map_err(|e| format!("sampler.{e}"))?;
         let mut attributes = Vec::with_capacity(conf.additional_attributes.len());
