@@ -19,7 +19,6 @@ use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, InstrumentationScope, KeyValue};
 use opentelemetry_proto::tonic::resource::v1::Resource;
 use opentelemetry_proto::tonic::trace::v1::{span, status, ResourceSpans, ScopeSpans, Span, Status};
-use prost::Message;
 use tokio::sync::mpsc;
 use weir_plugin::measure::{Attempt, PhaseTime, TraceContext};
 
@@ -201,8 +200,9 @@ async fn run(mut rx: mpsc::UnboundedReceiver<Msg>) {
                 Err(_) => break,
             }
         }
-        let request = to_request(&batch, &s.resource);
-        match exporter.export(&s, request).await {
+        let spans_of_batch = to_spans(&batch);
+        drop(batch);
+        match exporter.export(&s, spans_of_batch).await {
             Ok(()) => {
                 EXPORTED.fetch_add(spans as u64, Ordering::Relaxed);
                 warned = false;
@@ -238,10 +238,10 @@ struct Exporter {
 }
 
 impl Exporter {
-    async fn export(&mut self, s: &Settings, request: ExportTraceServiceRequest) -> Result<(), String> {
+    async fn export(&mut self, s: &Settings, spans: Vec<Span>) -> Result<(), String> {
         match s.protocol {
             Protocol::Http => {
-                let body = Bytes::from(request.encode_to_vec());
+                let body = Bytes::from(encode_request(spans, &s.resource));
                 match tokio::time::timeout(s.request_timeout, self.post(s, body)).await {
                     Ok(r) => r.inspect_err(|_| self.http = None),
                     Err(_) => {
@@ -250,7 +250,7 @@ impl Exporter {
                     }
                 }
             }
-            Protocol::Grpc => self.grpc_export(s, request).await,
+            Protocol::Grpc => self.grpc_export(s, request_of(spans, &s.resource)).await,
         }
     }
 
@@ -343,8 +343,44 @@ pub fn resource_attr(key: &str, value: &serde_json::Value) -> Option<KeyValue> {
     Some(kv(key, v))
 }
 
+fn scope() -> InstrumentationScope {
+    InstrumentationScope { name: "weir".into(), version: env!("CARGO_PKG_VERSION").into(), ..Default::default() }
+}
+
 /// The OTLP request of a batch: one resource, one scope, every span.
-fn to_request(batch: &[Box<Record>], resource: &[KeyValue]) -> ExportTraceServiceRequest {
+fn request_of(spans: Vec<Span>, resource: &[KeyValue]) -> ExportTraceServiceRequest {
+    ExportTraceServiceRequest {
+        resource_spans: vec![ResourceSpans {
+            resource: Some(Resource { attributes: resource.to_vec(), dropped_attributes_count: 0 }),
+            scope_spans: vec![ScopeSpans { scope: Some(scope()), spans, schema_url: String::new() }],
+            schema_url: String::new(),
+        }],
+    }
+}
+
+/// [`request_of`], encoded: the same bytes as `request_of(..).encode_to_vec()`, with each span's
+/// length computed once (prost recomputes nested lengths at every level of nesting).
+fn encode_request(spans: Vec<Span>, resource: &[KeyValue]) -> Vec<u8> {
+    use prost::encoding::{encode_key, encode_varint, message, WireType};
+    let mut scope_spans = Vec::with_capacity(spans.len() * 512);
+    message::encode(1, &scope(), &mut scope_spans);
+    for s in &spans {
+        message::encode(2, s, &mut scope_spans);
+    }
+    let mut rs = Vec::with_capacity(scope_spans.len() + 256);
+    message::encode(1, &Resource { attributes: resource.to_vec(), dropped_attributes_count: 0 }, &mut rs);
+    encode_key(2, WireType::LengthDelimited, &mut rs);
+    encode_varint(scope_spans.len() as u64, &mut rs);
+    rs.extend_from_slice(&scope_spans);
+    let mut out = Vec::with_capacity(rs.len() + 8);
+    encode_key(1, WireType::LengthDelimited, &mut out);
+    encode_varint(rs.len() as u64, &mut out);
+    out.extend_from_slice(&rs);
+    out
+}
+
+/// The spans of a batch.
+fn to_spans(batch: &[Box<Record>]) -> Vec<Span> {
     // Instants to Unix time: one pair of clock readings for the batch.
     let (wall, mono) = (SystemTime::now(), Instant::now());
     let wall_nanos = wall.duration_since(UNIX_EPOCH).map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
@@ -402,11 +438,12 @@ fn to_request(batch: &[Box<Record>], resource: &[KeyValue]) -> ExportTraceServic
             ..Default::default()
         });
         for (i, a) in r.attempts.iter().enumerate() {
+            let ip = a.node.ip().to_string();
             let mut attributes = vec![
                 text("http.request.method", r.method.as_str()),
-                text("server.address", a.node.ip().to_string()),
+                text("server.address", ip.clone()),
                 int("server.port", i64::from(a.node.port())),
-                text("network.peer.address", a.node.ip().to_string()),
+                text("network.peer.address", ip),
             ];
             if i > 0 {
                 attributes.push(int("http.request.resend_count", i as i64));
@@ -460,21 +497,7 @@ fn to_request(batch: &[Box<Record>], resource: &[KeyValue]) -> ExportTraceServic
             });
         }
     }
-    ExportTraceServiceRequest {
-        resource_spans: vec![ResourceSpans {
-            resource: Some(Resource { attributes: resource.to_vec(), dropped_attributes_count: 0 }),
-            scope_spans: vec![ScopeSpans {
-                scope: Some(InstrumentationScope {
-                    name: "weir".into(),
-                    version: env!("CARGO_PKG_VERSION").into(),
-                    ..Default::default()
-                }),
-                spans,
-                schema_url: String::new(),
-            }],
-            schema_url: String::new(),
-        }],
-    }
+    spans
 }
 
 /// Whether `address` is `host:port` (a port is required).
@@ -485,5 +508,27 @@ pub fn check_address(address: &str) -> Result<(), String> {
     match address.rsplit_once(':') {
         Some((host, port)) if !host.is_empty() && !host.contains('/') && port.parse::<u16>().is_ok() => Ok(()),
         _ => Err(format!("`{address}` is not `host:port`")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prost::Message;
+
+    #[test]
+    fn the_hand_framed_request_is_prosts() {
+        let span = |n: u8| Span {
+            trace_id: vec![n; 16],
+            span_id: vec![n; 8],
+            name: format!("span {n}"),
+            attributes: vec![text("a", "b"), int("n", i64::from(n))],
+            ..Default::default()
+        };
+        let resource = vec![text("service.name", "weir")];
+        for spans in [vec![], vec![span(1)], (0..300).map(|n| span(n as u8)).collect::<Vec<_>>()] {
+            let expected = request_of(spans.clone(), &resource).encode_to_vec();
+            assert_eq!(encode_request(spans, &resource), expected);
+        }
     }
 }

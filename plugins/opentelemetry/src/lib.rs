@@ -338,10 +338,10 @@ impl PluginInstance for Instance {
             // Another instance (a global rule's) decided already.
             return Flow::Continue;
         }
-        let parent = ctx.headers.get("traceparent").and_then(|v| parse_traceparent(v.as_bytes()));
+        let parent = ctx.headers.get(measure::TRACEPARENT).and_then(|v| parse_traceparent(v.as_bytes()));
         let trace_id = parent.map_or_else(measure::new_trace_id, |p| p.trace_id);
         let sampled = self.sampler.sample(&trace_id, parent.map(|p| p.sampled));
-        let state = parent.and_then(|_| ctx.headers.get("tracestate").cloned());
+        let state = parent.and_then(|_| ctx.headers.get(measure::TRACESTATE).cloned());
         if sampled {
             let host = ctx.var("host").map(|h| h.into_owned());
             let mut headers = Vec::new();

@@ -117,25 +117,41 @@ pub struct TraceContext {
     pub state: Option<HeaderValue>,
 }
 
+/// `traceparent`.
+pub const TRACEPARENT: http::HeaderName = http::HeaderName::from_static("traceparent");
+/// `tracestate`.
+pub const TRACESTATE: http::HeaderName = http::HeaderName::from_static("tracestate");
+
 impl TraceContext {
     /// The `traceparent` value naming `span_id` as the parent (version 00).
     pub fn traceparent(&self, span_id: &[u8; 8]) -> HeaderValue {
-        let mut s = String::with_capacity(55);
-        s.push_str("00-");
-        push_hex(&mut s, &self.trace_id);
-        s.push('-');
-        push_hex(&mut s, span_id);
-        s.push_str(if self.sampled { "-01" } else { "-00" });
+        let mut s = [b'-'; 55];
+        s[..2].copy_from_slice(b"00");
+        hex_into(&mut s[3..35], &self.trace_id);
+        hex_into(&mut s[36..52], span_id);
+        s[53..].copy_from_slice(if self.sampled { b"01" } else { b"00" });
         // Only hex digits and dashes: always a valid value.
-        HeaderValue::from_str(&s)
+        HeaderValue::from_bytes(&s)
             .unwrap_or(HeaderValue::from_static("00-00000000000000000000000000000000-0000000000000000-00"))
+    }
+}
+
+/// Writes `bytes` as lowercase hex into `out` (twice as long).
+fn hex_into(out: &mut [u8], bytes: &[u8]) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    for (pair, b) in out.chunks_exact_mut(2).zip(bytes) {
+        pair[0] = DIGITS[usize::from(b >> 4)];
+        pair[1] = DIGITS[usize::from(b & 15)];
     }
 }
 
 /// Appends `bytes` as lowercase hex.
 pub fn push_hex(out: &mut String, bytes: &[u8]) {
-    for b in bytes {
-        let _ = write!(out, "{b:02x}");
+    let mut buf = [0u8; 64];
+    for chunk in bytes.chunks(32) {
+        let n = chunk.len() * 2;
+        hex_into(&mut buf[..n], chunk);
+        out.push_str(std::str::from_utf8(&buf[..n]).unwrap_or(""));
     }
 }
 
@@ -295,13 +311,13 @@ pub fn attempt_begins(measured: &Option<Box<Measured>>, headers: &mut http::Head
     if let Some(t) = &m.trace {
         let parent = t.traceparent(&span_id);
         let state = t.state.clone();
-        headers.insert(http::header::HeaderName::from_static("traceparent"), parent);
+        headers.insert(TRACEPARENT, parent);
         match state {
             Some(s) => {
-                headers.insert(http::header::HeaderName::from_static("tracestate"), s);
+                headers.insert(TRACESTATE, s);
             }
             None => {
-                headers.remove("tracestate");
+                headers.remove(TRACESTATE);
             }
         }
     }
