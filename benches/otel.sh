@@ -74,7 +74,12 @@ start ratio 18487 18488 18489 '{opentelemetry: {sampler: {name: trace_id_ratio, 
 run() { wrk_rps "http://127.0.0.1:$1/x"; }
 declare -a A B C
 for i in $(seq 1 "$ROUNDS"); do
-  A+=("$(run 18481)"); B+=("$(run 18484)"); C+=("$(run 18487)")
+  # Each round starts with another instance, so that the order favours none of them.
+  case $((i % 3)) in
+    1) A+=("$(run 18481)"); B+=("$(run 18484)"); C+=("$(run 18487)") ;;
+    2) B+=("$(run 18484)"); C+=("$(run 18487)"); A+=("$(run 18481)") ;;
+    0) C+=("$(run 18487)"); A+=("$(run 18481)"); B+=("$(run 18484)") ;;
+  esac
   echo "round $i: off ${A[-1]} req/s, always_on ${B[-1]} req/s, trace_id_ratio 0.01 ${C[-1]} req/s"
 done
 sleep 3 # the last batches go out
