@@ -42,6 +42,14 @@ impl Format {
         Ok(Format::Template(template))
     }
 
+    /// Whether a template names `$plugin_time` (each plugin's time in its phases, in ms).
+    pub fn reads_plugin_time(&self) -> bool {
+        match self {
+            Format::Template(t) => t.pieces().iter().any(|p| matches!(p, Piece::Var(n) if &**n == "plugin_time")),
+            _ => false,
+        }
+    }
+
     /// The request headers a line of this format reads: `combined` Referer and User-Agent,
     /// `json` those and Host, a template its `$http_*` and `$host`. Only these are kept past
     /// forwarding, instead of a copy of every header.
@@ -96,6 +104,10 @@ pub fn start(path: PathBuf, format: &str, buffer: usize) -> Result<(), String> {
     let writer =
         LineWriter::start_with("access-log", path, buffer).map_err(|e| format!("gateway.access_log.path: {e}"))?;
     let headers = format.headers_read();
+    if format.reads_plugin_time() {
+        // `$plugin_time`: every request's plugin phases are timed (off otherwise: no clock read).
+        weir_plugin::measure::set_always(weir_plugin::measure::FOR_ACCESS_LOG, true);
+    }
     LOG.set(AccessLog { format, headers, writer }).map_err(|_| "gateway.access_log: started twice".to_owned())
 }
 
@@ -349,6 +361,29 @@ mod tests {
         assert_eq!(names("$host $http_X_Request_Id ${http_accept} $status $arg_a"), ["host", "x-request-id", "accept"]);
         assert!(names("$status $request").is_empty());
         assert_eq!(names("$http_accept $status $http_Accept"), ["accept"], "each header once");
+    }
+
+    #[test]
+    fn plugin_time_lists_each_plugins_phases() {
+        use weir_plugin::measure::{note_phase, phase_clock, Measured, Phase};
+        let f = Format::parse("$status $plugin_time").unwrap_or_else(|e| panic!("{e}"));
+        assert!(f.reads_plugin_time());
+        assert!(!Format::Combined.reads_plugin_time());
+        let mut c = ctx();
+        assert_eq!(format_line(&f, &c), "200 -", "not timed: absent");
+        c.measured = Some(Box::new(Measured { phases: true, ..Measured::default() }));
+        for (plugin, phase) in [("key-auth", Phase::Rewrite), ("limit-req", Phase::Access), ("key-auth", Phase::Log)] {
+            let t0 = phase_clock(&c);
+            note_phase(&mut c, t0, plugin, phase);
+        }
+        let line = format_line(&f, &c);
+        let times = line.strip_prefix("200 ").unwrap_or_else(|| panic!("{line}"));
+        let names: Vec<&str> = times.split(',').map(|t| t.split(':').next().unwrap_or("")).collect();
+        assert_eq!(names, ["key-auth", "limit-req"], "{line}");
+        for t in times.split(',') {
+            let ms: f64 = t.split(':').nth(1).and_then(|v| v.parse().ok()).unwrap_or(-1.0);
+            assert!(ms >= 0.0, "{line}");
+        }
     }
 
     #[test]

@@ -73,6 +73,12 @@ fn expr() {
     each_input("expr", weir_plugin::expr::fuzz_expr);
 }
 
+#[cfg(feature = "opentelemetry")]
+#[test]
+fn traceparent() {
+    each_input("traceparent", weir_plugin_opentelemetry::fuzz_traceparent);
+}
+
 #[cfg(feature = "hmac-auth")]
 #[test]
 fn hmac_authorization() {

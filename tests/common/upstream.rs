@@ -65,32 +65,38 @@ impl Drop for Upstream {
     }
 }
 
+/// Reads one HTTP/1.1 request head: the request line (without CRLF) and the header fields
+/// (names lowercased). `None` at the end of the connection.
+pub fn read_head(reader: &mut impl BufRead) -> Option<(String, Vec<(String, String)>)> {
+    let mut line = String::new();
+    if reader.read_line(&mut line).unwrap_or(0) == 0 {
+        return None;
+    }
+    let mut headers: Vec<(String, String)> = Vec::new();
+    loop {
+        let mut h = String::new();
+        if reader.read_line(&mut h).unwrap_or(0) == 0 {
+            return None;
+        }
+        let h = h.trim_end();
+        if h.is_empty() {
+            return Some((line.trim_end().to_owned(), headers));
+        }
+        if let Some((k, v)) = h.split_once(':') {
+            headers.push((k.trim().to_ascii_lowercase(), v.trim().to_owned()));
+        }
+    }
+}
+
 fn serve(conn: TcpStream, name: &str, hits: &AtomicUsize) {
     let _ = conn.set_nodelay(true);
     let mut reader = BufReader::new(conn.try_clone().expect("clone upstream conn"));
     let mut writer = conn;
     loop {
-        let mut line = String::new();
-        if reader.read_line(&mut line).unwrap_or(0) == 0 {
-            return;
-        }
-        let mut parts = line.trim_end().splitn(3, ' ');
+        let Some((line, headers)) = read_head(&mut reader) else { return };
+        let mut parts = line.splitn(3, ' ');
         let method = parts.next().unwrap_or("").to_owned();
         let target = parts.next().unwrap_or("/").to_owned();
-        let mut headers: Vec<(String, String)> = Vec::new();
-        loop {
-            let mut h = String::new();
-            if reader.read_line(&mut h).unwrap_or(0) == 0 {
-                return;
-            }
-            let h = h.trim_end();
-            if h.is_empty() {
-                break;
-            }
-            if let Some((k, v)) = h.split_once(':') {
-                headers.push((k.trim().to_ascii_lowercase(), v.trim().to_owned()));
-            }
-        }
         hits.fetch_add(1, Ordering::SeqCst);
         let header = |n: &str| headers.iter().find(|(k, _)| k == n).map(|(_, v)| v.clone());
         let mut body_len: u64 = 0;

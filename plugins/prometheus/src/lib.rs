@@ -10,6 +10,7 @@
 //! Recording takes no lock: each worker thread counts into series of its own ([`record`]),
 //! registered once in a shared list that the scrape merges.
 
+mod phases;
 mod series;
 
 use std::net::{IpAddr, SocketAddr};
@@ -42,6 +43,10 @@ pub struct Attr {
     #[serde(default = "default_buckets")]
     #[schemars(length(min = 1, max = 64))]
     pub default_buckets: Vec<f64>,
+    /// Time every plugin phase of every request into `plugin_latency{plugin, phase}` (a
+    /// histogram in milliseconds). Off by default: then nothing is timed.
+    #[serde(default)]
+    pub plugin_latency: bool,
 }
 
 /// `plugin_attr.prometheus.export_addr`.
@@ -70,6 +75,7 @@ impl Default for Attr {
             export_uri: default_uri(),
             metric_prefix: default_prefix(),
             default_buckets: default_buckets(),
+            plugin_latency: false,
         }
     }
 }
@@ -122,6 +128,7 @@ pub fn render() -> String {
     let attr = attr();
     let mut e = Exposition::new(&attr.metric_prefix);
     series::write(&mut e);
+    phases::write(&mut e);
     render_sources(&mut e);
     e.into_text()
 }
@@ -140,7 +147,7 @@ impl Plugin for Prometheus {
     fn attr_schema(&self) -> Option<Value> {
         Some(schema_of::<Attr>())
     }
-    fn init(&self, attr: Option<&Value>, _env: &InitEnv) -> Result<(), String> {
+    fn init(&self, attr: Option<&Value>, env: &InitEnv) -> Result<(), String> {
         let attr: Attr = match attr {
             Some(v) => parse_conf(v)?,
             None => Attr::default(),
@@ -157,6 +164,10 @@ impl Plugin for Prometheus {
             }
         }
         series::set_buckets(&attr.default_buckets);
+        if !env.check_only {
+            weir_plugin::measure::set_latency_recorder(phases::record);
+            weir_plugin::measure::set_always(weir_plugin::measure::FOR_LATENCY, attr.plugin_latency);
+        }
         *current = Some(attr);
         Ok(())
     }

@@ -26,6 +26,7 @@ pub mod jwt;
 pub mod limit;
 pub mod log_entry;
 pub mod logfile;
+pub mod measure;
 pub mod meta;
 pub mod metrics;
 pub mod phase;

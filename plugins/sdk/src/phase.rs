@@ -235,6 +235,9 @@ pub struct RequestCtx {
     pub upstream: Option<crate::services::UpstreamRef>,
     /// Typed per-request state of plugins ([`crate::slots`]).
     pub slots: crate::slots::Slots,
+    /// What the host measures of this request ([`crate::measure`]): `None`, and no clock read,
+    /// unless a plugin or a process-wide setting asked.
+    pub measured: Option<Box<crate::measure::Measured>>,
 }
 
 impl RequestCtx {
@@ -279,6 +282,7 @@ impl RequestCtx {
             non_idempotent: false,
             upstream: None,
             slots: crate::slots::Slots::default(),
+            measured: None,
         }
     }
 
@@ -366,7 +370,8 @@ impl RequestCtx {
     /// `args`, `request_method`, `scheme`, `remote_addr`, `remote_port`, `server_port`, `status`,
     /// (`request_uri` and `request` as the client sent them, before normalization and rewrites),
     /// `request_time`, `upstream_addr`, `balancer_ip` and `balancer_port` (the node that answered),
-    /// `upstream_response_time`, `request_length`, `bytes_sent`,
+    /// `upstream_response_time`, `request_length`, `bytes_sent`, `plugin_time` (time spent in each
+    /// plugin's phases, when they are timed: [`crate::measure`]),
     /// `body_bytes_sent`, `server_protocol`, `request` (the request line), `remote_user` (none:
     /// `-`), `route_id`, `service_id`, `consumer_name`, `http_<name>`,
     /// `arg_<name>`, `post_arg_<name>` ([`RequestCtx::post_arg`]), `param_<name>`,
@@ -405,6 +410,7 @@ impl RequestCtx {
             "route_id" => self.route_id.as_deref().map(Cow::Borrowed),
             "service_id" => self.service_id.as_deref().map(Cow::Borrowed),
             "consumer_name" => self.consumer.as_ref().map(|c| Cow::Borrowed(&*c.username)),
+            "plugin_time" => self.measured.as_ref().filter(|m| m.phases).map(|m| Cow::Owned(m.plugin_time())),
             _ => {
                 if let Some(h) = name.strip_prefix("http_") {
                     return self.header_var(h);
@@ -504,6 +510,12 @@ pub trait PluginInstance: Send + Sync + 'static {
     fn body_filter(&self, _ctx: &mut RequestCtx, _chunk: &mut Bytes, _eof: bool) {}
     /// Log phase: runs for every request, after the response was sent.
     fn log(&self, _ctx: &RequestCtx) {}
+    /// Whether this plugin's `log` runs after every other plugin's (read once per
+    /// configuration): a plugin that reports on the others' phase times
+    /// ([`RequestCtx::measured`]) sees their log phase too.
+    fn log_last(&self) -> bool {
+        false
+    }
 }
 
 #[cfg(test)]

@@ -63,6 +63,7 @@ const BUILTIN: &[&str] = &[
     "route_id",
     "service_id",
     "consumer_name",
+    "plugin_time",
     "time_local",
     "time_iso8601",
     "msec",

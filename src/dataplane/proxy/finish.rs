@@ -12,6 +12,7 @@ use std::time::Instant;
 use bytes::Bytes;
 use http::{HeaderValue, Method, StatusCode};
 use serde_json::json;
+use weir_plugin::measure::{self, note_phase, phase_clock, Measured, Phase};
 use weir_plugin::{BodyFilter, Flow, PluginResponse, RequestCtx, ResponseHead};
 
 use super::Response;
@@ -57,7 +58,11 @@ pub struct Finish {
 impl Finish {
     /// Boxed: the request context is most of a response's size, and a response is moved
     /// several times on its way to hyper (each move copied ~1 KB).
-    pub(super) fn new(ctx: RequestCtx, chains: [PluginChain; 2]) -> Box<Self> {
+    pub(super) fn new(mut ctx: RequestCtx, chains: [PluginChain; 2]) -> Box<Self> {
+        if measure::always() {
+            // Per-plugin cost is on (`plugin_latency`, `$plugin_time`): time every phase.
+            ctx.measured = Some(Box::new(Measured { phases: true, ..Measured::default() }));
+        }
         let late_headers = chains[0].late_headers || chains[1].late_headers;
         Box::new(Finish {
             ctx,
@@ -115,11 +120,13 @@ impl Finish {
             }
             for p in chain.iter() {
                 if p.late.header_filter && p.runs_for(ctx) {
+                    let t0 = phase_clock(ctx);
                     match p.instance.header_filter(ctx, head) {
                         BodyFilter::Skip => {}
                         BodyFilter::Filter => filters.push((at, false)),
                         BodyFilter::Observe => filters.push((at, true)),
                     }
+                    note_phase(ctx, t0, p.entry.name, Phase::HeaderFilter);
                 }
                 at = at.saturating_add(1);
             }
@@ -133,12 +140,15 @@ impl OnFinish for Finish {
         for &(at, observe) in filters.iter() {
             let (at, first) = (usize::from(at), chains[0].len());
             let p = if at < first { chains[0].get(at) } else { chains[1].get(at - first) };
-            match p {
+            let Some(p) = p else { continue };
+            let t0 = phase_clock(ctx);
+            if observe {
                 // A clone (a reference count): what an observer does to it is not sent.
-                Some(p) if observe => p.instance.body_filter(ctx, &mut chunk.clone(), eof),
-                Some(p) => p.instance.body_filter(ctx, chunk, eof),
-                None => {}
+                p.instance.body_filter(ctx, &mut chunk.clone(), eof);
+            } else {
+                p.instance.body_filter(ctx, chunk, eof);
             }
+            note_phase(ctx, t0, p.entry.name, Phase::BodyFilter);
         }
     }
     fn filters_body(&self) -> bool {
@@ -153,6 +163,9 @@ impl OnFinish for Finish {
     fn upstream_done(&mut self) {
         // As nginx's $upstream_response_time: until the upstream's last byte arrived.
         self.ctx.upstream_time = self.upstream_started.map(|t| t.elapsed());
+        if self.ctx.measured.is_some() {
+            measure::answer_done(&mut self.ctx);
+        }
     }
 }
 
@@ -165,13 +178,31 @@ impl Drop for Finish {
         if let Some(received) = &self.body_received {
             self.ctx.request_length += received.get();
         }
-        for chain in self.chains.iter().filter(|c| c.logs) {
-            for p in chain.iter().filter(|p| p.late.log && p.runs_for(&self.ctx)) {
-                p.instance.log(&self.ctx);
+        let Finish { ctx, chains, .. } = self;
+        let last = chains.iter().any(|c| c.logs_last);
+        for chain in chains.iter().filter(|c| c.logs) {
+            for p in chain.iter() {
+                if !p.late.log || !p.runs_for(ctx) || (last && p.instance.log_last()) {
+                    continue;
+                }
+                let t0 = phase_clock(ctx);
+                p.instance.log(ctx);
+                note_phase(ctx, t0, p.entry.name, Phase::Log);
             }
         }
-        crate::access_log::record(&self.ctx);
-        crate::route_stats::record(&self.ctx);
+        if last {
+            // Plugins reporting on the others' phases (opentelemetry) log after all of them.
+            for p in chains.iter().flat_map(|c| c.iter()).filter(|p| p.late.log && p.runs_for(ctx)) {
+                if p.instance.log_last() {
+                    p.instance.log(ctx);
+                }
+            }
+        }
+        if ctx.measured.is_some() {
+            measure::finished(ctx);
+        }
+        crate::access_log::record(ctx);
+        crate::route_stats::record(ctx);
     }
 }
 
@@ -250,14 +281,22 @@ fn answer(mut r: PluginResponse, p: &BoundPlugin) -> PluginResponse {
 /// answer, or waits. Written out rather than as an `async fn`, so that a phase that decides at
 /// once costs no future of its own.
 macro_rules! settle {
-    ($flow:expr, $p:expr) => {{
-        let mut flow: Flow<'_> = $flow;
-        loop {
-            match flow {
-                Flow::Continue => break,
-                Flow::Respond(r) => return Some(answer(r, $p)),
-                Flow::Wait(f) => flow = f.await,
+    ($ctx:expr, $p:expr, $hook:ident, $phase:expr) => {{
+        // Timed only when this request's phases are measured (no clock read otherwise).
+        let t0 = phase_clock($ctx);
+        let answered = {
+            let mut flow: Flow<'_> = $p.instance.$hook($ctx);
+            loop {
+                match flow {
+                    Flow::Continue => break None,
+                    Flow::Respond(r) => break Some(r),
+                    Flow::Wait(f) => flow = f.await,
+                }
             }
+        };
+        note_phase($ctx, t0, $p.entry.name, $phase);
+        if let Some(r) = answered {
+            return Some(answer(r, $p));
         }
     }};
 }
@@ -271,7 +310,7 @@ pub(super) async fn access_phases(fin: &mut Finish) -> Option<PluginResponse> {
         let Finish { ctx, chains, .. } = &mut *fin;
         for p in chains.iter().flat_map(|c| c.iter()) {
             if p.runs_for(ctx) {
-                settle!(p.instance.rewrite(ctx), p);
+                settle!(ctx, p, rewrite, Phase::Rewrite);
             }
         }
     }
@@ -285,7 +324,7 @@ pub(super) async fn access_phases(fin: &mut Finish) -> Option<PluginResponse> {
     if let Some(extra) = consumer_chain {
         for p in extra.iter() {
             if p.runs_for(&fin.ctx) {
-                settle!(p.instance.rewrite(&mut fin.ctx), p);
+                settle!(&mut fin.ctx, p, rewrite, Phase::Rewrite);
             }
         }
         fin.chains[1] = merge_chains(&fin.chains[1], &extra);
@@ -294,7 +333,7 @@ pub(super) async fn access_phases(fin: &mut Finish) -> Option<PluginResponse> {
     let Finish { ctx, chains, .. } = &mut *fin;
     for p in chains.iter().flat_map(|c| c.iter()) {
         if p.runs_for(ctx) {
-            settle!(p.instance.access(ctx), p);
+            settle!(ctx, p, access, Phase::Access);
         }
     }
     None

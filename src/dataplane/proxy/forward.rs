@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use http::{HeaderValue, StatusCode};
-use weir_plugin::RequestCtx;
+use weir_plugin::{measure, RequestCtx};
 
 use super::finish::{error_response, gateway_error, respond, upgraded, Finish};
 use super::{Response, Source, Tunnel, Worker};
@@ -110,6 +110,9 @@ pub(super) async fn forward(
     let mut last_timeout = false;
     // A failed attempt is reported to the health checker when it is retried (as the reference says).
     let mut pending: Option<(SocketAddr, Report, String)> = None;
+    // A plugin records the attempts or traces them (opentelemetry): only then is anything
+    // measured or written per attempt.
+    let watched = measure::attempts_watched(&fin.ctx);
     for attempt in 0..max_attempts {
         if attempt > 0 && upstream.retry_timeout.is_some_and(|t| started.elapsed() > t) {
             break;
@@ -130,6 +133,8 @@ pub(super) async fn forward(
         tried.push(idx);
         let node = &upstream.nodes[idx];
         fin.ctx.upstream_addrs.push(node.addr);
+        // Each attempt is a span of its own, and goes upstream with its id in `traceparent`.
+        let begun = if watched { measure::attempt_begins(&fin.ctx.measured, &mut fin.ctx.headers) } else { None };
         let host = match upstream.pass_host {
             PassHost::Pass if fin.ctx.headers.contains_key(http::header::HOST) => None,
             PassHost::Pass | PassHost::Node => Some(&node.host_header),
@@ -188,6 +193,9 @@ pub(super) async fn forward(
         match exchange {
             Ok(resp) => {
                 fin.ctx.upstream_time = Some(started.elapsed());
+                if begun.is_some() {
+                    measure::attempt_ends(&mut fin.ctx.measured, begun, node.addr, Some(resp.status().as_u16()), None);
+                }
                 if let Some(c) = &checker {
                     c.report_status(node.addr, resp.status().as_u16());
                 }
@@ -198,6 +206,9 @@ pub(super) async fn forward(
             }
             Err(e) => {
                 log::warn!("upstream {} of route {:?}: {}", node.addr, fin.ctx.route_id, e.reason);
+                if begun.is_some() {
+                    measure::attempt_ends(&mut fin.ctx.measured, begun, node.addr, None, Some(&e.reason));
+                }
                 last_timeout = e.timeout;
                 let report = if e.timeout { Report::Timeout } else { Report::TcpFailure };
                 let why = if e.timeout { "timeout: no response" } else { "tcp failure" };

@@ -158,6 +158,8 @@ pub struct Chain {
     pub header_filters: bool,
     /// Some plugin has a log phase.
     pub logs: bool,
+    /// Some plugin's log phase runs after every other's (`PluginInstance::log_last`).
+    pub logs_last: bool,
 }
 
 impl std::ops::Deref for Chain {
@@ -175,6 +177,7 @@ impl From<Vec<BoundPlugin>> for Chain {
             wants_body: plugins.iter().any(|p| p.instance.wants_request_body()),
             header_filters: plugins.iter().any(|p| p.late.header_filter),
             logs: plugins.iter().any(|p| p.late.log),
+            logs_last: plugins.iter().any(|p| p.late.log && p.instance.log_last()),
             plugins: plugins.into_boxed_slice(),
         }
     }

@@ -1,0 +1,534 @@
+//! Spans off the request path: a bounded queue (in spans) that the log phase pushes finished
+//! requests into without waiting, and an exporter thread that batches them and sends them to
+//! the collector by OTLP/HTTP (protobuf) or OTLP/gRPC.
+//!
+//! A request never waits for the collector: when the queue holds `max_queue_size` spans, the
+//! request's spans are dropped and counted (`opentelemetry_spans_dropped_total`). The exporter
+//! thread owns its own current-thread runtime, its HTTP/1.1 connection or gRPC channel; an
+//! export that fails or takes longer than `request_timeout` is counted and not retried.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use opentelemetry_proto::tonic::collector::trace::v1::trace_service_client::TraceServiceClient;
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, InstrumentationScope, KeyValue};
+use opentelemetry_proto::tonic::resource::v1::Resource;
+use opentelemetry_proto::tonic::trace::v1::{span, status, ResourceSpans, ScopeSpans, Span, Status};
+use tokio::sync::mpsc;
+use weir_plugin::measure::{Attempt, PhaseTime, TraceContext};
+
+/// How spans are sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    /// OTLP/HTTP with a protobuf body, `POST /v1/traces`.
+    Http,
+    /// OTLP/gRPC, `TraceService/Export`.
+    Grpc,
+}
+
+/// The exporter's settings (`plugin_attr.opentelemetry`), read at each export: a reload's
+/// change applies to the next batch.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub protocol: Protocol,
+    /// `host:port`.
+    pub address: String,
+    pub request_timeout: Duration,
+    pub request_headers: Vec<(http::HeaderName, http::HeaderValue)>,
+    pub resource: Vec<KeyValue>,
+    pub max_queue_size: usize,
+    pub batch_timeout: Duration,
+    pub inactive_timeout: Duration,
+    pub max_export_batch_size: usize,
+}
+
+/// One sampled request, as the log phase hands it over: converted to spans on the exporter
+/// thread, not on the request path.
+pub struct Record {
+    pub trace: TraceContext,
+    pub start: Instant,
+    pub end: Instant,
+    pub method: http::Method,
+    pub path: String,
+    pub route_pattern: Option<Arc<str>>,
+    pub route_id: Option<Arc<str>>,
+    pub consumer: Option<Arc<str>>,
+    pub client: Arc<str>,
+    pub client_port: u16,
+    pub server_address: Option<String>,
+    pub server_port: u16,
+    pub scheme: &'static str,
+    pub status: u16,
+    pub attempts: Vec<Attempt>,
+    pub phases: Vec<PhaseTime>,
+    pub extra: Vec<(String, String)>,
+}
+
+impl Record {
+    /// How many spans it makes: the server span, one per attempt, one per plugin phase.
+    pub fn spans(&self) -> usize {
+        1 + self.attempts.len() + self.phases.len()
+    }
+}
+
+/// Counters, read by the scrape.
+pub static EXPORTED: AtomicU64 = AtomicU64::new(0);
+pub static DROPPED: AtomicU64 = AtomicU64::new(0);
+pub static FAILED: AtomicU64 = AtomicU64::new(0);
+pub static EXPORTS_FAILED: AtomicU64 = AtomicU64::new(0);
+
+/// What the exporter thread receives.
+enum Msg {
+    Spans(Box<Record>),
+    /// Export everything queued before this, then answer (a graceful stop).
+    Flush(std::sync::mpsc::Sender<()>),
+}
+
+struct Queue {
+    tx: mpsc::UnboundedSender<Msg>,
+    /// Spans queued or being exported.
+    queued: AtomicUsize,
+    max: AtomicUsize,
+}
+
+static QUEUE: OnceLock<Queue> = OnceLock::new();
+static SETTINGS: Mutex<Option<Arc<Settings>>> = Mutex::new(None);
+
+fn settings() -> Option<Arc<Settings>> {
+    SETTINGS.lock().unwrap_or_else(|e| e.into_inner()).clone()
+}
+
+/// The collector's `request_timeout` in force.
+pub fn request_timeout() -> Option<Duration> {
+    settings().map(|s| s.request_timeout)
+}
+
+/// Spans waiting or being exported.
+pub fn queued() -> usize {
+    QUEUE.get().map_or(0, |q| q.queued.load(Ordering::Relaxed))
+}
+
+/// Sets the exporter's settings, and starts the exporter thread the first time.
+pub fn configure(s: Settings) -> Result<(), String> {
+    let max = s.max_queue_size;
+    *SETTINGS.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(s));
+    if let Some(q) = QUEUE.get() {
+        q.max.store(max, Ordering::Relaxed);
+        return Ok(());
+    }
+    let (tx, rx) = mpsc::unbounded_channel();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("opentelemetry: cannot start the exporter's runtime: {e}"))?;
+    std::thread::Builder::new()
+        .name("otel-exporter".into())
+        .spawn(move || runtime.block_on(run(rx)))
+        .map_err(|e| format!("opentelemetry: cannot start the exporter thread: {e}"))?;
+    let _ = QUEUE.set(Queue { tx, queued: AtomicUsize::new(0), max: AtomicUsize::new(max) });
+    Ok(())
+}
+
+/// Queues a finished request's spans; never waits. Drops them (counted) when the queue is full.
+pub fn push(record: Box<Record>) {
+    let Some(q) = QUEUE.get() else { return };
+    let n = record.spans();
+    let before = q.queued.fetch_add(n, Ordering::Relaxed);
+    if before + n > q.max.load(Ordering::Relaxed) {
+        q.queued.fetch_sub(n, Ordering::Relaxed);
+        DROPPED.fetch_add(n as u64, Ordering::Relaxed);
+        return;
+    }
+    if q.tx.send(Msg::Spans(record)).is_err() {
+        q.queued.fetch_sub(n, Ordering::Relaxed);
+        DROPPED.fetch_add(n as u64, Ordering::Relaxed);
+    }
+}
+
+/// Exports what was queued before this call, waiting at most `wait` (a graceful stop).
+pub fn flush(wait: Duration) {
+    let Some(q) = QUEUE.get() else { return };
+    let (tx, rx) = std::sync::mpsc::channel();
+    if q.tx.send(Msg::Flush(tx)).is_ok() {
+        let _ = rx.recv_timeout(wait);
+    }
+}
+
+/// The exporter: collects a batch (up to `max_export_batch_size` spans, for at most
+/// `batch_timeout`, or until nothing came for `inactive_timeout`), exports it, repeats.
+async fn run(mut rx: mpsc::UnboundedReceiver<Msg>) {
+    let mut exporter = Exporter::default();
+    let mut warned = false;
+    loop {
+        let first = match rx.recv().await {
+            None => return,
+            Some(Msg::Flush(done)) => {
+                let _ = done.send(());
+                continue;
+            }
+            Some(Msg::Spans(r)) => r,
+        };
+        let Some(s) = settings() else { continue };
+        let started = Instant::now();
+        let mut spans = first.spans();
+        let mut batch = vec![first];
+        let mut closed = false;
+        let mut flushed = None;
+        while spans < s.max_export_batch_size {
+            let left = s.batch_timeout.saturating_sub(started.elapsed());
+            if left.is_zero() {
+                break;
+            }
+            match tokio::time::timeout(left.min(s.inactive_timeout), rx.recv()).await {
+                Ok(Some(Msg::Spans(r))) => {
+                    spans += r.spans();
+                    batch.push(r);
+                }
+                Ok(Some(Msg::Flush(done))) => {
+                    flushed = Some(done);
+                    break;
+                }
+                Ok(None) => {
+                    closed = true;
+                    break;
+                }
+                Err(_) => break,
+            }
+        }
+        let spans_of_batch = to_spans(&batch);
+        drop(batch);
+        match exporter.export(&s, spans_of_batch).await {
+            Ok(()) => {
+                EXPORTED.fetch_add(spans as u64, Ordering::Relaxed);
+                warned = false;
+            }
+            Err(e) => {
+                FAILED.fetch_add(spans as u64, Ordering::Relaxed);
+                EXPORTS_FAILED.fetch_add(1, Ordering::Relaxed);
+                // Once per outage, not once per batch.
+                if !warned {
+                    log::warn!("opentelemetry: export to {} failed ({spans} spans dropped): {e}", s.address);
+                    warned = true;
+                }
+            }
+        }
+        if let Some(q) = QUEUE.get() {
+            q.queued.fetch_sub(spans, Ordering::Relaxed);
+        }
+        if let Some(done) = flushed {
+            let _ = done.send(());
+        }
+        if closed {
+            return;
+        }
+    }
+}
+
+/// The collector connection: an HTTP/1.1 keep-alive connection or a gRPC channel, made on
+/// first use and again after a failure or a change of address.
+#[derive(Default)]
+struct Exporter {
+    http: Option<(String, hyper::client::conn::http1::SendRequest<Full<Bytes>>)>,
+    grpc: Option<(String, TraceServiceClient<tonic::transport::Channel>)>,
+}
+
+impl Exporter {
+    async fn export(&mut self, s: &Settings, spans: Vec<Span>) -> Result<(), String> {
+        match s.protocol {
+            Protocol::Http => {
+                let body = Bytes::from(encode_request(spans, &s.resource));
+                match tokio::time::timeout(s.request_timeout, self.post(s, body)).await {
+                    Ok(r) => r.inspect_err(|_| self.http = None),
+                    Err(_) => {
+                        self.http = None;
+                        Err(format!("no answer within {:?}", s.request_timeout))
+                    }
+                }
+            }
+            Protocol::Grpc => self.grpc_export(s, request_of(spans, &s.resource)).await,
+        }
+    }
+
+    async fn post(&mut self, s: &Settings, body: Bytes) -> Result<(), String> {
+        let reusable = matches!(&self.http, Some((addr, tx)) if *addr == s.address && !tx.is_closed());
+        if !reusable {
+            let tcp = tokio::net::TcpStream::connect(&s.address).await.map_err(|e| format!("connect: {e}"))?;
+            let _ = tcp.set_nodelay(true);
+            let (tx, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tcp))
+                .await
+                .map_err(|e| format!("handshake: {e}"))?;
+            tokio::spawn(async move {
+                let _ = conn.await;
+            });
+            self.http = Some((s.address.clone(), tx));
+        }
+        let Some((_, tx)) = self.http.as_mut() else { return Err("no connection".into()) };
+        tx.ready().await.map_err(|e| format!("connection: {e}"))?;
+        let mut req = http::Request::new(Full::new(body));
+        *req.method_mut() = http::Method::POST;
+        *req.uri_mut() = http::Uri::from_static("/v1/traces");
+        let h = req.headers_mut();
+        if let Ok(host) = http::HeaderValue::from_str(&s.address) {
+            h.insert(http::header::HOST, host);
+        }
+        h.insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/x-protobuf"));
+        for (k, v) in &s.request_headers {
+            h.insert(k.clone(), v.clone());
+        }
+        let resp = tx.send_request(req).await.map_err(|e| format!("request: {e}"))?;
+        let status = resp.status();
+        // Read to the end, so that the connection can serve the next batch.
+        let _ = resp.into_body().collect().await;
+        if status.is_success() {
+            Ok(())
+        } else {
+            Err(format!("collector answered {status}"))
+        }
+    }
+
+    async fn grpc_export(&mut self, s: &Settings, request: ExportTraceServiceRequest) -> Result<(), String> {
+        if !matches!(&self.grpc, Some((addr, _)) if *addr == s.address) {
+            let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{}", s.address))
+                .map_err(|e| format!("address: {e}"))?
+                .connect_timeout(s.request_timeout)
+                .timeout(s.request_timeout);
+            self.grpc = Some((s.address.clone(), TraceServiceClient::new(endpoint.connect_lazy())));
+        }
+        let Some((_, client)) = self.grpc.as_mut() else { return Err("no channel".into()) };
+        let mut req = tonic::Request::new(request);
+        req.set_timeout(s.request_timeout);
+        for (k, v) in &s.request_headers {
+            let key = tonic::metadata::MetadataKey::from_bytes(k.as_str().as_bytes());
+            let value = v.to_str().ok().and_then(|v| tonic::metadata::MetadataValue::try_from(v).ok());
+            if let (Ok(key), Some(value)) = (key, value) {
+                req.metadata_mut().insert(key, value);
+            }
+        }
+        match tokio::time::timeout(s.request_timeout, client.export(req)).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(status)) => Err(format!("collector answered {:?}: {}", status.code(), status.message())),
+            Err(_) => Err(format!("no answer within {:?}", s.request_timeout)),
+        }
+    }
+}
+
+fn kv(key: &str, value: any_value::Value) -> KeyValue {
+    KeyValue { key: key.to_owned(), value: Some(AnyValue { value: Some(value) }) }
+}
+
+fn text(key: &str, value: impl Into<String>) -> KeyValue {
+    kv(key, any_value::Value::StringValue(value.into()))
+}
+
+fn int(key: &str, value: i64) -> KeyValue {
+    kv(key, any_value::Value::IntValue(value))
+}
+
+/// A resource attribute from `plugin_attr.opentelemetry.resource`.
+pub fn resource_attr(key: &str, value: &serde_json::Value) -> Option<KeyValue> {
+    let v = match value {
+        serde_json::Value::String(s) => any_value::Value::StringValue(s.clone()),
+        serde_json::Value::Bool(b) => any_value::Value::BoolValue(*b),
+        serde_json::Value::Number(n) => match n.as_i64() {
+            Some(i) => any_value::Value::IntValue(i),
+            None => any_value::Value::DoubleValue(n.as_f64()?),
+        },
+        _ => return None,
+    };
+    Some(kv(key, v))
+}
+
+fn scope() -> InstrumentationScope {
+    InstrumentationScope { name: "weir".into(), version: env!("CARGO_PKG_VERSION").into(), ..Default::default() }
+}
+
+/// The OTLP request of a batch: one resource, one scope, every span.
+fn request_of(spans: Vec<Span>, resource: &[KeyValue]) -> ExportTraceServiceRequest {
+    ExportTraceServiceRequest {
+        resource_spans: vec![ResourceSpans {
+            resource: Some(Resource { attributes: resource.to_vec(), dropped_attributes_count: 0 }),
+            scope_spans: vec![ScopeSpans { scope: Some(scope()), spans, schema_url: String::new() }],
+            schema_url: String::new(),
+        }],
+    }
+}
+
+/// [`request_of`], encoded: the same bytes as `request_of(..).encode_to_vec()`, with each span's
+/// length computed once (prost recomputes nested lengths at every level of nesting).
+fn encode_request(spans: Vec<Span>, resource: &[KeyValue]) -> Vec<u8> {
+    use prost::encoding::{encode_key, encode_varint, message, WireType};
+    let mut scope_spans = Vec::with_capacity(spans.len() * 512);
+    message::encode(1, &scope(), &mut scope_spans);
+    for s in &spans {
+        message::encode(2, s, &mut scope_spans);
+    }
+    let mut rs = Vec::with_capacity(scope_spans.len() + 256);
+    message::encode(1, &Resource { attributes: resource.to_vec(), dropped_attributes_count: 0 }, &mut rs);
+    encode_key(2, WireType::LengthDelimited, &mut rs);
+    encode_varint(scope_spans.len() as u64, &mut rs);
+    rs.extend_from_slice(&scope_spans);
+    let mut out = Vec::with_capacity(rs.len() + 8);
+    encode_key(1, WireType::LengthDelimited, &mut out);
+    encode_varint(rs.len() as u64, &mut out);
+    out.extend_from_slice(&rs);
+    out
+}
+
+/// The spans of a batch.
+fn to_spans(batch: &[Box<Record>]) -> Vec<Span> {
+    // Instants to Unix time: one pair of clock readings for the batch.
+    let (wall, mono) = (SystemTime::now(), Instant::now());
+    let wall_nanos = wall.duration_since(UNIX_EPOCH).map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+    let unix = |t: Instant| {
+        wall_nanos.saturating_sub(u64::try_from(mono.saturating_duration_since(t).as_nanos()).unwrap_or(0))
+    };
+    let mut spans = Vec::with_capacity(batch.iter().map(|r| r.spans()).sum());
+    for r in batch {
+        let trace_id = r.trace.trace_id.to_vec();
+        let server_id = r.trace.span_id.to_vec();
+        let state = r.trace.state.as_ref().and_then(|s| s.to_str().ok()).unwrap_or("").to_owned();
+        let mut attributes = vec![
+            text("http.request.method", r.method.as_str()),
+            text("url.path", r.path.clone()),
+            text("url.scheme", r.scheme),
+            int("http.response.status_code", i64::from(r.status)),
+            text("client.address", &*r.client),
+            int("client.port", i64::from(r.client_port)),
+            int("server.port", i64::from(r.server_port)),
+        ];
+        if let Some(route) = &r.route_pattern {
+            attributes.push(text("http.route", &**route));
+        }
+        if let Some(host) = &r.server_address {
+            attributes.push(text("server.address", host.clone()));
+        }
+        if let Some(id) = &r.route_id {
+            attributes.push(text("weir.route.id", &**id));
+        }
+        if let Some(c) = &r.consumer {
+            attributes.push(text("weir.consumer", &**c));
+        }
+        for (k, v) in &r.extra {
+            attributes.push(text(k, v.clone()));
+        }
+        let name = match &r.route_pattern {
+            Some(route) => format!("{} {route}", r.method),
+            None => r.method.to_string(),
+        };
+        // A server span is an error for a 5xx only (the semantic conventions).
+        let status =
+            (r.status >= 500).then(|| Status { message: String::new(), code: status::StatusCode::Error as i32 });
+        spans.push(Span {
+            trace_id: trace_id.clone(),
+            span_id: server_id.clone(),
+            trace_state: state.clone(),
+            parent_span_id: r.trace.parent_id.map(|p| p.to_vec()).unwrap_or_default(),
+            flags: 1,
+            name,
+            kind: span::SpanKind::Server as i32,
+            start_time_unix_nano: unix(r.start),
+            end_time_unix_nano: unix(r.end),
+            attributes,
+            status,
+            ..Default::default()
+        });
+        for (i, a) in r.attempts.iter().enumerate() {
+            let ip = a.node.ip().to_string();
+            let mut attributes = vec![
+                text("http.request.method", r.method.as_str()),
+                text("server.address", ip.clone()),
+                int("server.port", i64::from(a.node.port())),
+                text("network.peer.address", ip),
+            ];
+            if i > 0 {
+                attributes.push(int("http.request.resend_count", i as i64));
+            }
+            if let Some(code) = a.status {
+                attributes.push(int("http.response.status_code", i64::from(code)));
+            }
+            let status = match (&a.error, a.status) {
+                (Some(e), _) => {
+                    attributes.push(text("error.type", e.clone()));
+                    Some(Status { message: e.clone(), code: status::StatusCode::Error as i32 })
+                }
+                (None, Some(code)) if code >= 400 => {
+                    attributes.push(text("error.type", code.to_string()));
+                    Some(Status { message: String::new(), code: status::StatusCode::Error as i32 })
+                }
+                _ => None,
+            };
+            spans.push(Span {
+                trace_id: trace_id.clone(),
+                span_id: a.span_id.to_vec(),
+                trace_state: state.clone(),
+                parent_span_id: server_id.clone(),
+                flags: 1,
+                name: format!("{} upstream", r.method),
+                kind: span::SpanKind::Client as i32,
+                start_time_unix_nano: unix(a.start),
+                end_time_unix_nano: unix(a.end),
+                attributes,
+                status,
+                ..Default::default()
+            });
+        }
+        for p in &r.phases {
+            spans.push(Span {
+                trace_id: trace_id.clone(),
+                span_id: weir_plugin::measure::new_span_id().to_vec(),
+                trace_state: state.clone(),
+                parent_span_id: server_id.clone(),
+                flags: 1,
+                name: format!("{} {}", p.plugin, p.phase.as_str()),
+                kind: span::SpanKind::Internal as i32,
+                start_time_unix_nano: unix(p.start),
+                end_time_unix_nano: unix(p.end),
+                attributes: vec![
+                    text("weir.plugin", p.plugin),
+                    text("weir.phase", p.phase.as_str()),
+                    int("weir.busy_ns", i64::try_from(p.busy.as_nanos()).unwrap_or(i64::MAX)),
+                ],
+                ..Default::default()
+            });
+        }
+    }
+    spans
+}
+
+/// Whether `address` is `host:port` (a port is required).
+pub fn check_address(address: &str) -> Result<(), String> {
+    if address.parse::<SocketAddr>().is_ok() {
+        return Ok(());
+    }
+    match address.rsplit_once(':') {
+        Some((host, port)) if !host.is_empty() && !host.contains('/') && port.parse::<u16>().is_ok() => Ok(()),
+        _ => Err(format!("`{address}` is not `host:port`")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prost::Message;
+
+    #[test]
+    fn the_hand_framed_request_is_prosts() {
+        let span = |n: u8| Span {
+            trace_id: vec![n; 16],
+            span_id: vec![n; 8],
+            name: format!("span {n}"),
+            attributes: vec![text("a", "b"), int("n", i64::from(n))],
+            ..Default::default()
+        };
+        let resource = vec![text("service.name", "weir")];
+        for spans in [vec![], vec![span(1)], (0..300).map(|n| span(n as u8)).collect::<Vec<_>>()] {
+            let expected = request_of(spans.clone(), &resource).encode_to_vec();
+            assert_eq!(encode_request(spans, &resource), expected);
+        }
+    }
+}
