@@ -386,30 +386,11 @@ fn idle_keepalive_connections_park_and_keep_serving() {
     }
 }
 
-/// One request on an open keep-alive connection: the status and whether the body was read whole.
+/// One request on an open keep-alive connection: its status, `None` when the connection ended.
 fn keep_alive_get(s: &mut std::net::TcpStream, path: &str) -> Option<u16> {
-    use std::io::{Read, Write};
+    use std::io::Write;
     s.write_all(format!("GET {path} HTTP/1.1\r\nHost: fd.test\r\n\r\n").as_bytes()).ok()?;
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 4096];
-    loop {
-        let n = s.read(&mut chunk).ok()?;
-        if n == 0 {
-            return None;
-        }
-        buf.extend_from_slice(&chunk[..n]);
-        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
-            let len: usize = head
-                .lines()
-                .find_map(|l| l.strip_prefix("content-length:"))
-                .and_then(|v| v.trim().parse().ok())
-                .unwrap_or(0);
-            if buf.len() >= end + 4 + len {
-                return head.get(9..12).and_then(|c| c.parse().ok());
-            }
-        }
-    }
+    read_one_response(s).ok()
 }
 
 #[test]

@@ -275,27 +275,7 @@ mod client {
         pub fn get(&mut self, host: &str) -> Result<u16, String> {
             let req = format!("GET /get HTTP/1.1\r\nHost: {host}\r\n\r\n");
             self.tls.write_all(req.as_bytes()).map_err(|e| e.to_string())?;
-            let mut buf = Vec::new();
-            let mut chunk = [0u8; 8192];
-            loop {
-                let n = self.tls.read(&mut chunk).map_err(|e| e.to_string())?;
-                if n == 0 {
-                    return Err("closed".into());
-                }
-                buf.extend_from_slice(&chunk[..n]);
-                if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                    let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
-                    let len: usize = head
-                        .lines()
-                        .find_map(|l| l.strip_prefix("content-length:"))
-                        .and_then(|v| v.trim().parse().ok())
-                        .unwrap_or(0);
-                    if buf.len() >= end + 4 + len {
-                        let status = head.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
-                        return Ok(status);
-                    }
-                }
-            }
+            common::read_one_response(&mut self.tls)
         }
     }
 }

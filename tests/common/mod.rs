@@ -406,3 +406,28 @@ pub mod tls_upstream;
 pub fn skip(test: &str, why: &str) {
     let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {why}");
 }
+
+/// Reads one response with a `Content-Length` body (or none) from a keep-alive connection: its
+/// status. `Err` when the connection ends or fails first.
+pub fn read_one_response(conn: &mut impl std::io::Read) -> Result<u16, String> {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 8192];
+    loop {
+        let n = conn.read(&mut chunk).map_err(|e| e.to_string())?;
+        if n == 0 {
+            return Err("closed".into());
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+            let len: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0);
+            if buf.len() >= end + 4 + len {
+                return Ok(head.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0));
+            }
+        }
+    }
+}
