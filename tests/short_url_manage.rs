@@ -215,6 +215,9 @@ fn options_and_management(pg: Option<&str>) {
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.json()["data"]["origin_url"], "https://plain.example/v2");
     assert_eq!(get(p.node(), &format!("/s/{plain}")).header("location"), Some("https://plain.example/v2"));
+    // The search index follows the change (SQLite: FTS5 kept by triggers; PostgreSQL: pg_trgm).
+    assert_eq!(codes(&call(&p, None, "GET", "?search=plain.example%2Fv2", None).json()), vec![plain.clone()]);
+    assert_eq!(codes(&call(&p, None, "GET", "?search=v2", None).json()), vec![plain.clone()], "short term: scan");
     for (body, field) in [
         (json!({"origin_url": "ftp://x"}), "origin_url: "),
         (json!({"valid_until": "tomorrow"}), "valid_until: "),
