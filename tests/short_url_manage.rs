@@ -256,6 +256,13 @@ fn options_and_management_on_sqlite() {
 fn options_and_management_on_postgres() {
     let Some(url) = pg_db("manage") else { return };
     options_and_management(Some(&url));
+    // Searches of 3+ characters are served by the pg_trgm index the gateway created.
+    let mut c = postgres::Client::connect(&url, postgres::NoTls).expect("connect");
+    let n: i64 = c
+        .query_one("SELECT count(*) FROM pg_indexes WHERE indexname = 'short_url_codes_search'", &[])
+        .map(|r| r.get(0))
+        .unwrap_or(0);
+    assert_eq!(n, 1, "the trigram search index exists");
 }
 
 /// Owners: each consumer sees its own links only, others are 404; admins see and change all;
