@@ -215,6 +215,9 @@ fn options_and_management(pg: Option<&str>) {
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.json()["data"]["origin_url"], "https://plain.example/v2");
     assert_eq!(get(p.node(), &format!("/s/{plain}")).header("location"), Some("https://plain.example/v2"));
+    // The search index follows the change (SQLite: FTS5 kept by triggers; PostgreSQL: pg_trgm).
+    assert_eq!(codes(&call(&p, None, "GET", "?search=plain.example%2Fv2", None).json()), vec![plain.clone()]);
+    assert_eq!(codes(&call(&p, None, "GET", "?search=v2", None).json()), vec![plain.clone()], "short term: scan");
     for (body, field) in [
         (json!({"origin_url": "ftp://x"}), "origin_url: "),
         (json!({"valid_until": "tomorrow"}), "valid_until: "),
@@ -253,6 +256,13 @@ fn options_and_management_on_sqlite() {
 fn options_and_management_on_postgres() {
     let Some(url) = pg_db("manage") else { return };
     options_and_management(Some(&url));
+    // Searches of 3+ characters are served by the pg_trgm index the gateway created.
+    let mut c = postgres::Client::connect(&url, postgres::NoTls).expect("connect");
+    let n: i64 = c
+        .query_one("SELECT count(*) FROM pg_indexes WHERE indexname = 'short_url_codes_search'", &[])
+        .map(|r| r.get(0))
+        .unwrap_or(0);
+    assert_eq!(n, 1, "the trigram search index exists");
 }
 
 /// Owners: each consumer sees its own links only, others are 404; admins see and change all;

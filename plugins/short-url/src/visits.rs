@@ -5,15 +5,15 @@
 //! batch. A full buffer drops the visit and counts it (`short_url_visits_dropped_total`).
 
 use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender, TrySendError};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TryRecvError, TrySendError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::RwLock;
 
 use crate::store::links::{flush_visits, UaClass, Visit};
-use crate::store::Connector;
+use crate::store::{Conn, Connector};
 
 /// Visits recorded (written to storage).
 pub static RECORDED: AtomicU64 = AtomicU64::new(0);
@@ -113,6 +113,12 @@ pub struct Settings {
 /// The buffer and its flusher.
 pub struct Sink {
     tx: SyncSender<Visit>,
+    /// Visits buffered and not yet taken by the flusher.
+    pending: AtomicUsize,
+    batch_size: usize,
+    /// The flusher, woken only when a full batch waits (not per visit: on a busy core a wake-up
+    /// per redirect cost more than the write).
+    flusher: Option<std::thread::Thread>,
     /// The salt of IP hashes.
     pub salt: Salt,
 }
@@ -121,14 +127,35 @@ impl Sink {
     /// Starts the flusher thread over its own connection.
     pub fn start(connector: Arc<dyn Connector>, s: Settings) -> Arc<Sink> {
         let (tx, rx) = sync_channel(s.buffer.max(1));
-        let _ = std::thread::Builder::new().name("short-url-visits".into()).spawn(move || flusher(connector, rx, s));
-        Arc::new(Sink { tx, salt: Salt::new(s.salt_rotate_secs) })
+        let sink = Arc::new_cyclic(|weak: &std::sync::Weak<Sink>| {
+            let weak = weak.clone();
+            let flusher = std::thread::Builder::new()
+                .name("short-url-visits".into())
+                .spawn(move || flusher(connector, rx, s, weak))
+                .map(|h| h.thread().clone())
+                .map_err(|err| log::warn!("short-url: no visit flusher ({err}); visits are dropped"))
+                .ok();
+            Sink {
+                tx,
+                pending: AtomicUsize::new(0),
+                batch_size: s.batch_size.max(1),
+                flusher,
+                salt: Salt::new(s.salt_rotate_secs),
+            }
+        });
+        sink
     }
 
     /// Buffers a visit without waiting; a full buffer drops it (counted).
     pub fn record(&self, v: Visit) {
         match self.tx.try_send(v) {
-            Ok(()) => {}
+            Ok(()) => {
+                if self.pending.fetch_add(1, Ordering::Relaxed) + 1 == self.batch_size {
+                    if let Some(t) = &self.flusher {
+                        t.unpark();
+                    }
+                }
+            }
             Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
                 DROPPED.fetch_add(1, Ordering::Relaxed);
             }
@@ -136,49 +163,83 @@ impl Sink {
     }
 }
 
-fn flusher(connector: Arc<dyn Connector>, rx: Receiver<Visit>, s: Settings) {
+/// Writes what the buffer holds every `flush_interval`, or sooner when woken by a full batch.
+fn flusher(connector: Arc<dyn Connector>, rx: Receiver<Visit>, s: Settings, sink: std::sync::Weak<Sink>) {
     let mut conn = None;
     let mut last_error: Option<Instant> = None;
-    while let Ok(first) = rx.recv() {
+    let batch_size = s.batch_size.max(1);
+    let mut batch = Vec::with_capacity(batch_size.min(100_000));
+    loop {
         let deadline = Instant::now() + s.flush_interval;
-        let mut batch = vec![first];
-        let mut closed = false;
-        while batch.len() < s.batch_size {
-            match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-                Ok(v) => batch.push(v),
-                Err(RecvTimeoutError::Timeout) => break,
-                Err(RecvTimeoutError::Disconnected) => {
-                    closed = true;
-                    break;
-                }
+        loop {
+            let now = Instant::now();
+            if now >= deadline {
+                break;
+            }
+            std::thread::park_timeout(deadline - now);
+            match sink.upgrade() {
+                Some(k) if k.pending.load(Ordering::Relaxed) < batch_size => {}
+                _ => break,
             }
         }
-        if conn.is_none() {
-            match connector.connect() {
-                Ok(c) => conn = Some(c),
-                Err(e) => {
-                    if last_error.is_none_or(|t| t.elapsed() > Duration::from_secs(60)) {
-                        log::warn!("short-url: visits not written ({e}); dropping {} visits", batch.len());
-                        last_error = Some(Instant::now());
+        let mut closed = false;
+        loop {
+            batch.clear();
+            while batch.len() < batch_size {
+                match rx.try_recv() {
+                    Ok(v) => batch.push(v),
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => {
+                        closed = true;
+                        break;
                     }
                 }
             }
-        }
-        match conn.as_mut().map(|c| flush_visits(c.as_mut(), &batch)) {
-            Some(Ok(())) => {
-                RECORDED.fetch_add(batch.len() as u64, Ordering::Relaxed);
+            if let Some(k) = sink.upgrade() {
+                k.pending.fetch_sub(batch.len(), Ordering::Relaxed);
             }
-            Some(Err(e)) => {
-                log::warn!("short-url: {} visits not written: {e}", batch.len());
-                conn = None;
-                DROPPED.fetch_add(batch.len() as u64, Ordering::Relaxed);
+            if batch.is_empty() {
+                break;
             }
-            None => {
-                DROPPED.fetch_add(batch.len() as u64, Ordering::Relaxed);
+            write(&*connector, &mut conn, &mut last_error, &batch);
+            if batch.len() < batch_size {
+                break;
             }
         }
         if closed {
             return;
+        }
+    }
+}
+
+fn write(
+    connector: &dyn Connector,
+    conn: &mut Option<Box<dyn Conn>>,
+    last_error: &mut Option<Instant>,
+    batch: &[Visit],
+) {
+    if conn.is_none() {
+        match connector.connect() {
+            Ok(c) => *conn = Some(c),
+            Err(e) => {
+                if last_error.is_none_or(|t| t.elapsed() > Duration::from_secs(60)) {
+                    log::warn!("short-url: visits not written ({e}); dropping {} visits", batch.len());
+                    *last_error = Some(Instant::now());
+                }
+            }
+        }
+    }
+    match conn.as_mut().map(|c| flush_visits(c.as_mut(), batch)) {
+        Some(Ok(())) => {
+            RECORDED.fetch_add(batch.len() as u64, Ordering::Relaxed);
+        }
+        Some(Err(e)) => {
+            log::warn!("short-url: {} visits not written: {e}", batch.len());
+            *conn = None;
+            DROPPED.fetch_add(batch.len() as u64, Ordering::Relaxed);
+        }
+        None => {
+            DROPPED.fetch_add(batch.len() as u64, Ordering::Relaxed);
         }
     }
 }

@@ -242,6 +242,17 @@ pub fn list(conn: &mut dyn Conn, q: &ListQuery, scope: &Scope) -> Result<(Vec<Li
         sql.push_str(&format!(
             " AND (origin_url ILIKE {p} ESCAPE '\\' OR title ILIKE {p} ESCAPE '\\' OR tags ILIKE {p} ESCAPE '\\')"
         ));
+        // Terms of 3 characters or more narrow through the full-text index (trigrams); shorter
+        // ones are a scan.
+        if s.chars().count() >= 3 {
+            let phrase = bind(&mut params, super::fts_phrase(s).into());
+            if let Some(cond) = conn.search_index(&phrase) {
+                sql.push_str(" AND ");
+                sql.push_str(&cond);
+            } else {
+                params.pop();
+            }
+        }
     }
     if let Some(t) = &q.tag {
         let p = bind(&mut params, t.as_str().into());
@@ -313,7 +324,7 @@ pub fn delete(conn: &mut dyn Conn, code: &str, now: i64) -> Result<bool, String>
 }
 
 /// User-agent class of a visit.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum UaClass {
     /// A browser (`Mozilla/` and no crawler token).
     Browser,
@@ -351,24 +362,50 @@ pub struct Visit {
     pub ip_hash: u64,
 }
 
-/// Rows per multi-row visit INSERT (6 parameters each).
-const VISITS_PER_INSERT: usize = 100;
+/// Rows per multi-row INSERT (at most 6 parameters each).
+const ROWS_PER_INSERT: usize = 100;
 
-/// Writes a batch of visits and the links' counters in one transaction: after a crash either
-/// all of the batch is there or none of it, and the counters always equal the rows.
+/// Visit rows kept per code and flush: the newest this many of a batch; the others are only
+/// counted (in `short_url_visit_stats` and the link's counters).
+pub const RECENT_PER_CODE: usize = 20;
+
+/// Writes a batch of visits in one transaction, aggregated: one UPSERT per (code, day, class,
+/// referer host) into `short_url_visit_stats`, one counter UPDATE per code, and a visit row only
+/// for the newest [`RECENT_PER_CODE`] visits of each code in the batch (the page of recent
+/// visits is a sample; counts, the per-day series and totals are exact). After a crash either
+/// all of the batch is there or none of it, and the counters always equal the aggregates.
 pub fn flush_visits(conn: &mut dyn Conn, visits: &[Visit]) -> Result<(), String> {
+    use std::collections::HashMap;
+    let mut stats: HashMap<(&str, i64, UaClass, &str), i64> = HashMap::new();
+    let mut per_code: HashMap<&str, (i64, i64, usize)> = HashMap::new();
+    for v in visits {
+        *stats
+            .entry((v.code.as_str(), v.at.div_euclid(86_400), v.class, v.referer.as_deref().unwrap_or("")))
+            .or_default() += 1;
+        let e = per_code.entry(&v.code).or_default();
+        e.0 += 1;
+        e.1 += i64::from(v.class == UaClass::Bot);
+    }
+    // The newest RECENT_PER_CODE of each code: walk the batch backwards (it is in arrival order).
+    let mut recent: Vec<&Visit> = Vec::new();
+    for v in visits.iter().rev() {
+        if let Some(e) = per_code.get_mut(v.code.as_str()) {
+            if e.2 < RECENT_PER_CODE {
+                e.2 += 1;
+                recent.push(v);
+            }
+        }
+    }
+    recent.reverse();
+    let stats: Vec<_> = stats.into_iter().collect();
+    let mut counters: Vec<_> = per_code.into_iter().map(|(c, (n, b, _))| (c, n, b)).collect();
+    // A fixed order of row locks, so that two instances' flushes never deadlock on PostgreSQL.
+    counters.sort_unstable_by(|a, b| a.0.cmp(b.0));
     conn.exec("BEGIN")?;
     let r = (|| {
-        for chunk in visits.chunks(VISITS_PER_INSERT) {
-            let mut sql =
-                String::from("INSERT INTO short_url_visits (code, at, referer, ua_class, country, ip_hash) VALUES ");
+        for chunk in recent.chunks(ROWS_PER_INSERT) {
             let mut params = Vec::with_capacity(chunk.len() * 6);
-            for (i, v) in chunk.iter().enumerate() {
-                let b = i * 6;
-                if i > 0 {
-                    sql.push(',');
-                }
-                sql.push_str(&format!("(${}, ${}, ${}, ${}, ${}, ${})", b + 1, b + 2, b + 3, b + 4, b + 5, b + 6));
+            for v in chunk {
                 params.extend([
                     v.code.as_str().into(),
                     v.at.into(),
@@ -378,15 +415,25 @@ pub fn flush_visits(conn: &mut dyn Conn, visits: &[Visit]) -> Result<(), String>
                     format!("{:016x}", v.ip_hash).into(),
                 ]);
             }
+            let sql = format!(
+                "INSERT INTO short_url_visits (code, at, referer, ua_class, country, ip_hash) VALUES {}",
+                placeholders(chunk.len(), 6)
+            );
             conn.execute(&sql, &params)?;
         }
-        let mut per_code: std::collections::BTreeMap<&str, (i64, i64)> = Default::default();
-        for v in visits {
-            let e = per_code.entry(&v.code).or_default();
-            e.0 += 1;
-            e.1 += i64::from(v.class == UaClass::Bot);
+        for chunk in stats.chunks(ROWS_PER_INSERT) {
+            let mut params = Vec::with_capacity(chunk.len() * 5);
+            for ((code, day, class, referer), n) in chunk {
+                params.extend([(*code).into(), (*day).into(), class.as_str().into(), (*referer).into(), (*n).into()]);
+            }
+            let sql = format!(
+                "INSERT INTO short_url_visit_stats (code, day, ua_class, referer, n) VALUES {}
+                 ON CONFLICT (code, day, ua_class, referer) DO UPDATE SET n = short_url_visit_stats.n + excluded.n",
+                placeholders(chunk.len(), 5)
+            );
+            conn.execute(&sql, &params)?;
         }
-        for (code, (n, bots)) in per_code {
+        for (code, n, bots) in counters {
             conn.execute(
                 "UPDATE short_url_codes SET visits = visits + $2, bot_visits = bot_visits + $3 WHERE code = $1",
                 &[code.into(), n.into(), bots.into()],
@@ -401,6 +448,20 @@ pub fn flush_visits(conn: &mut dyn Conn, visits: &[Visit]) -> Result<(), String>
             Err(e)
         }
     }
+}
+
+/// `($1, .., $width), ($width+1, ..), ..` for `rows` rows.
+fn placeholders(rows: usize, width: usize) -> String {
+    use std::fmt::Write;
+    let mut sql = String::with_capacity(rows * width * 5);
+    for i in 0..rows {
+        sql.push_str(if i > 0 { ",(" } else { "(" });
+        for j in 0..width {
+            let _ = write!(sql, "{}${}", if j > 0 { ", " } else { "" }, i * width + j + 1);
+        }
+        sql.push(')');
+    }
+    sql
 }
 
 /// What `GET /short/v1/urls/{code}/visits` shows.
@@ -442,20 +503,21 @@ pub fn report(
 ) -> Result<Report, String> {
     let from = (now / 86_400 - days + 1) * 86_400;
     let rows = conn.query(
-        "SELECT at / 86400, count(*), sum(CASE WHEN ua_class = 'bot' THEN 1 ELSE 0 END) FROM short_url_visits
-         WHERE code = $1 AND at >= $2 GROUP BY at / 86400 ORDER BY at / 86400",
-        &[code.into(), from.into()],
+        "SELECT day, CAST(sum(n) AS BIGINT), CAST(sum(CASE WHEN ua_class = 'bot' THEN n ELSE 0 END) AS BIGINT)
+         FROM short_url_visit_stats WHERE code = $1 AND day >= $2 GROUP BY day ORDER BY day",
+        &[code.into(), (from / 86_400).into()],
     )?;
     let int = |r: &Vec<Val>, i: usize| r.get(i).and_then(Val::int).unwrap_or_default();
     let days = rows.iter().map(|r| (int(r, 0), int(r, 1), int(r, 2))).collect();
     let rows = conn.query(
-        "SELECT coalesce(referer, ''), count(*) FROM short_url_visits WHERE code = $1
-         GROUP BY coalesce(referer, '') ORDER BY count(*) DESC, coalesce(referer, '') LIMIT 50",
+        "SELECT referer, CAST(sum(n) AS BIGINT) FROM short_url_visit_stats WHERE code = $1
+         GROUP BY referer ORDER BY sum(n) DESC, referer LIMIT 50",
         &[code.into()],
     )?;
     let referers = rows.iter().map(|r| (r.first().and_then(Val::text).unwrap_or_default(), int(r, 1))).collect();
     let rows = conn.query(
-        "SELECT ua_class, count(*) FROM short_url_visits WHERE code = $1 GROUP BY ua_class ORDER BY ua_class",
+        "SELECT ua_class, CAST(sum(n) AS BIGINT) FROM short_url_visit_stats WHERE code = $1
+         GROUP BY ua_class ORDER BY ua_class",
         &[code.into()],
     )?;
     let classes = rows.iter().map(|r| (r.first().and_then(Val::text).unwrap_or_default(), int(r, 1))).collect();

@@ -274,6 +274,18 @@ pub trait Conn: Send {
     fn query(&mut self, sql: &str, params: &[Val]) -> Result<Vec<Vec<Val>>, String>;
     /// Like [`Conn::query`], for a statement without rows: the rows it changed.
     fn execute(&mut self, sql: &str, params: &[Val]) -> Result<u64, String>;
+    /// A condition that narrows a search to the codes whose origin_url, title or tags may contain
+    /// the term bound at `param` (as an FTS5 phrase, see [`fts_phrase`]) through a full-text
+    /// index, when this backend has one (SQLite: FTS5 trigram; PostgreSQL uses its `pg_trgm`
+    /// index for `ILIKE` by itself). The `ILIKE` test still decides.
+    fn search_index(&self, _param: &str) -> Option<String> {
+        None
+    }
+}
+
+/// `term` as an FTS5 phrase (a substring with the trigram tokenizer).
+pub fn fts_phrase(term: &str) -> String {
+    format!("\"{}\"", term.replace('"', "\"\""))
 }
 
 /// Opens connections of one backend.

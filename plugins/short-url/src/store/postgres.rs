@@ -46,6 +46,18 @@ const MIGRATIONS: &[&str] = &[
         ip_hash TEXT NOT NULL
     );
     CREATE INDEX short_url_visits_code_at ON short_url_visits (code, at);",
+    // Visits aggregated per (code, day, class, referer host): counts and series stay exact while
+    // only a bounded sample of visit rows is kept (see `links::flush_visits`).
+    "CREATE TABLE short_url_visit_stats (
+        code TEXT NOT NULL,
+        day BIGINT NOT NULL,
+        ua_class TEXT NOT NULL,
+        referer TEXT NOT NULL,
+        n BIGINT NOT NULL,
+        PRIMARY KEY (code, day, ua_class, referer)
+    );
+    INSERT INTO short_url_visit_stats (code, day, ua_class, referer, n)
+        SELECT code, at / 86400, ua_class, coalesce(referer, ''), count(*) FROM short_url_visits GROUP BY 1, 2, 3, 4;",
 ];
 
 /// Arbitrary key of the migration advisory lock.
@@ -111,7 +123,38 @@ fn migrate(c: &mut Client) -> Result<(), String> {
         tx.batch_execute(sql).map_err(|err| format!("migration {}: {err}", i + 1))?;
         tx.execute("INSERT INTO short_url_migrations (version) VALUES ($1)", &[&((i + 1) as i32)]).map_err(e)?;
     }
+    search_index(&mut tx)?;
     tx.commit().map_err(e)
+}
+
+/// Whether the `pg_trgm` search index was found missing and could not be made (logged once).
+static NO_SEARCH_INDEX: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// The trigram index that serves `ILIKE '%term%'` searches (terms of 3 characters or more):
+/// `pg_trgm` is a trusted extension, so the database owner may create it. Where that fails,
+/// searches scan, and this is logged once per process.
+fn search_index(tx: &mut postgres::Transaction<'_>) -> Result<(), String> {
+    let have =
+        tx.query_opt("SELECT 1 FROM pg_indexes WHERE indexname = 'short_url_codes_search'", &[]).map_err(e)?.is_some();
+    if have || NO_SEARCH_INDEX.load(std::sync::atomic::Ordering::Relaxed) {
+        return Ok(());
+    }
+    let mut sp = tx.transaction().map_err(e)?;
+    let made = sp.batch_execute(
+        "CREATE EXTENSION IF NOT EXISTS pg_trgm;
+         CREATE INDEX IF NOT EXISTS short_url_codes_search ON short_url_codes
+             USING gin (origin_url gin_trgm_ops, title gin_trgm_ops, tags gin_trgm_ops);",
+    );
+    match made {
+        Ok(()) => sp.commit().map_err(e),
+        Err(err) => {
+            drop(sp);
+            if !NO_SEARCH_INDEX.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                log::warn!("short-url: no pg_trgm search index ({err}); link searches scan the table");
+            }
+            Ok(())
+        }
+    }
 }
 
 struct PgConn(

@@ -61,6 +61,32 @@ const MIGRATIONS: &[&str] = &[
         ip_hash TEXT NOT NULL
     );
     CREATE INDEX visits_code_at ON visits (code, at);",
+    // Visits aggregated per (code, day, class, referer host): counts and series stay exact while
+    // only a bounded sample of visit rows is kept (see `links::flush_visits`).
+    "CREATE TABLE visit_stats (
+        code TEXT NOT NULL,
+        day INTEGER NOT NULL,
+        ua_class TEXT NOT NULL,
+        referer TEXT NOT NULL,
+        n INTEGER NOT NULL,
+        PRIMARY KEY (code, day, ua_class, referer)
+    ) WITHOUT ROWID;
+    INSERT INTO visit_stats (code, day, ua_class, referer, n)
+        SELECT code, at / 86400, ua_class, coalesce(referer, ''), count(*) FROM visits GROUP BY 1, 2, 3, 4;",
+    // Search in origin_url, title and tags without a scan: an FTS5 trigram index kept by triggers.
+    // Links are never deleted (tombstones), so only inserts and updates of these columns sync it;
+    // an update finds the old entry through the index itself (its old URL as a phrase).
+    "CREATE VIRTUAL TABLE codes_search USING fts5(code UNINDEXED, origin_url, title, tags, tokenize = 'trigram');
+    INSERT INTO codes_search (code, origin_url, title, tags) SELECT code, origin_url, title, tags FROM codes;
+    CREATE TRIGGER codes_search_insert AFTER INSERT ON codes BEGIN
+        INSERT INTO codes_search (code, origin_url, title, tags) VALUES (new.code, new.origin_url, new.title, new.tags);
+    END;
+    CREATE TRIGGER codes_search_update AFTER UPDATE OF origin_url, title, tags ON codes BEGIN
+        DELETE FROM codes_search WHERE rowid IN (
+            SELECT rowid FROM codes_search
+            WHERE codes_search MATCH 'origin_url : \"' || replace(old.origin_url, '\"', '\"\"') || '\"' AND code = old.code);
+        INSERT INTO codes_search (code, origin_url, title, tags) VALUES (new.code, new.origin_url, new.title, new.tags);
+    END;",
 ];
 
 /// Opens connections to one database file.
@@ -127,6 +153,9 @@ fn migrate(conn: &Connection) -> Result<(), String> {
 struct SqliteConn(Connection);
 
 impl Conn for SqliteConn {
+    fn search_index(&self, param: &str) -> Option<String> {
+        Some(format!("code IN (SELECT code FROM short_url_codes_search WHERE short_url_codes_search MATCH {param})"))
+    }
     fn exec(&mut self, sql: &str) -> Result<(), String> {
         // Prepared once: the writer runs the same few statements (BEGIN, SAVEPOINT...) per batch.
         self.0.prepare_cached(sql).and_then(|mut stmt| stmt.raw_execute()).map(|_| ()).map_err(e)
