@@ -3,8 +3,6 @@
 //! decided per response, the log phase when the response is done, and the answers the gateway
 //! or a plugin makes itself.
 
-//! The request path: match a route, run the plugin phases, pick a node, forward, stream back.
-
 use std::cell::Cell;
 use std::rc::Rc;
 use std::time::Instant;

@@ -1,8 +1,6 @@
 //! Forwarding a request upstream: choose a node (skipping tried ones), send through the
 //! worker's pool, retry what may be retried, report to the health checker, answer 502/504.
 
-//! The request path: match a route, run the plugin phases, pick a node, forward, stream back.
-
 use std::borrow::Cow;
 use std::net::SocketAddr;
 use std::sync::Arc;
