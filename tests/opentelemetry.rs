@@ -317,6 +317,10 @@ routes:
     );
     let sent = r.json()["headers"]["traceparent"].as_str().map(str::to_owned).unwrap_or_default();
     assert!(sent.starts_with("00-11111111111111111111111111111111-") && sent.ends_with("-00"), "{sent}");
+    // A tracestate without a traceparent belongs to no trace: it is not passed on.
+    let r = request(p.node(), "GET", "/off/x", &[("tracestate", "vendor=stray")], b"");
+    assert!(r.json()["headers"]["tracestate"].is_null(), "{}", r.json());
+    assert!(r.json()["headers"]["traceparent"].as_str().is_some_and(|t| t.len() == 55 && t.ends_with("-00")));
     // parent_base: the client's flag decides.
     let unsampled = "00-33333333333333333333333333333333-4444444444444444-00";
     assert_eq!(request(p.node(), "GET", "/parent/x", &[("traceparent", unsampled)], b"").status, 200);

@@ -65,7 +65,10 @@ pub fn encode_request(
         push_field(out, name, value.as_bytes());
     }
     for (name, value) in set {
-        push_field(out, name, value);
+        // An empty value: the field is removed, not written.
+        if !value.is_empty() {
+            push_field(out, name, value);
+        }
     }
     match body {
         RequestBody::None if had_length => out.extend_from_slice(b"content-length: 0\r\n"),

@@ -111,14 +111,17 @@ impl<'a> ProxyHeaders<'a> {
         self.xff.as_deref().unwrap_or(&self.ip).as_bytes()
     }
 
-    /// The header lines, and the Host line when `host` replaces the client's.
-    pub fn lines<'s>(&'s self, host: Option<&'s HeaderValue>) -> ([(&'static HeaderName, &'s [u8]); 6], usize) {
-        let mut lines: [(&'static HeaderName, &'s [u8]); 6] = [
+    /// The header lines, and the Host line when `host` replaces the client's. The array has
+    /// room for [`LINES_ROOM`] more (the trace context).
+    pub fn lines<'s>(&'s self, host: Option<&'s HeaderValue>) -> ([(&'static HeaderName, &'s [u8]); 8], usize) {
+        let mut lines: [(&'static HeaderName, &'s [u8]); 8] = [
             (&X_FORWARDED_FOR, self.xff()),
             (&X_REAL_IP, self.ip.as_bytes()),
             (&X_FORWARDED_PROTO, self.proto.as_bytes()),
             (&X_FORWARDED_PORT, self.port.as_bytes()),
             (&X_FORWARDED_HOST, b""),
+            (&HOST_NAME, b""),
+            (&HOST_NAME, b""),
             (&HOST_NAME, b""),
         ];
         let mut n = 4;
@@ -146,6 +149,13 @@ impl<'a> ProxyHeaders<'a> {
 }
 
 static HOST_NAME: HeaderName = http::header::HOST;
+
+/// Room [`ProxyHeaders::lines`] leaves after its own lines.
+pub const LINES_ROOM: usize = 2;
+
+/// `traceparent` and `tracestate`, as set lines of an upstream head.
+pub static TRACEPARENT_NAME: HeaderName = weir_plugin::measure::TRACEPARENT;
+pub static TRACESTATE_NAME: HeaderName = weir_plugin::measure::TRACESTATE;
 
 /// A number's decimal digits, on the stack (header values without an allocation).
 #[derive(Clone, Copy)]

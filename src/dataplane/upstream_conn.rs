@@ -101,7 +101,8 @@ pub struct RequestHead<'a> {
     pub target: &'a str,
     /// The header fields, except those `set` replaces.
     pub headers: &'a HeaderMap,
-    /// Fields set by the proxy (Host, `X-Forwarded-*`): written instead of those of `headers`.
+    /// Fields set by the proxy (Host, `X-Forwarded-*`, `traceparent`): written instead of those
+    /// of `headers`; one with an empty value removes the field.
     pub set: &'a [(&'a HeaderName, &'a [u8])],
 }
 

@@ -126,13 +126,21 @@ impl TraceContext {
     /// The `traceparent` value naming `span_id` as the parent (version 00).
     pub fn traceparent(&self, span_id: &[u8; 8]) -> HeaderValue {
         let mut s = [b'-'; 55];
-        s[..2].copy_from_slice(b"00");
-        hex_into(&mut s[3..35], &self.trace_id);
-        hex_into(&mut s[36..52], span_id);
-        s[53..].copy_from_slice(if self.sampled { b"01" } else { b"00" });
+        self.write_traceparent(span_id, &mut s);
         // Only hex digits and dashes: always a valid value.
         HeaderValue::from_bytes(&s)
             .unwrap_or(HeaderValue::from_static("00-00000000000000000000000000000000-0000000000000000-00"))
+    }
+
+    /// Writes the `traceparent` value naming `span_id` into `out`.
+    fn write_traceparent(&self, span_id: &[u8; 8], out: &mut [u8; 55]) {
+        out[..2].copy_from_slice(b"00");
+        out[2] = b'-';
+        hex_into(&mut out[3..35], &self.trace_id);
+        out[35] = b'-';
+        hex_into(&mut out[36..52], span_id);
+        out[52] = b'-';
+        out[53..].copy_from_slice(if self.sampled { b"01" } else { b"00" });
     }
 }
 
@@ -302,26 +310,60 @@ pub fn new_trace_id() -> [u8; 16] {
     id
 }
 
-/// Starts recording an upstream attempt: writes its `traceparent` (and `tracestate`) into the
-/// request's `headers` when the request carries a trace context. Returns the attempt's start
-/// and span id, `None` when attempts are not recorded.
-pub fn attempt_begins(measured: &Option<Box<Measured>>, headers: &mut http::HeaderMap) -> Option<(Instant, [u8; 8])> {
-    let m = measured.as_deref()?;
-    let span_id = if m.trace.is_some() { new_span_id() } else { [0; 8] };
-    if let Some(t) = &m.trace {
-        let parent = t.traceparent(&span_id);
-        let state = t.state.clone();
-        headers.insert(TRACEPARENT, parent);
-        match state {
+/// What one upstream attempt carries of the request's trace context: `traceparent` naming the
+/// attempt's own span id, and the client's `tracestate` (none: the field is removed).
+#[derive(Debug, Clone)]
+pub struct AttemptTrace {
+    /// The attempt's span id.
+    pub span_id: [u8; 8],
+    traceparent: [u8; 55],
+    state: Option<HeaderValue>,
+}
+
+impl AttemptTrace {
+    /// The `traceparent` value (version 00, lowercase hex and dashes: always a valid value).
+    pub fn traceparent(&self) -> &[u8] {
+        &self.traceparent
+    }
+
+    /// The `tracestate` value; empty when the field must be removed (the client sent none, or
+    /// no `traceparent` with it).
+    pub fn tracestate(&self) -> &[u8] {
+        self.state.as_ref().map_or(&[], |s| s.as_bytes())
+    }
+
+    /// Sets both in a header map (the HTTP/2 and WebSocket exchanges; HTTP/1.1 writes them as
+    /// it encodes the head, without touching the map).
+    pub fn apply(&self, headers: &mut http::HeaderMap) {
+        if let Ok(v) = HeaderValue::from_bytes(&self.traceparent) {
+            headers.insert(TRACEPARENT, v);
+        }
+        match &self.state {
             Some(s) => {
-                headers.insert(TRACESTATE, s);
+                headers.insert(TRACESTATE, s.clone());
             }
             None => {
                 headers.remove(TRACESTATE);
             }
         }
     }
-    m.attempts.then(|| (Instant::now(), span_id))
+}
+
+/// The trace context of the next upstream attempt, under a new span id, when the request
+/// carries one (no allocation: the caller writes it into the head).
+pub fn attempt_trace(measured: &Option<Box<Measured>>) -> Option<AttemptTrace> {
+    let t = measured.as_deref()?.trace.as_ref()?;
+    let span_id = new_span_id();
+    let mut traceparent = [0; 55];
+    t.write_traceparent(&span_id, &mut traceparent);
+    Some(AttemptTrace { span_id, traceparent, state: t.state.clone() })
+}
+
+/// Starts recording an upstream attempt (traced as `trace`, from [`attempt_trace`]). Returns
+/// the attempt's start and span id, `None` when attempts are not recorded.
+pub fn attempt_begins(measured: &Option<Box<Measured>>, trace: Option<&AttemptTrace>) -> Option<(Instant, [u8; 8])> {
+    let m = measured.as_deref()?;
+    m.attempts.then(|| (Instant::now(), trace.map_or([0; 8], |t| t.span_id)))
 }
 
 /// Records an attempt begun with [`attempt_begins`].

@@ -132,7 +132,8 @@ pub(super) async fn forward(
         let node = &upstream.nodes[idx];
         fin.ctx.upstream_addrs.push(node.addr);
         // Each attempt is a span of its own, and goes upstream with its id in `traceparent`.
-        let begun = if watched { measure::attempt_begins(&fin.ctx.measured, &mut fin.ctx.headers) } else { None };
+        let trace = if watched { measure::attempt_trace(&fin.ctx.measured) } else { None };
+        let begun = if watched { measure::attempt_begins(&fin.ctx.measured, trace.as_ref()) } else { None };
         let host = match upstream.pass_host {
             PassHost::Pass if fin.ctx.headers.contains_key(http::header::HOST) => None,
             PassHost::Pass | PassHost::Node => Some(&node.host_header),
@@ -153,6 +154,9 @@ pub(super) async fn forward(
                 all
             };
             proxy_headers.apply(&mut headers, host);
+            if let Some(t) = &trace {
+                t.apply(&mut headers);
+            }
             let mut request = http::Request::new(body);
             *request.method_mut() = fin.ctx.method.clone();
             match http::Uri::try_from(&*target) {
@@ -181,7 +185,13 @@ pub(super) async fn forward(
         } else {
             // HTTP/1.1: the head is written from the client's header map as it is, with the
             // proxy headers and Host set as it is encoded (no copy of the map per attempt).
-            let (set, n) = proxy_headers.lines(host);
+            let (mut set, mut n) = proxy_headers.lines(host);
+            if let Some(t) = &trace {
+                // An empty tracestate removes the client's.
+                set[n] = (&crate::dataplane::headers::TRACEPARENT_NAME, t.traceparent());
+                set[n + 1] = (&crate::dataplane::headers::TRACESTATE_NAME, t.tracestate());
+                n += crate::dataplane::headers::LINES_ROOM;
+            }
             let head =
                 RequestHead { method: &fin.ctx.method, target: &target, headers: &fin.ctx.headers, set: &set[..n] };
             Pool::send(&worker.pool, &node.pool_key, upstream.pool, &timeouts, &head, body, stalled.clone(), idempotent)
