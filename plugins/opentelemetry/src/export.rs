@@ -19,7 +19,6 @@ use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, InstrumentationScope, KeyValue};
 use opentelemetry_proto::tonic::resource::v1::Resource;
 use opentelemetry_proto::tonic::trace::v1::{span, status, ResourceSpans, ScopeSpans, Span, Status};
-use tokio::sync::mpsc;
 use weir_plugin::measure::{Attempt, PhaseTime, TraceContext};
 
 /// How spans are sent.
@@ -82,18 +81,21 @@ pub static DROPPED: AtomicU64 = AtomicU64::new(0);
 pub static FAILED: AtomicU64 = AtomicU64::new(0);
 pub static EXPORTS_FAILED: AtomicU64 = AtomicU64::new(0);
 
-/// What the exporter thread receives.
-enum Msg {
-    Spans(Box<Record>),
-    /// Export everything queued before this, then answer (a graceful stop).
-    Flush(std::sync::mpsc::Sender<()>),
-}
-
+/// The queue between the log phase and the exporter thread. A push takes an uncontended lock
+/// and wakes the exporter only when it has something to start on (the first span into an
+/// empty queue, or a full batch): under load, one wake-up per batch, not per request.
 struct Queue {
-    tx: mpsc::UnboundedSender<Msg>,
-    /// Spans queued or being exported.
+    pending: Mutex<Vec<Record>>,
+    /// Spans in `pending` (changed under its lock).
+    pending_spans: AtomicUsize,
+    /// Spans queued or being exported: the bound.
     queued: AtomicUsize,
     max: AtomicUsize,
+    /// `max_export_batch_size`: a push that fills a batch wakes the exporter.
+    batch: AtomicUsize,
+    wake: tokio::sync::Notify,
+    /// Graceful stops waiting for what was queued before them.
+    flushes: Mutex<Vec<std::sync::mpsc::Sender<()>>>,
 }
 
 static QUEUE: OnceLock<Queue> = OnceLock::new();
@@ -115,27 +117,35 @@ pub fn queued() -> usize {
 
 /// Sets the exporter's settings, and starts the exporter thread the first time.
 pub fn configure(s: Settings) -> Result<(), String> {
-    let max = s.max_queue_size;
+    let (max, batch) = (s.max_queue_size, s.max_export_batch_size);
     *SETTINGS.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(s));
     if let Some(q) = QUEUE.get() {
         q.max.store(max, Ordering::Relaxed);
+        q.batch.store(batch, Ordering::Relaxed);
         return Ok(());
     }
-    let (tx, rx) = mpsc::unbounded_channel();
+    let _ = QUEUE.set(Queue {
+        pending: Mutex::new(Vec::new()),
+        pending_spans: AtomicUsize::new(0),
+        queued: AtomicUsize::new(0),
+        max: AtomicUsize::new(max),
+        batch: AtomicUsize::new(batch),
+        wake: tokio::sync::Notify::new(),
+        flushes: Mutex::new(Vec::new()),
+    });
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| format!("opentelemetry: cannot start the exporter's runtime: {e}"))?;
     std::thread::Builder::new()
         .name("otel-exporter".into())
-        .spawn(move || runtime.block_on(run(rx)))
+        .spawn(move || runtime.block_on(run()))
         .map_err(|e| format!("opentelemetry: cannot start the exporter thread: {e}"))?;
-    let _ = QUEUE.set(Queue { tx, queued: AtomicUsize::new(0), max: AtomicUsize::new(max) });
     Ok(())
 }
 
 /// Queues a finished request's spans; never waits. Drops them (counted) when the queue is full.
-pub fn push(record: Box<Record>) {
+pub fn push(record: Record) {
     let Some(q) = QUEUE.get() else { return };
     let n = record.spans();
     let before = q.queued.fetch_add(n, Ordering::Relaxed);
@@ -144,9 +154,14 @@ pub fn push(record: Box<Record>) {
         DROPPED.fetch_add(n as u64, Ordering::Relaxed);
         return;
     }
-    if q.tx.send(Msg::Spans(record)).is_err() {
-        q.queued.fetch_sub(n, Ordering::Relaxed);
-        DROPPED.fetch_add(n as u64, Ordering::Relaxed);
+    let waiting = {
+        let mut pending = q.pending.lock().unwrap_or_else(|e| e.into_inner());
+        pending.push(record);
+        q.pending_spans.fetch_add(n, Ordering::Relaxed)
+    };
+    let batch = q.batch.load(Ordering::Relaxed);
+    if waiting == 0 || (waiting < batch && waiting + n >= batch) {
+        q.wake.notify_one();
     }
 }
 
@@ -154,77 +169,74 @@ pub fn push(record: Box<Record>) {
 pub fn flush(wait: Duration) {
     let Some(q) = QUEUE.get() else { return };
     let (tx, rx) = std::sync::mpsc::channel();
-    if q.tx.send(Msg::Flush(tx)).is_ok() {
-        let _ = rx.recv_timeout(wait);
-    }
+    q.flushes.lock().unwrap_or_else(|e| e.into_inner()).push(tx);
+    q.wake.notify_one();
+    let _ = rx.recv_timeout(wait);
 }
 
-/// The exporter: collects a batch (up to `max_export_batch_size` spans, for at most
-/// `batch_timeout`, or until nothing came for `inactive_timeout`), exports it, repeats.
-async fn run(mut rx: mpsc::UnboundedReceiver<Msg>) {
+/// The exporter: once woken, collects for at most `batch_timeout`, until a batch is full
+/// (`max_export_batch_size` spans) or nothing came for `inactive_timeout`, then exports
+/// everything queued, a batch per request to the collector, and waits again.
+async fn run() {
+    let Some(q) = QUEUE.get() else { return };
     let mut exporter = Exporter::default();
     let mut warned = false;
+    let flush_asked = || !q.flushes.lock().unwrap_or_else(|e| e.into_inner()).is_empty();
     loop {
-        let first = match rx.recv().await {
-            None => return,
-            Some(Msg::Flush(done)) => {
-                let _ = done.send(());
-                continue;
-            }
-            Some(Msg::Spans(r)) => r,
-        };
+        q.wake.notified().await;
         let Some(s) = settings() else { continue };
         let started = Instant::now();
-        let mut spans = first.spans();
-        let mut batch = vec![first];
-        let mut closed = false;
-        let mut flushed = None;
-        while spans < s.max_export_batch_size {
+        let mut seen = q.pending_spans.load(Ordering::Relaxed);
+        while seen < s.max_export_batch_size && !flush_asked() {
             let left = s.batch_timeout.saturating_sub(started.elapsed());
             if left.is_zero() {
                 break;
             }
-            match tokio::time::timeout(left.min(s.inactive_timeout), rx.recv()).await {
-                Ok(Some(Msg::Spans(r))) => {
-                    spans += r.spans();
-                    batch.push(r);
-                }
-                Ok(Some(Msg::Flush(done))) => {
-                    flushed = Some(done);
-                    break;
-                }
-                Ok(None) => {
-                    closed = true;
-                    break;
-                }
-                Err(_) => break,
+            let woken = tokio::time::timeout(left.min(s.inactive_timeout), q.wake.notified()).await.is_ok();
+            let now = q.pending_spans.load(Ordering::Relaxed);
+            if !woken && now == seen {
+                // Nothing new for `inactive_timeout`.
+                break;
             }
+            seen = now;
         }
-        let spans_of_batch = to_spans(&batch);
-        drop(batch);
-        match exporter.export(&s, spans_of_batch).await {
-            Ok(()) => {
-                EXPORTED.fetch_add(spans as u64, Ordering::Relaxed);
-                warned = false;
+        // The stops asked before the queue is taken: all they wait for is in it.
+        let flushed = std::mem::take(&mut *q.flushes.lock().unwrap_or_else(|e| e.into_inner()));
+        let batch = {
+            let mut pending = q.pending.lock().unwrap_or_else(|e| e.into_inner());
+            let batch = std::mem::take(&mut *pending);
+            q.pending_spans.fetch_sub(batch.iter().map(|r| r.spans()).sum(), Ordering::Relaxed);
+            batch
+        };
+        let mut records = batch.as_slice();
+        while !records.is_empty() {
+            let (mut take, mut spans) = (0, 0);
+            while take < records.len() && (take == 0 || spans + records[take].spans() <= s.max_export_batch_size) {
+                spans += records[take].spans();
+                take += 1;
             }
-            Err(e) => {
-                FAILED.fetch_add(spans as u64, Ordering::Relaxed);
-                EXPORTS_FAILED.fetch_add(1, Ordering::Relaxed);
-                // Once per outage, not once per batch.
-                if !warned {
-                    log::warn!("opentelemetry: export to {} failed ({spans} spans dropped): {e}", s.address);
-                    warned = true;
+            let spans_of_batch = to_spans(&records[..take]);
+            records = &records[take..];
+            match exporter.export(&s, spans_of_batch).await {
+                Ok(()) => {
+                    EXPORTED.fetch_add(spans as u64, Ordering::Relaxed);
+                    warned = false;
+                }
+                Err(e) => {
+                    FAILED.fetch_add(spans as u64, Ordering::Relaxed);
+                    EXPORTS_FAILED.fetch_add(1, Ordering::Relaxed);
+                    // Once per outage, not once per batch.
+                    if !warned {
+                        log::warn!("opentelemetry: export to {} failed ({spans} spans dropped): {e}", s.address);
+                        warned = true;
+                    }
                 }
             }
-        }
-        if let Some(q) = QUEUE.get() {
             q.queued.fetch_sub(spans, Ordering::Relaxed);
         }
-        if let Some(done) = flushed {
+        drop(batch);
+        for done in flushed {
             let _ = done.send(());
-        }
-        if closed {
-            return;
         }
     }
 }
@@ -380,7 +392,7 @@ fn encode_request(spans: Vec<Span>, resource: &[KeyValue]) -> Vec<u8> {
 }
 
 /// The spans of a batch.
-fn to_spans(batch: &[Box<Record>]) -> Vec<Span> {
+fn to_spans(batch: &[Record]) -> Vec<Span> {
     // Instants to Unix time: one pair of clock readings for the batch.
     let (wall, mono) = (SystemTime::now(), Instant::now());
     let wall_nanos = wall.duration_since(UNIX_EPOCH).map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));

@@ -381,7 +381,7 @@ impl PluginInstance for Instance {
                 extra.push((name.clone(), v.into_owned()));
             }
         }
-        export::push(Box::new(export::Record {
+        export::push(export::Record {
             trace: trace.clone(),
             start: ctx.started,
             end: Instant::now(),
@@ -399,7 +399,7 @@ impl PluginInstance for Instance {
             attempts: m.attempt_list.clone(),
             phases: if self.plugin_spans { m.phase_times.clone() } else { Vec::new() },
             extra,
-        }));
+        });
     }
 }
 
