@@ -12,13 +12,9 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use crate::otlp::{self, Batch, Kind, SpanHead, Val};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
-use opentelemetry_proto::tonic::collector::trace::v1::trace_service_client::TraceServiceClient;
-use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
-use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, InstrumentationScope, KeyValue};
-use opentelemetry_proto::tonic::resource::v1::Resource;
-use opentelemetry_proto::tonic::trace::v1::{span, status, ResourceSpans, ScopeSpans, Span, Status};
 use weir_plugin::measure::{Attempt, PhaseTime, TraceContext};
 
 /// How spans are sent.
@@ -39,7 +35,8 @@ pub struct Settings {
     pub address: String,
     pub request_timeout: Duration,
     pub request_headers: Vec<(http::HeaderName, http::HeaderValue)>,
-    pub resource: Vec<KeyValue>,
+    /// The `Resource` message's fields, encoded once ([`resource_attr`]).
+    pub resource: Vec<u8>,
     pub max_queue_size: usize,
     pub batch_timeout: Duration,
     pub inactive_timeout: Duration,
@@ -215,9 +212,10 @@ async fn run() {
                 spans += records[take].spans();
                 take += 1;
             }
-            let spans_of_batch = to_spans(&records[..take]);
+            write_spans(&mut exporter.batch, &records[..take]);
             records = &records[take..];
-            match exporter.export(&s, spans_of_batch).await {
+            let body = exporter.batch.finish(&s.resource);
+            match exporter.export(&s, body).await {
                 Ok(()) => {
                     EXPORTED.fetch_add(spans as u64, Ordering::Relaxed);
                     warned = false;
@@ -246,23 +244,23 @@ async fn run() {
 #[derive(Default)]
 struct Exporter {
     http: Option<(String, hyper::client::conn::http1::SendRequest<Full<Bytes>>)>,
-    grpc: Option<(String, TraceServiceClient<tonic::transport::Channel>)>,
+    grpc: Option<(String, tonic::client::Grpc<tonic::transport::Channel>)>,
+    /// The spans being encoded (its buffers kept from batch to batch).
+    batch: Batch,
 }
 
 impl Exporter {
-    async fn export(&mut self, s: &Settings, spans: Vec<Span>) -> Result<(), String> {
+    /// Sends one `ExportTraceServiceRequest` (encoded).
+    async fn export(&mut self, s: &Settings, body: Bytes) -> Result<(), String> {
         match s.protocol {
-            Protocol::Http => {
-                let body = Bytes::from(encode_request(spans, &s.resource));
-                match tokio::time::timeout(s.request_timeout, self.post(s, body)).await {
-                    Ok(r) => r.inspect_err(|_| self.http = None),
-                    Err(_) => {
-                        self.http = None;
-                        Err(format!("no answer within {:?}", s.request_timeout))
-                    }
+            Protocol::Http => match tokio::time::timeout(s.request_timeout, self.post(s, body)).await {
+                Ok(r) => r.inspect_err(|_| self.http = None),
+                Err(_) => {
+                    self.http = None;
+                    Err(format!("no answer within {:?}", s.request_timeout))
                 }
-            }
-            Protocol::Grpc => self.grpc_export(s, request_of(spans, &s.resource)).await,
+            },
+            Protocol::Grpc => self.grpc_export(s, body).await,
         }
     }
 
@@ -303,16 +301,16 @@ impl Exporter {
         }
     }
 
-    async fn grpc_export(&mut self, s: &Settings, request: ExportTraceServiceRequest) -> Result<(), String> {
+    async fn grpc_export(&mut self, s: &Settings, body: Bytes) -> Result<(), String> {
         if !matches!(&self.grpc, Some((addr, _)) if *addr == s.address) {
             let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{}", s.address))
                 .map_err(|e| format!("address: {e}"))?
                 .connect_timeout(s.request_timeout)
                 .timeout(s.request_timeout);
-            self.grpc = Some((s.address.clone(), TraceServiceClient::new(endpoint.connect_lazy())));
+            self.grpc = Some((s.address.clone(), tonic::client::Grpc::new(endpoint.connect_lazy())));
         }
         let Some((_, client)) = self.grpc.as_mut() else { return Err("no channel".into()) };
-        let mut req = tonic::Request::new(request);
+        let mut req = tonic::Request::new(body);
         req.set_timeout(s.request_timeout);
         for (k, v) in &s.request_headers {
             let key = tonic::metadata::MetadataKey::from_bytes(k.as_str().as_bytes());
@@ -321,7 +319,12 @@ impl Exporter {
                 req.metadata_mut().insert(key, value);
             }
         }
-        match tokio::time::timeout(s.request_timeout, client.export(req)).await {
+        let path = http::uri::PathAndQuery::from_static("/opentelemetry.proto.collector.trace.v1.TraceService/Export");
+        let call = async {
+            client.ready().await.map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+            client.unary(req, path, otlp::RawCodec).await
+        };
+        match tokio::time::timeout(s.request_timeout, call).await {
             Ok(Ok(_)) => Ok(()),
             Ok(Err(status)) => Err(format!("collector answered {:?}: {}", status.code(), status.message())),
             Err(_) => Err(format!("no answer within {:?}", s.request_timeout)),
@@ -329,187 +332,146 @@ impl Exporter {
     }
 }
 
-fn kv(key: &str, value: any_value::Value) -> KeyValue {
-    KeyValue { key: key.to_owned(), value: Some(AnyValue { value: Some(value) }) }
-}
-
-fn text(key: &str, value: impl Into<String>) -> KeyValue {
-    kv(key, any_value::Value::StringValue(value.into()))
-}
-
-fn int(key: &str, value: i64) -> KeyValue {
-    kv(key, any_value::Value::IntValue(value))
-}
-
-/// A resource attribute from `plugin_attr.opentelemetry.resource`.
-pub fn resource_attr(key: &str, value: &serde_json::Value) -> Option<KeyValue> {
+/// Appends a resource attribute from `plugin_attr.opentelemetry.resource` to `out` (the
+/// `Resource` message's fields); `None` for a value that is not a string, number or boolean.
+pub fn resource_attr(out: &mut Vec<u8>, key: &str, value: &serde_json::Value) -> Option<()> {
     let v = match value {
-        serde_json::Value::String(s) => any_value::Value::StringValue(s.clone()),
-        serde_json::Value::Bool(b) => any_value::Value::BoolValue(*b),
+        serde_json::Value::String(s) => Val::Str(s),
+        serde_json::Value::Bool(b) => Val::Bool(*b),
         serde_json::Value::Number(n) => match n.as_i64() {
-            Some(i) => any_value::Value::IntValue(i),
-            None => any_value::Value::DoubleValue(n.as_f64()?),
+            Some(i) => Val::Int(i),
+            None => Val::Double(n.as_f64()?),
         },
         _ => return None,
     };
-    Some(kv(key, v))
+    otlp::key_value(out, 1, key, v);
+    Some(())
 }
 
-fn scope() -> InstrumentationScope {
-    InstrumentationScope { name: "weir".into(), version: env!("CARGO_PKG_VERSION").into(), ..Default::default() }
-}
-
-/// The OTLP request of a batch: one resource, one scope, every span.
-fn request_of(spans: Vec<Span>, resource: &[KeyValue]) -> ExportTraceServiceRequest {
-    ExportTraceServiceRequest {
-        resource_spans: vec![ResourceSpans {
-            resource: Some(Resource { attributes: resource.to_vec(), dropped_attributes_count: 0 }),
-            scope_spans: vec![ScopeSpans { scope: Some(scope()), spans, schema_url: String::new() }],
-            schema_url: String::new(),
-        }],
-    }
-}
-
-/// [`request_of`], encoded: the same bytes as `request_of(..).encode_to_vec()`, with each span's
-/// length computed once (prost recomputes nested lengths at every level of nesting).
-fn encode_request(spans: Vec<Span>, resource: &[KeyValue]) -> Vec<u8> {
-    use prost::encoding::{encode_key, encode_varint, message, WireType};
-    let mut scope_spans = Vec::with_capacity(spans.len() * 512);
-    message::encode(1, &scope(), &mut scope_spans);
-    for s in &spans {
-        message::encode(2, s, &mut scope_spans);
-    }
-    let mut rs = Vec::with_capacity(scope_spans.len() + 256);
-    message::encode(1, &Resource { attributes: resource.to_vec(), dropped_attributes_count: 0 }, &mut rs);
-    encode_key(2, WireType::LengthDelimited, &mut rs);
-    encode_varint(scope_spans.len() as u64, &mut rs);
-    rs.extend_from_slice(&scope_spans);
-    let mut out = Vec::with_capacity(rs.len() + 8);
-    encode_key(1, WireType::LengthDelimited, &mut out);
-    encode_varint(rs.len() as u64, &mut out);
-    out.extend_from_slice(&rs);
-    out
-}
-
-/// The spans of a batch.
-fn to_spans(batch: &[Record]) -> Vec<Span> {
+/// Writes the spans of `records` into `batch`.
+fn write_spans(batch: &mut Batch, records: &[Record]) {
     // Instants to Unix time: one pair of clock readings for the batch.
     let (wall, mono) = (SystemTime::now(), Instant::now());
     let wall_nanos = wall.duration_since(UNIX_EPOCH).map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
     let unix = |t: Instant| {
         wall_nanos.saturating_sub(u64::try_from(mono.saturating_duration_since(t).as_nanos()).unwrap_or(0))
     };
-    let mut spans = Vec::with_capacity(batch.iter().map(|r| r.spans()).sum());
-    for r in batch {
-        let trace_id = r.trace.trace_id.to_vec();
-        let server_id = r.trace.span_id.to_vec();
-        let state = r.trace.state.as_ref().and_then(|s| s.to_str().ok()).unwrap_or("").to_owned();
-        let mut attributes = vec![
-            text("http.request.method", r.method.as_str()),
-            text("url.path", r.path.clone()),
-            text("url.scheme", r.scheme),
-            int("http.response.status_code", i64::from(r.status)),
-            text("client.address", &*r.client),
-            int("client.port", i64::from(r.client_port)),
-            int("server.port", i64::from(r.server_port)),
-        ];
-        if let Some(route) = &r.route_pattern {
-            attributes.push(text("http.route", &**route));
+    let mut ip_text = String::with_capacity(48);
+    for r in records {
+        let trace_id = &r.trace.trace_id;
+        let server_id = &r.trace.span_id;
+        let trace_state = r.trace.state.as_ref().and_then(|s| s.to_str().ok()).unwrap_or("");
+        let method = r.method.as_str();
+        let route = r.route_pattern.as_deref();
+        let name: &[&str] = match route {
+            Some(route) => &[method, " ", route],
+            None => &[method],
+        };
+        let mut w = batch.span(&SpanHead {
+            trace_id,
+            span_id: server_id,
+            parent_id: r.trace.parent_id.as_ref(),
+            trace_state,
+            name,
+            kind: Kind::Server,
+            start_unix_nano: unix(r.start),
+            end_unix_nano: unix(r.end),
+        });
+        w.text("http.request.method", method)
+            .text("url.path", &r.path)
+            .text("url.scheme", r.scheme)
+            .int("http.response.status_code", i64::from(r.status))
+            .text("client.address", &r.client)
+            .int("client.port", i64::from(r.client_port))
+            .int("server.port", i64::from(r.server_port));
+        if let Some(route) = route {
+            w.text("http.route", route);
         }
         if let Some(host) = &r.server_address {
-            attributes.push(text("server.address", host.clone()));
+            w.text("server.address", host);
         }
         if let Some(id) = &r.route_id {
-            attributes.push(text("weir.route.id", &**id));
+            w.text("weir.route.id", id);
         }
         if let Some(c) = &r.consumer {
-            attributes.push(text("weir.consumer", &**c));
+            w.text("weir.consumer", c);
         }
         for (k, v) in &r.extra {
-            attributes.push(text(k, v.clone()));
+            w.text(k, v);
         }
-        let name = match &r.route_pattern {
-            Some(route) => format!("{} {route}", r.method),
-            None => r.method.to_string(),
-        };
         // A server span is an error for a 5xx only (the semantic conventions).
-        let status =
-            (r.status >= 500).then(|| Status { message: String::new(), code: status::StatusCode::Error as i32 });
-        spans.push(Span {
-            trace_id: trace_id.clone(),
-            span_id: server_id.clone(),
-            trace_state: state.clone(),
-            parent_span_id: r.trace.parent_id.map(|p| p.to_vec()).unwrap_or_default(),
-            flags: 1,
-            name,
-            kind: span::SpanKind::Server as i32,
-            start_time_unix_nano: unix(r.start),
-            end_time_unix_nano: unix(r.end),
-            attributes,
-            status,
-            ..Default::default()
-        });
+        if r.status >= 500 {
+            w.error("");
+        }
+        w.end();
         for (i, a) in r.attempts.iter().enumerate() {
-            let ip = a.node.ip().to_string();
-            let mut attributes = vec![
-                text("http.request.method", r.method.as_str()),
-                text("server.address", ip.clone()),
-                int("server.port", i64::from(a.node.port())),
-                text("network.peer.address", ip),
-            ];
+            ip_text.clear();
+            let _ = std::fmt::Write::write_fmt(&mut ip_text, format_args!("{}", a.node.ip()));
+            let mut w = batch.span(&SpanHead {
+                trace_id,
+                span_id: &a.span_id,
+                parent_id: Some(server_id),
+                trace_state,
+                name: &[method, " upstream"],
+                kind: Kind::Client,
+                start_unix_nano: unix(a.start),
+                end_unix_nano: unix(a.end),
+            });
+            w.text("http.request.method", method)
+                .text("server.address", &ip_text)
+                .int("server.port", i64::from(a.node.port()))
+                .text("network.peer.address", &ip_text);
             if i > 0 {
-                attributes.push(int("http.request.resend_count", i as i64));
+                w.int("http.request.resend_count", i as i64);
             }
             if let Some(code) = a.status {
-                attributes.push(int("http.response.status_code", i64::from(code)));
+                w.int("http.response.status_code", i64::from(code));
             }
-            let status = match (&a.error, a.status) {
+            match (&a.error, a.status) {
                 (Some(e), _) => {
-                    attributes.push(text("error.type", e.clone()));
-                    Some(Status { message: e.clone(), code: status::StatusCode::Error as i32 })
+                    w.text("error.type", e).error(e);
                 }
                 (None, Some(code)) if code >= 400 => {
-                    attributes.push(text("error.type", code.to_string()));
-                    Some(Status { message: String::new(), code: status::StatusCode::Error as i32 })
+                    let mut digits = [0u8; 5];
+                    w.text("error.type", status_text(code, &mut digits)).error("");
                 }
-                _ => None,
-            };
-            spans.push(Span {
-                trace_id: trace_id.clone(),
-                span_id: a.span_id.to_vec(),
-                trace_state: state.clone(),
-                parent_span_id: server_id.clone(),
-                flags: 1,
-                name: format!("{} upstream", r.method),
-                kind: span::SpanKind::Client as i32,
-                start_time_unix_nano: unix(a.start),
-                end_time_unix_nano: unix(a.end),
-                attributes,
-                status,
-                ..Default::default()
-            });
+                _ => {}
+            }
+            w.end();
         }
         for p in &r.phases {
-            spans.push(Span {
-                trace_id: trace_id.clone(),
-                span_id: weir_plugin::measure::new_span_id().to_vec(),
-                trace_state: state.clone(),
-                parent_span_id: server_id.clone(),
-                flags: 1,
-                name: format!("{} {}", p.plugin, p.phase.as_str()),
-                kind: span::SpanKind::Internal as i32,
-                start_time_unix_nano: unix(p.start),
-                end_time_unix_nano: unix(p.end),
-                attributes: vec![
-                    text("weir.plugin", p.plugin),
-                    text("weir.phase", p.phase.as_str()),
-                    int("weir.busy_ns", i64::try_from(p.busy.as_nanos()).unwrap_or(i64::MAX)),
-                ],
-                ..Default::default()
+            let span_id = weir_plugin::measure::new_span_id();
+            let mut w = batch.span(&SpanHead {
+                trace_id,
+                span_id: &span_id,
+                parent_id: Some(server_id),
+                trace_state,
+                name: &[p.plugin, " ", p.phase.as_str()],
+                kind: Kind::Internal,
+                start_unix_nano: unix(p.start),
+                end_unix_nano: unix(p.end),
             });
+            w.text("weir.plugin", p.plugin)
+                .text("weir.phase", p.phase.as_str())
+                .int("weir.busy_ns", i64::try_from(p.busy.as_nanos()).unwrap_or(i64::MAX));
+            w.end();
         }
     }
-    spans
+}
+
+/// A status code as text, in `digits`.
+fn status_text(code: u16, digits: &mut [u8; 5]) -> &str {
+    let mut n = code;
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 || i == 0 {
+            break;
+        }
+    }
+    std::str::from_utf8(&digits[i..]).unwrap_or("")
 }
 
 /// Whether `address` is `host:port` (a port is required).
@@ -526,21 +488,12 @@ pub fn check_address(address: &str) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use prost::Message;
 
     #[test]
-    fn the_hand_framed_request_is_prosts() {
-        let span = |n: u8| Span {
-            trace_id: vec![n; 16],
-            span_id: vec![n; 8],
-            name: format!("span {n}"),
-            attributes: vec![text("a", "b"), int("n", i64::from(n))],
-            ..Default::default()
-        };
-        let resource = vec![text("service.name", "weir")];
-        for spans in [vec![], vec![span(1)], (0..300).map(|n| span(n as u8)).collect::<Vec<_>>()] {
-            let expected = request_of(spans.clone(), &resource).encode_to_vec();
-            assert_eq!(encode_request(spans, &resource), expected);
+    fn status_codes_as_text() {
+        for code in [0u16, 7, 404, 503, 65535] {
+            let mut digits = [0u8; 5];
+            assert_eq!(status_text(code, &mut digits), code.to_string());
         }
     }
 }

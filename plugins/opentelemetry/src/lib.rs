@@ -13,6 +13,7 @@
 //! `plugin_attr.opentelemetry` as APISIX names them, plus `collector.protocol: http | grpc`.
 
 pub mod export;
+mod otlp;
 mod sampler;
 
 use std::cell::Cell;
@@ -192,12 +193,11 @@ pub fn settings(attr: &Attr) -> Result<(export::Settings, Vec<String>), String> 
     }
     let mut resource = Vec::new();
     if !attr.resource.contains_key("service.name") {
-        resource.push(export::resource_attr("service.name", &Value::from("weir")).ok_or("service.name")?);
+        export::resource_attr(&mut resource, "service.name", &Value::from("weir")).ok_or("service.name")?;
     }
     for (k, v) in &attr.resource {
-        let kv = export::resource_attr(k, v)
+        export::resource_attr(&mut resource, k, v)
             .ok_or_else(|| format!("resource.{k}: must be a string, a number or a boolean"))?;
-        resource.push(kv);
     }
     let b = &attr.batch_span_processor;
     if b.drop_on_queue_full == Some(false) {
