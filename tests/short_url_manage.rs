@@ -518,3 +518,39 @@ fn kill_9_during_visit_writes_loses_only_the_unflushed_batch() {
 
     assert!(db.exists());
 }
+
+#[test]
+fn a_common_search_term_pages_through_every_match_once() {
+    // 4,200 matches over 42 pages: whichever way SQLite finds each page (the trigram index or
+    // the walk of the list's order, store::links::list), every match comes once, nothing else.
+    let (p, _w) = gateway(None, "", "");
+    for batch in 0..42 {
+        let many: Vec<Value> = (0..100)
+            .map(|i| json!({"origin_url": format!("https://common.example/{}", batch * 100 + i), "tags": ["bulk"]}))
+            .collect();
+        assert_eq!(create_as(&p, None, &json!(many)).status, 200);
+    }
+    let rare: Vec<Value> = (0..3).map(|i| json!({"origin_url": format!("https://rare.example/{i}")})).collect();
+    assert_eq!(create_as(&p, None, &json!(rare)).status, 200);
+    let mut seen = Vec::new();
+    for page in 1..=43 {
+        let list = call(&p, None, "GET", &format!("?search=COMMON.example&page_size=100&page={page}"), None).json();
+        assert_eq!(list["data"]["has_more"], page < 42, "page {page}");
+        for item in list["data"]["items"].as_array().into_iter().flatten() {
+            assert!(item["origin_url"].as_str().is_some_and(|u| u.starts_with("https://common.example/")), "{item}");
+            seen.push(item["short_code"].as_str().unwrap_or_default().to_owned());
+        }
+    }
+    let mut unique = seen.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!((seen.len(), unique.len()), (4200, 4200));
+    // With a filter that keeps none of them, and ordered by visits.
+    assert!(codes(&call(&p, None, "GET", "?search=common.example&tag=none", None).json()).is_empty());
+    assert_eq!(
+        codes(&call(&p, None, "GET", "?search=common.example&order_by=-visits&page_size=7", None).json()).len(),
+        7
+    );
+    // A rare term among them.
+    assert_eq!(codes(&call(&p, None, "GET", "?search=rare.example", None).json()).len(), 3);
+}

@@ -281,6 +281,13 @@ pub trait Conn: Send {
     fn search_index(&self, _param: &str) -> Option<String> {
         None
     }
+    /// [`Conn::query`], given up (`None`) after `budget` thousand steps of the statement's
+    /// program, where the backend can count and interrupt them (SQLite); elsewhere it runs to
+    /// the end. Steps, not time: the same statement on the same data gives up at the same
+    /// point however busy the machine is.
+    fn query_within(&mut self, sql: &str, params: &[Val], _budget: u32) -> Result<Option<Vec<Vec<Val>>>, String> {
+        self.query(sql, params).map(Some)
+    }
 }
 
 /// `term` as an FTS5 phrase (a substring with the trigram tokenizer).

@@ -241,6 +241,32 @@ impl Conn for SqliteConn {
             .map_err(e)?;
         Ok(n as u64)
     }
+    fn query_within(&mut self, sql: &str, params: &[Val], budget: u32) -> Result<Option<Vec<Vec<Val>>>, String> {
+        // Called every 1,000 virtual machine steps; `true` interrupts the statement.
+        let gave_up = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = gave_up.clone();
+        let mut left = budget;
+        self.0
+            .progress_handler(
+                1000,
+                Some(move || {
+                    if left == 0 {
+                        flag.store(true, std::sync::atomic::Ordering::Relaxed);
+                        return true;
+                    }
+                    left -= 1;
+                    false
+                }),
+            )
+            .map_err(e)?;
+        let out = self.query(sql, params);
+        self.0.progress_handler(0, None::<fn() -> bool>).map_err(e)?;
+        match out {
+            Ok(rows) => Ok(Some(rows)),
+            Err(_) if gave_up.load(std::sync::atomic::Ordering::Relaxed) => Ok(None),
+            Err(err) => Err(err),
+        }
+    }
     fn query(&mut self, sql: &str, params: &[Val]) -> Result<Vec<Vec<Val>>, String> {
         let mut stmt = self.prepare(sql)?;
         let n = stmt.column_count();
