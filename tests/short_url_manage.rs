@@ -554,3 +554,77 @@ fn a_common_search_term_pages_through_every_match_once() {
     // A rare term among them.
     assert_eq!(codes(&call(&p, None, "GET", "?search=rare.example", None).json()).len(), 3);
 }
+
+/// A MaxMind DB file (format 2.0, IPv4, 24-bit records) mapping `net`/`bits` to a Country
+/// record with `iso` as its country's ISO code, built byte by byte as the format describes.
+fn mmdb(net: [u8; 4], bits: usize, iso: &str) -> Vec<u8> {
+    fn text(out: &mut Vec<u8>, s: &str) {
+        out.push(0x40 | s.len() as u8);
+        out.extend_from_slice(s.as_bytes());
+    }
+    let nodes = bits;
+    let not_found = nodes as u32;
+    let data_pointer = nodes as u32 + 16;
+    let mut out = Vec::new();
+    for i in 0..nodes {
+        let bit = (net[i / 8] >> (7 - i % 8)) & 1;
+        let next = if i + 1 == nodes { data_pointer } else { i as u32 + 1 };
+        let (left, right) = if bit == 0 { (next, not_found) } else { (not_found, next) };
+        out.extend_from_slice(&left.to_be_bytes()[1..]);
+        out.extend_from_slice(&right.to_be_bytes()[1..]);
+    }
+    out.extend_from_slice(&[0; 16]);
+    // {"country": {"iso_code": iso}}
+    out.push(0xE1);
+    text(&mut out, "country");
+    out.push(0xE1);
+    text(&mut out, "iso_code");
+    text(&mut out, iso);
+    out.extend_from_slice(b"\xAB\xCD\xEFMaxMind.com");
+    out.push(0xE9);
+    text(&mut out, "binary_format_major_version");
+    out.extend_from_slice(&[0xA1, 2]);
+    text(&mut out, "binary_format_minor_version");
+    out.push(0xA0);
+    text(&mut out, "build_epoch");
+    out.extend_from_slice(&[0x01, 9 - 7, 1]);
+    text(&mut out, "database_type");
+    text(&mut out, "Test-Country");
+    text(&mut out, "description");
+    out.push(0xE1);
+    text(&mut out, "en");
+    text(&mut out, "test");
+    text(&mut out, "ip_version");
+    out.extend_from_slice(&[0xA1, 4]);
+    text(&mut out, "languages");
+    out.extend_from_slice(&[0x01, 11 - 7]);
+    text(&mut out, "en");
+    text(&mut out, "node_count");
+    out.extend_from_slice(&[0xC1, nodes as u8]);
+    text(&mut out, "record_size");
+    out.extend_from_slice(&[0xA1, 24]);
+    out
+}
+
+#[test]
+fn visits_carry_their_country_from_a_geoip_database() {
+    let attr = "plugin_attr:\n  short-url:\n    geoip_database: geo/country.mmdb\n    visits: {flush_interval: 0.2}\n";
+    let p = Prefix::new("", attr, "");
+    p.write_resources(&resources(&p, ""));
+    // A file that is not a MaxMind DB: the configuration is refused, naming the file.
+    std::fs::create_dir_all(p.dir.join("geo")).expect("geo dir");
+    std::fs::write(p.dir.join("geo/country.mmdb"), b"not a database").expect("write");
+    let (code, out) = run_weir(&["-t", "-p", &path_str(&p.dir)]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("geoip_database") && out.contains("geo/country.mmdb"), "{out}");
+    // Loopback is in Germany here.
+    std::fs::write(p.dir.join("geo/country.mmdb"), mmdb([127, 0, 0, 0], 8, "DE")).expect("write");
+    let (code, out) = run_weir(&["-t", "-p", &path_str(&p.dir)]);
+    assert_eq!(code, 0, "{out}");
+    let w = Weir::spawn(&p);
+    w.wait_ready(p.node());
+    let code = code_of(&create_as(&p, None, &json!([{"origin_url": "https://geo.example/"}])).json()["data"][0]);
+    assert_eq!(browser(&p, &code, "https://news.example/").status, 302);
+    let recent = || call(&p, None, "GET", &format!("/{code}/visits"), None).json()["data"]["recent"].clone();
+    assert!(eventually(Duration::from_secs(5), || recent()[0]["country"] == "DE"), "{}", recent());
+}

@@ -7,6 +7,7 @@
 
 pub mod cache;
 pub mod envelope;
+pub mod geoip;
 pub mod manage;
 pub mod qr;
 pub mod store;
@@ -123,6 +124,11 @@ pub struct Attr {
     /// Visit recording.
     #[serde(default)]
     pub visits: VisitsAttr,
+    /// A MaxMind DB file (GeoLite2 or GeoIP2, Country or City; relative paths are under the
+    /// prefix) giving each visit its country. Without it, visits carry no country.
+    #[serde(default)]
+    #[schemars(length(min = 1, max = 4096))]
+    pub geoip_database: Option<String>,
 }
 
 /// `plugin_attr.short-url.visits`.
@@ -190,6 +196,7 @@ pub const EXPIRED_GRACE_SECS: i64 = 7 * 86_400;
 struct Shared {
     store: RwLock<Option<(Storage, PathBuf, Arc<Store>)>>,
     visits: RwLock<Option<(VisitsAttr, Arc<visits::Sink>)>>,
+    geoip: RwLock<Option<Arc<geoip::GeoIp>>>,
     cache: Cache,
     codes: Arc<dyn CodeGen>,
     sweeper: OnceLock<()>,
@@ -222,6 +229,7 @@ impl ShortUrl {
             shared: Arc::new(Shared {
                 store: RwLock::new(None),
                 visits: RwLock::new(None),
+                geoip: RwLock::new(None),
                 cache: Cache::new(100_000),
                 codes,
                 sweeper: OnceLock::new(),
@@ -462,7 +470,7 @@ impl Instance {
                 at: now,
                 referer: ctx.header("referer").and_then(visits::referer_host),
                 class,
-                country: None,
+                country: self.shared.geoip.read().as_ref().and_then(|g| g.country(&ctx.remote_ip)),
                 ip_hash: sink.salt.hash(&ctx.remote_ip, now),
             };
             (sink, v)
@@ -697,9 +705,19 @@ impl Plugin for ShortUrl {
         if !attr.visits.flush_interval.is_finite() || !(0.01..=4.0).contains(&attr.visits.flush_interval) {
             return Err("visits.flush_interval: must be 0.01 to 4 seconds (a visit shows within 5 s)".into());
         }
+        // The prefix holds conf/ and data/.
+        let prefix = env.data_dir.parent().unwrap_or(std::path::Path::new("."));
+        let geoip = match &attr.geoip_database {
+            Some(path) => Some(Arc::new(geoip::GeoIp::open(path, prefix)?)),
+            None => None,
+        };
         if env.check_only {
             return Ok(());
         }
+        if let Some(g) = &geoip {
+            log::info!("short-url: visits get their country from {}", g.path.display());
+        }
+        *self.shared.geoip.write() = geoip;
         counters::register();
         {
             let current = self.shared.store.read();
