@@ -5,6 +5,7 @@
 //! answer the request themselves (reject it, or serve it) and stop the chain; `log` always runs.
 
 use std::borrow::Cow;
+use std::fmt::Write as _;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -164,6 +165,45 @@ impl std::fmt::Debug for Consumer {
     }
 }
 
+/// The upstream addresses a request was sent to, in order (retries included; the last one
+/// answered). The first is kept inline: a request without retries allocates nothing for it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UpstreamAddrs {
+    first: Option<SocketAddr>,
+    rest: Vec<SocketAddr>,
+}
+
+impl UpstreamAddrs {
+    /// Records the next attempt's address.
+    pub fn push(&mut self, addr: SocketAddr) {
+        if self.first.is_none() {
+            self.first = Some(addr);
+        } else {
+            self.rest.push(addr);
+        }
+    }
+
+    /// The last address (the one that answered, when one did).
+    pub fn last(&self) -> Option<&SocketAddr> {
+        self.rest.last().or(self.first.as_ref())
+    }
+
+    /// Every address, in order.
+    pub fn iter(&self) -> impl Iterator<Item = &SocketAddr> {
+        self.first.iter().chain(self.rest.iter())
+    }
+
+    /// How many attempts were made.
+    pub fn len(&self) -> usize {
+        usize::from(self.first.is_some()) + self.rest.len()
+    }
+
+    /// Whether no upstream was tried.
+    pub fn is_empty(&self) -> bool {
+        self.first.is_none()
+    }
+}
+
 /// Per-request context: the request as the upstream will see it, plus what the gateway learned.
 pub struct RequestCtx {
     /// Request method (mutable: `proxy-rewrite`).
@@ -201,7 +241,7 @@ pub struct RequestCtx {
     /// Route path parameters (`:name` / `{name}` segments).
     pub params: Vec<(Arc<str>, String)>,
     /// Upstream addresses tried, in order (the last one answered).
-    pub upstream_addrs: Vec<SocketAddr>,
+    pub upstream_addrs: UpstreamAddrs,
     /// Status sent to the client (0 until known).
     pub status: u16,
     /// From the first upstream attempt until the answering node's response was received to its
@@ -268,7 +308,7 @@ impl RequestCtx {
             service_id: None,
             consumer: None,
             params: Vec::new(),
-            upstream_addrs: Vec::new(),
+            upstream_addrs: UpstreamAddrs::default(),
             status: 0,
             upstream_time: None,
             request_length: 0,
@@ -393,8 +433,14 @@ impl RequestCtx {
             "status" => owned(self.status.to_string()),
             "request_time" => owned(format!("{:.3}", self.started.elapsed().as_secs_f64())),
             "upstream_addr" => {
-                let addrs: Vec<String> = self.upstream_addrs.iter().map(|a| a.to_string()).collect();
-                (!addrs.is_empty()).then(|| Cow::Owned(addrs.join(", ")))
+                let mut addrs = self.upstream_addrs.iter();
+                addrs.next().map(|first| {
+                    let mut text = first.to_string();
+                    for a in addrs {
+                        let _ = write!(text, ", {a}");
+                    }
+                    Cow::Owned(text)
+                })
             }
             "balancer_ip" => self.upstream_addrs.last().map(|a| Cow::Owned(a.ip().to_string())),
             "balancer_port" => self.upstream_addrs.last().map(|a| Cow::Owned(a.port().to_string())),
