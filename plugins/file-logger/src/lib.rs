@@ -72,7 +72,9 @@ impl PluginInstance for Instance {
     }
     fn log(&self, ctx: &RequestCtx) {
         if let Some(w) = &self.writer {
-            w.line(Value::Object(self.format.render(ctx, ctx.body.as_deref(), MAX_BODY)).to_string());
+            let mut line = String::with_capacity(256);
+            self.format.write_json(ctx, ctx.body.as_deref(), MAX_BODY, &mut line);
+            w.line(line);
         }
     }
 }

@@ -130,6 +130,76 @@ impl LogFormat {
     }
 }
 
+impl LogFormat {
+    /// [`LogFormat::render`] written straight as one JSON object into `out`: the same text as
+    /// `Value::Object(render(..)).to_string()` (keys sorted, as `serde_json::Map` keeps them),
+    /// without a map, a `Value` or a key copy per field.
+    pub fn write_json(&self, ctx: &RequestCtx, body: Option<&[u8]>, max_req_body: usize, out: &mut String) {
+        out.push('{');
+        for (i, (k, f)) in self.fields.iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            push_json_str(out, k);
+            out.push(':');
+            match f {
+                Field::Template(t) => match t.pieces() {
+                    [Piece::Var(name)] if &**name == "status" => {
+                        let _ = std::fmt::Write::write_fmt(out, format_args!("{}", ctx.status));
+                    }
+                    [Piece::Var(name)] => match template::value(name, ctx) {
+                        Some(v) => push_json_str(out, &v),
+                        None => out.push_str("null"),
+                    },
+                    _ => push_json_str(out, &t.render(ctx)),
+                },
+                Field::RequestBody => match body {
+                    Some(b) => push_json_str(out, &String::from_utf8_lossy(&b[..b.len().min(max_req_body)])),
+                    None => out.push_str("null"),
+                },
+                Field::Literal(v) => out.push_str(&v.to_string()),
+                Field::Nested(n) => n.write_json(ctx, body, max_req_body, out),
+            }
+        }
+        out.push('}');
+    }
+}
+
+/// Appends `s` as a JSON string, escaped as `serde_json` escapes it: `"`, `\`, the short
+/// forms `\b \f \n \r \t`, other control characters as `\u00XX`; everything else as it is.
+pub fn push_json_str(out: &mut String, s: &str) {
+    out.reserve(s.len() + 2);
+    out.push('"');
+    let bytes = s.as_bytes();
+    let mut start = 0;
+    for (i, &b) in bytes.iter().enumerate() {
+        let short = match b {
+            b'"' => "\\\"",
+            b'\\' => "\\\\",
+            b'\n' => "\\n",
+            b'\r' => "\\r",
+            b'\t' => "\\t",
+            0x08 => "\\b",
+            0x0c => "\\f",
+            0..=0x1f => "",
+            _ => continue,
+        };
+        // Only ASCII bytes are escaped, so `start..i` falls on character boundaries.
+        out.push_str(&s[start..i]);
+        if short.is_empty() {
+            const HEX: &[u8; 16] = b"0123456789abcdef";
+            out.push_str("\\u00");
+            out.push(char::from(HEX[usize::from(b >> 4)]));
+            out.push(char::from(HEX[usize::from(b & 15)]));
+        } else {
+            out.push_str(short);
+        }
+        start = i + 1;
+    }
+    out.push_str(&s[start..]);
+    out.push('"');
+}
+
 /// A body as text (invalid UTF-8 replaced), cut at `max` bytes.
 pub fn body_text(body: &[u8], max: usize) -> String {
     String::from_utf8_lossy(&body[..body.len().min(max)]).into_owned()
@@ -429,6 +499,33 @@ mod tests {
         assert!(f.uses_request_body());
         let out = Value::Object(f.render(&c, c.body.as_deref(), 5));
         assert_eq!(out, json!({"s": 201, "n": {"ip": "127.0.0.1", "none": null}, "b": "hello", "k": 7}));
+    }
+
+    #[test]
+    fn the_json_written_directly_is_the_rendered_maps() {
+        let mut c = ctx();
+        c.status = 502;
+        c.headers.insert("x-t", http::HeaderValue::from_static("tab\there \"q\" back\\slash"));
+        let nasty = "nul\u{0}bell\u{7}\u{1f} \u{7f} é 日本 \"\\ \r\n\u{8}\u{c}";
+        c.body = Some(bytes::Bytes::from(nasty.as_bytes().to_vec()));
+        for f in [
+            json!({"s": "$status", "n": {"ip": "$remote_addr", "none": "$http_x_none", "t": "$http_x_t"}, "b": "$request_body", "k": 7}),
+            json!({"z": "${remote_addr}:${status}", "a": [1, "two"], "m": {"x": {"y": {"z": "$uri"}}}, "lit": null}),
+            json!({}),
+        ] {
+            let f = LogFormat::compile(f.as_object().expect("object")).expect("valid");
+            for body in [c.body.as_deref(), None] {
+                let mut direct = String::new();
+                f.write_json(&c, body, 9, &mut direct);
+                assert_eq!(direct, Value::Object(f.render(&c, body, 9)).to_string());
+            }
+        }
+        let every_ascii: String = (0u8..=0x7f).map(char::from).collect();
+        for text in [every_ascii.as_str(), nasty, "", "plain", "\"", "é\u{1}"] {
+            let mut out = String::new();
+            push_json_str(&mut out, text);
+            assert_eq!(out, serde_json::to_string(text).unwrap_or_default());
+        }
     }
 
     #[test]
