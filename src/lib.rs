@@ -17,6 +17,7 @@ pub mod control;
 pub mod control_routes;
 pub mod dataplane;
 pub mod deadline;
+pub mod dns;
 pub mod error;
 pub mod error_log;
 pub mod fastmap;

@@ -50,6 +50,8 @@ pub struct Gateway {
     pub etcd_start: Mutex<Option<(Values, i64)>>,
     /// The response headers that show who answered (from config.yaml; fixed until restart).
     pub debug: DebugHeaders,
+    /// Wakes the etcd watcher to rebuild from the document it holds (DNS answers changed).
+    pub rebuild_requested: Arc<tokio::sync::Notify>,
 }
 
 /// `gateway.debug_header` and `gateway.show_upstream_status_in_response_header`.
@@ -119,6 +121,15 @@ impl Gateway {
             ConfigProvider::Yaml => file.display().to_string(),
             ConfigProvider::Etcd => format!("etcd {config_prefix}"),
         };
+        if !check_only {
+            let g = &config.gateway;
+            crate::dns::start(crate::dns::Settings {
+                servers: g.dns_servers(),
+                valid: g.dns_resolver_valid.map(|s| std::time::Duration::from_secs(s.into())),
+                min_ttl: std::time::Duration::from_secs(g.dns_min_ttl.into()),
+                max_ttl: std::time::Duration::from_secs(g.dns_max_ttl.into()),
+            })?;
+        }
         let snapshot = Snapshot::build_at(&raw, &enabled, &prefix.dir).map_err(|issues| render(&source, &issues))?;
         // With etcd, a plugin reload reads the resources again rather than keeping a copy.
         let raw_for_reload =
@@ -127,7 +138,8 @@ impl Gateway {
             header: config.gateway.debug_header,
             upstream_status_always: config.gateway.show_upstream_status_in_response_header,
         };
-        Ok(Arc::new(Gateway {
+        let gateway = Arc::new(Gateway {
+            rebuild_requested: Arc::new(tokio::sync::Notify::new()),
             debug,
             prefix,
             catalog,
@@ -141,7 +153,41 @@ impl Gateway {
             reload: Mutex::new(()),
             provider_status: Mutex::new(status),
             etcd_start: Mutex::new(etcd_start),
-        }))
+        });
+        if !check_only {
+            follow_dns(&gateway)?;
+        }
+        Ok(gateway)
+    }
+
+    /// Rebuilds the resources in force when DNS answers changed under some of their upstreams:
+    /// with the file provider from the document in force, with etcd by waking its watcher,
+    /// which holds the document. Only the upstreams built from a changed answer are compiled
+    /// again; everything else is reused.
+    pub fn rebuild_for_dns(&self) {
+        if self.resources.load().compiled_upstreams.iter().all(|u| u.dns_current()) {
+            return;
+        }
+        let Some(text) = self.raw_resources.lock().clone() else {
+            self.rebuild_requested.notify_one();
+            return;
+        };
+        let raw: Value = match serde_json::from_str(&text) {
+            Ok(v) => v,
+            Err(e) => return log::error!("DNS change: the resources in force do not parse again ({e})"),
+        };
+        let guard = self.hold_reloads();
+        match self.build_snapshot(&raw) {
+            Ok(snapshot) => {
+                let summary = self.publish(&guard, snapshot, Some(raw), false);
+                log::info!("DNS change applied: {summary}");
+            }
+            Err(issues) => {
+                for issue in issues {
+                    log::error!("DNS change: {issue}");
+                }
+            }
+        }
     }
 
     /// Every compiled-in plugin (for process-wide hooks: shutdown, log reopening).
@@ -192,6 +238,12 @@ impl Gateway {
     ) -> String {
         let summary = snapshot.summary();
         crate::tables::upstream::reconcile_checkers(&self.health, &snapshot.compiled_upstreams);
+        if let Some(dns) = crate::dns::service() {
+            // Names no upstream in force names any more stop being resolved.
+            let named: std::collections::HashSet<&crate::dns::Query> =
+                snapshot.compiled_upstreams.iter().flat_map(|u| u.dns.iter().map(|(q, _)| q)).collect();
+            dns.retain(|q| named.contains(q));
+        }
         let old = self.resources.swap(Arc::new(snapshot));
         let old_raw = std::mem::replace(&mut *self.raw_resources.lock(), raw.map(|r| Arc::from(r.to_string())));
         // Freeing the previous set (10k routes: tens of milliseconds) and returning its pages
@@ -258,6 +310,27 @@ impl Gateway {
         self.resources.store(Arc::new(snapshot));
         Ok(names)
     }
+}
+
+/// Runs [`Gateway::rebuild_for_dns`] on a thread of its own whenever the DNS service reports a
+/// changed answer; changes that arrive while a rebuild runs fold into the next one.
+fn follow_dns(gateway: &Arc<Gateway>) -> Result<(), String> {
+    let Some(dns) = crate::dns::service() else { return Ok(()) };
+    let (tx, rx) = std::sync::mpsc::sync_channel::<()>(1);
+    dns.set_on_change(move || {
+        let _ = tx.try_send(());
+    });
+    let weak = Arc::downgrade(gateway);
+    std::thread::Builder::new()
+        .name("dns-apply".into())
+        .spawn(move || {
+            while rx.recv().is_ok() {
+                let Some(gateway) = weak.upgrade() else { return };
+                gateway.rebuild_for_dns();
+            }
+        })
+        .map(drop)
+        .map_err(|e| format!("cannot start the DNS apply thread: {e}"))
 }
 
 /// Returns the memory a (re)load left behind (parse trees, the previous snapshot) to the OS now,

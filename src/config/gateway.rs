@@ -64,6 +64,46 @@ pub struct GatewaySection {
     /// (APISIX's `show_upstream_status_in_response_header`). Default false.
     #[serde(default)]
     pub show_upstream_status_in_response_header: bool,
+    /// DNS servers for upstream host names and `discovery_type: dns` (`ip` or `ip:port`, port
+    /// 53 by default); those of `/etc/resolv.conf` when empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dns_resolver: Vec<String>,
+    /// Seconds every DNS answer is used, whatever its TTL (APISIX's `dns_resolver_valid`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 86400))]
+    pub dns_resolver_valid: Option<u32>,
+    /// The shortest a DNS answer is used before it is resolved again, in seconds (default 1).
+    #[serde(default = "dns_min_ttl")]
+    #[schemars(range(min = 1, max = 86400))]
+    pub dns_min_ttl: u32,
+    /// The longest, in seconds (default 3600).
+    #[serde(default = "dns_max_ttl")]
+    #[schemars(range(min = 1, max = 86400))]
+    pub dns_max_ttl: u32,
+}
+
+fn dns_min_ttl() -> u32 {
+    1
+}
+fn dns_max_ttl() -> u32 {
+    3600
+}
+
+impl GatewaySection {
+    /// `dns_resolver` as addresses (checked by the config rules; a bad entry is skipped here).
+    pub fn dns_servers(&self) -> Vec<SocketAddr> {
+        self.dns_resolver.iter().filter_map(|s| parse_dns_server(s).ok()).collect()
+    }
+}
+
+/// A `dns_resolver` entry: `ip`, `ip:port` or `[v6]:port`.
+pub fn parse_dns_server(text: &str) -> Result<SocketAddr, String> {
+    if let Ok(addr) = text.parse::<SocketAddr>() {
+        return Ok(addr);
+    }
+    text.parse::<IpAddr>()
+        .map(|ip| SocketAddr::new(ip, 53))
+        .map_err(|_| format!("`{text}` is not an IP address or ip:port"))
 }
 
 /// `gateway.proxy_protocol:` section.
@@ -271,6 +311,10 @@ impl Default for GatewaySection {
             proxy_cache: Default::default(),
             debug_header: false,
             show_upstream_status_in_response_header: false,
+            dns_resolver: Vec::new(),
+            dns_resolver_valid: None,
+            dns_min_ttl: dns_min_ttl(),
+            dns_max_ttl: dns_max_ttl(),
         }
     }
 }

@@ -44,6 +44,17 @@ impl Config {
                 issues.push(Issue::new("gateway.access_log.format", e));
             }
         }
+        for (i, server) in self.gateway.dns_resolver.iter().enumerate() {
+            if let Err(e) = super::gateway::parse_dns_server(server) {
+                issues.push(Issue::new(format!("gateway.dns_resolver[{i}]"), e));
+            }
+        }
+        if self.gateway.dns_min_ttl > self.gateway.dns_max_ttl {
+            issues.push(Issue::new(
+                "gateway.dns_min_ttl",
+                format!("{} is above gateway.dns_max_ttl ({})", self.gateway.dns_min_ttl, self.gateway.dns_max_ttl),
+            ));
+        }
         let control = &self.gateway.control;
         if !control.ip.is_loopback() {
             issues.push(Issue::new(

@@ -4,7 +4,7 @@
 //! health-check issue adds "takes traffic" to that filter through [`CompiledUpstream::pick`]'s
 //! `eligible` argument). Locks are held only for the arithmetic of one pick, never across awaits.
 
-use std::net::{SocketAddr, ToSocketAddrs};
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,9 +12,10 @@ use std::time::Duration;
 use http::HeaderValue;
 use parking_lot::Mutex;
 
+use crate::dns::Query;
 use crate::health::checker::Checker;
 use crate::health::HealthRegistry;
-use crate::resources::model::{parse_node_key, secs, HashOn, LbType, Nodes, PassHost, Scheme, Upstream};
+use crate::resources::model::{parse_node_key, secs, DiscoveryType, HashOn, LbType, Nodes, PassHost, Scheme, Upstream};
 
 /// One upstream node.
 #[derive(Debug, Clone)]
@@ -65,6 +66,8 @@ pub struct CompiledUpstream {
     pub pool: PoolSettings,
     /// Its health checker, once it served a request (with `checks`).
     pub checker: std::sync::OnceLock<Arc<Checker>>,
+    /// The DNS answers its nodes came from, with their generations (0: none yet).
+    pub dns: Vec<(Query, u64)>,
     balancer: Balancer,
 }
 
@@ -116,43 +119,84 @@ impl CompiledUpstream {
         Some(c)
     }
 
+    /// Whether the DNS answers it was compiled from are still the current ones (a snapshot
+    /// build compiles it again when not).
+    pub fn dns_current(&self) -> bool {
+        let Some(service) = crate::dns::service() else { return true };
+        self.dns.iter().all(|(q, g)| service.generation(q).unwrap_or(0) == *g)
+    }
+
     /// The nodes' addresses.
     fn addrs(&self) -> Vec<SocketAddr> {
         self.nodes.iter().map(|n| n.addr).collect()
     }
 
-    /// Compiles `conf`; node names are resolved now. Problems are returned as warnings
-    /// (unresolvable nodes are skipped).
+    /// Compiles `conf`. Node names take the addresses the DNS service has for them now (every
+    /// A and AAAA record a node); problems are returned as warnings (a name without an answer
+    /// yet has no nodes until it has one).
     pub fn compile(owner: (&'static str, Arc<str>), conf: Arc<Upstream>) -> (CompiledUpstream, Vec<String>) {
         let default_port = match conf.scheme {
             Scheme::Http | Scheme::Grpc => 80,
             Scheme::Https | Scheme::Grpcs => 443,
         };
         let mut warnings = Vec::new();
-        let configured: Vec<(String, Option<u16>, u32)> = match &conf.nodes {
-            Nodes::Map(map) => {
-                map.iter().filter_map(|(k, w)| parse_node_key(k).ok().map(|(h, p)| (h, p, *w))).collect()
-            }
-            Nodes::List(list) => list.iter().map(|n| (n.host.clone(), n.port, n.weight)).collect(),
-        };
-        let mut nodes = Vec::with_capacity(configured.len());
-        for (host, port, weight) in configured {
+        let mut dns = Vec::new();
+        let mut nodes = Vec::new();
+        for (host, port, weight) in configured_nodes(&conf) {
             let port = port.unwrap_or(default_port);
-            let addr = match host.parse::<std::net::IpAddr>() {
-                Ok(ip) => Some(SocketAddr::new(ip, port)),
-                Err(_) => (host.as_str(), port).to_socket_addrs().ok().and_then(|mut a| a.next()),
+            let header = |host: &str, port: u16| {
+                let text = if port == default_port { host.to_owned() } else { format!("{host}:{port}") };
+                HeaderValue::from_str(&text).unwrap_or_else(|_| HeaderValue::from_static("localhost"))
             };
-            let Some(addr) = addr else {
-                warnings.push(format!("node `{host}:{port}` does not resolve; skipped"));
+            let mut push = |addr: SocketAddr, name: &str, weight: u32| {
+                let tls = conf.scheme.tls().then(|| {
+                    let name = if name.parse::<IpAddr>().is_ok() { addr.ip().to_string() } else { name.to_owned() };
+                    (Arc::from(name), conf.tls.is_none_or(|t| t.verify))
+                });
+                let pool_key = PoolKey { addr, tls, h2: conf.scheme.grpc() };
+                nodes.push(Node { addr, host_header: header(name, addr.port()), weight, pool_key });
+            };
+            if let Ok(ip) = host.parse::<IpAddr>() {
+                push(SocketAddr::new(ip, port), &host, weight);
+                continue;
+            }
+            let Some(service) = crate::dns::service() else {
+                // No resolver service (`weir -t`, unit tests): the system's resolver, once.
+                match (host.as_str(), port).to_socket_addrs().ok().and_then(|mut a| a.next()) {
+                    Some(addr) => push(addr, &host, weight),
+                    None => warnings.push(format!("node `{host}:{port}` does not resolve; skipped")),
+                }
                 continue;
             };
-            let header = if port == default_port { host.clone() } else { format!("{host}:{port}") };
-            let host_header = HeaderValue::from_str(&header).unwrap_or_else(|_| HeaderValue::from_static("localhost"));
-            let tls = conf.scheme.tls().then(|| {
-                let name = if host.parse::<std::net::IpAddr>().is_ok() { addr.ip().to_string() } else { host.clone() };
-                (Arc::from(name), conf.tls.is_none_or(|t| t.verify))
-            });
-            nodes.push(Node { addr, host_header, weight, pool_key: PoolKey { addr, tls, h2: conf.scheme.grpc() } });
+            let query = Query::Host(Arc::from(host.as_str()));
+            let answer = service.answer(&query);
+            dns.push((query, answer.as_ref().map_or(0, |a| a.generation)));
+            let Some(answer) = answer else {
+                warnings.push(format!("node `{host}:{port}` does not resolve yet; it joins when it does"));
+                continue;
+            };
+            for t in answer.targets.iter() {
+                push(SocketAddr::new(t.ip, port), &host, weight);
+            }
+        }
+        if let Some((query, port)) = service_query(&conf) {
+            let answer = crate::dns::service().and_then(|s| s.answer(&query));
+            dns.push((query.clone(), answer.as_ref().map_or(0, |a| a.generation)));
+            match answer {
+                None => warnings.push(format!("service `{query}` does not resolve yet; its nodes join when it does")),
+                Some(answer) => {
+                    for t in answer.targets.iter() {
+                        let port = t.port.or(port).unwrap_or(default_port);
+                        let addr = SocketAddr::new(t.ip, port);
+                        let tls = conf.scheme.tls().then(|| (t.name.clone(), conf.tls.is_none_or(|t| t.verify)));
+                        let pool_key = PoolKey { addr, tls, h2: conf.scheme.grpc() };
+                        let text = if port == default_port { t.name.to_string() } else { format!("{}:{port}", t.name) };
+                        let host_header =
+                            HeaderValue::from_str(&text).unwrap_or_else(|_| HeaderValue::from_static("localhost"));
+                        nodes.push(Node { addr, host_header, weight: t.weight.unwrap_or(1), pool_key });
+                    }
+                }
+            }
         }
         let timeouts = conf.timeout.map_or(Timeouts { connect: secs(60.0), send: secs(60.0), read: secs(60.0) }, |t| {
             Timeouts { connect: secs(t.connect), send: secs(t.send), read: secs(t.read) }
@@ -180,6 +224,7 @@ impl CompiledUpstream {
         let usable = nodes.iter().filter(|n| n.weight > 0).count();
         let compiled = CompiledUpstream {
             owner,
+            dns,
             retries: conf.retries.map_or(usable.saturating_sub(1), |r| r as usize),
             retry_timeout: conf.retry_timeout.filter(|t| *t > 0.0).map(secs),
             timeouts,
@@ -336,6 +381,34 @@ impl CompiledUpstream {
             Balancer::Chash(_) => "chash",
             Balancer::LeastConn(_) => "least_conn",
         }
+    }
+}
+
+/// The `(host, port, weight)` of `conf.nodes`.
+fn configured_nodes(conf: &Upstream) -> Vec<(String, Option<u16>, u32)> {
+    match &conf.nodes {
+        Nodes::Map(map) => map.iter().filter_map(|(k, w)| parse_node_key(k).ok().map(|(h, p)| (h, p, *w))).collect(),
+        Nodes::List(list) => list.iter().map(|n| (n.host.clone(), n.port, n.weight)).collect(),
+    }
+}
+
+/// The DNS names `conf` depends on (for a build to ask for them all at once).
+pub fn dns_queries(conf: &Upstream) -> impl Iterator<Item = Query> + '_ {
+    let nodes = configured_nodes(conf).into_iter().filter(|(h, _, _)| h.parse::<IpAddr>().is_err());
+    let nodes = nodes.map(|(h, _, _)| Query::Host(Arc::from(h)));
+    nodes.chain(service_query(conf).map(|(q, _)| q))
+}
+
+/// The query of a `discovery_type: dns` upstream's `service_name`, and the port it names
+/// (`name:port`: A and AAAA records on that port; `name`: SRV records).
+fn service_query(conf: &Upstream) -> Option<(Query, Option<u16>)> {
+    match (conf.discovery_type, conf.service_name.as_deref()) {
+        (Some(DiscoveryType::Dns), Some(name)) => {
+            let (name, port) = parse_node_key(name).ok()?;
+            let name = Arc::from(name);
+            Some((if port.is_some() { Query::Host(name) } else { Query::Srv(name) }, port))
+        }
+        _ => None,
     }
 }
 

@@ -135,8 +135,18 @@ async fn follow(
         Err(e) => return format!("etcd watch: {e}"),
     };
     let mut at = revision;
+    let Some(rebuild) = gateway.upgrade().map(|g| g.rebuild_requested.clone()) else { return "shutting down".into() };
     loop {
-        let mut next = match stream.message().await {
+        let message = tokio::select! {
+            m = stream.message() => m,
+            // DNS answers changed under the resources in force: build them again.
+            () = rebuild.notified() => {
+                let Some(gw) = gateway.upgrade() else { return "shutting down".into() };
+                apply(&gw, &mut values, prefix, at);
+                continue;
+            }
+        };
+        let mut next = match message {
             Ok(Some(r)) => Some(r),
             Ok(None) => return "etcd closed the watch".into(),
             Err(e) => return format!("etcd watch: {e}"),

@@ -78,12 +78,17 @@ impl Drop for Etcd {
 
 /// A gateway on `etcd` with its Admin API (key [`ADMIN_KEY`]); the Admin API's port.
 pub fn gateway_with_admin(etcd: &Etcd, extra: &str) -> (Prefix, Weir, u16) {
+    gateway_with_admin_and(etcd, "", extra)
+}
+
+/// [`gateway_with_admin`] with `gateway_extra` lines under `gateway:`.
+pub fn gateway_with_admin_and(etcd: &Etcd, gateway_extra: &str, extra: &str) -> (Prefix, Weir, u16) {
     let admin = free_port();
     let deployment = format!(
         "{extra}\ndeployment:\n  config_provider: etcd\n  etcd:\n    host: [\"{}\"]\n    timeout: 2\n  admin:\n    admin_listen: {{ip: 127.0.0.1, port: {admin}}}\n    admin_key:\n      - {{name: ops, key: {ADMIN_KEY}, role: admin}}\n",
         etcd.endpoint()
     );
-    let p = Prefix::new("", &deployment, "");
+    let p = Prefix::new(gateway_extra, &deployment, "");
     let w = Weir::start(&p);
     w.wait_ready(p.node());
     w.wait_ready(SocketAddr::from(([127, 0, 0, 1], admin)));

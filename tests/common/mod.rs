@@ -350,6 +350,7 @@ pub fn path_str(p: &Path) -> String {
     p.to_string_lossy().into_owned()
 }
 
+pub mod dns;
 pub mod redis;
 pub mod upstream;
 

@@ -69,6 +69,14 @@ pub enum PassHost {
     Rewrite,
 }
 
+/// Where an upstream's nodes come from besides `nodes`.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum DiscoveryType {
+    // `service_name` resolved through DNS: SRV records, or A/AAAA records with a port.
+    Dns,
+}
+
 /// Upstream nodes: a map `"host:port": weight`, or a list of `{host, port, weight}`.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, PartialEq)]
 #[serde(untagged)]
@@ -186,6 +194,14 @@ pub struct Upstream {
     /// Nodes.
     #[serde(default)]
     pub nodes: Nodes,
+    /// Service discovery for the nodes (`dns`), with `service_name`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub discovery_type: Option<DiscoveryType>,
+    /// The service `discovery_type` looks up: `name` (its SRV records: targets, ports and
+    /// weights) or `name:port` (its A and AAAA records, on that port).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub service_name: Option<String>,
     /// What `chash` hashes on.
     #[serde(default)]
     pub hash_on: HashOn,

@@ -165,6 +165,16 @@ impl Builder<'_> {
                 }
             }
         }
+        match (&u.discovery_type, &u.service_name) {
+            (Some(_), None) => self.issue(o, &field("service_name"), "required with `discovery_type`"),
+            (None, Some(_)) => self.issue(o, &field("discovery_type"), "required with `service_name`"),
+            (Some(_), Some(name)) => {
+                if let Err(e) = parse_node_key(name) {
+                    self.issue(o, &field("service_name"), &e);
+                }
+            }
+            (None, None) => {}
+        }
         if u.lb == LbType::Chash && u.key.is_none() && u.hash_on != HashOn::Consumer {
             self.issue(o, &field("key"), "required when `type` is `chash`");
         }

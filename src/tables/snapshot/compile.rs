@@ -7,6 +7,16 @@ use std::sync::Arc;
 use super::*;
 
 impl Builder<'_> {
+    /// Every DNS name the upstreams of this build name.
+    fn dns_queries(&self) -> Vec<crate::dns::Query> {
+        let snap = &self.snap;
+        let inline = snap.services.iter().filter_map(|s| s.upstream.as_deref());
+        let inline = inline.chain(snap.routes.iter().filter_map(|r| r.upstream.as_deref()));
+        let inline = inline.chain(snap.stream_routes.iter().filter_map(|r| r.upstream.as_deref()));
+        let all = snap.upstreams.iter().map(|u| &**u).chain(inline);
+        all.flat_map(crate::tables::upstream::dns_queries).collect()
+    }
+
     /// Compiles upstreams, merges plugin chains and builds the routing table.
     pub(super) fn compile_data_plane(&mut self, mut stream_chains: HashMap<String, StreamChain>) {
         let all = std::cell::RefCell::new(Vec::new());
@@ -15,9 +25,14 @@ impl Builder<'_> {
         let empty = Compiled::default();
         let previous = self.previous.map_or(&empty, |p| &p.compiled_by_owner);
         let current = std::cell::RefCell::new(FastMap::with_capacity_and_hasher(previous.len(), Default::default()));
+        if let Some(dns) = crate::dns::service().filter(|_| !self.check_only) {
+            dns.prefetch(self.dns_queries(), crate::dns::FIRST_ANSWER_WAIT);
+        }
         let compile = |owner: (&'static str, &str), u: &Upstream| {
             let key = (owner.0, owner.1.to_owned());
-            let c = match previous.get(&key).filter(|c: &&Arc<CompiledUpstream>| *c.conf == *u) {
+            // Reused while its configuration and the DNS answers it was built from are the same.
+            let same = |c: &&Arc<CompiledUpstream>| *c.conf == *u && c.dns_current();
+            let c = match previous.get(&key).filter(same) {
                 Some(c) => c.clone(),
                 None => {
                     let (c, warnings) = CompiledUpstream::compile((owner.0, Arc::from(owner.1)), Arc::new(u.clone()));
