@@ -138,23 +138,26 @@ fn serve(conn: TcpStream, name: &str, hits: &AtomicUsize) {
             }
         }
         let close = header("connection").is_some_and(|v| v.eq_ignore_ascii_case("close"));
+        // A response to HEAD has the GET's headers and no body (RFC 9110): bytes after the head
+        // would be read as the next response on this connection.
+        let head_only = method == "HEAD";
         let (path, query) = target
             .split_once('?')
             .map(|(p, q)| (p.to_owned(), q.to_owned()))
             .unwrap_or((target.clone(), String::new()));
         let ok = if let Some(code) = path.strip_prefix("/status/") {
             let code: u16 = code.parse().unwrap_or(500);
-            respond(&mut writer, code, "text/plain", format!("status {code} from {name}").as_bytes(), close)
+            respond(&mut writer, head_only, code, "text/plain", format!("status {code} from {name}").as_bytes(), close)
         } else if let Some(ms) = path.strip_prefix("/sleep/") {
             std::thread::sleep(Duration::from_millis(ms.parse().unwrap_or(0)));
-            respond(&mut writer, 200, "text/plain", format!("slept on {name}").as_bytes(), close)
+            respond(&mut writer, head_only, 200, "text/plain", format!("slept on {name}").as_bytes(), close)
         } else if let Some(n) = path.strip_prefix("/bytes/") {
             let n: u64 = n.parse().unwrap_or(0);
             stream_bytes(&mut writer, n, close)
         } else if path.starts_with("/cache/") {
             cacheable(&mut writer, &method, &target, &query, hits.load(Ordering::SeqCst), close)
         } else if path.starts_with("/upload") {
-            respond(&mut writer, 200, "text/plain", body_len.to_string().as_bytes(), close)
+            respond(&mut writer, head_only, 200, "text/plain", body_len.to_string().as_bytes(), close)
         } else {
             let echo = serde_json::json!({
                 "node": name,
@@ -165,7 +168,7 @@ fn serve(conn: TcpStream, name: &str, hits: &AtomicUsize) {
                 "body_len": body_len,
                 "body": String::from_utf8_lossy(&body),
             });
-            respond(&mut writer, 200, "application/json", echo.to_string().as_bytes(), close)
+            respond(&mut writer, head_only, 200, "application/json", echo.to_string().as_bytes(), close)
         };
         if !ok || close {
             return;
@@ -224,13 +227,13 @@ fn cacheable(w: &mut TcpStream, method: &str, target: &str, query: &str, n: usiz
     w.write_all(head.as_bytes()).is_ok() && w.write_all(body).is_ok()
 }
 
-fn respond(w: &mut TcpStream, code: u16, ctype: &str, body: &[u8], close: bool) -> bool {
+fn respond(w: &mut TcpStream, head_only: bool, code: u16, ctype: &str, body: &[u8], close: bool) -> bool {
     let head = format!(
         "HTTP/1.1 {code} X\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nX-Upstream-Hop: drop-me\r\nConnection: {}\r\n\r\n",
         body.len(),
         if close { "close" } else { "keep-alive, x-upstream-hop" }
     );
-    w.write_all(head.as_bytes()).is_ok() && w.write_all(body).is_ok()
+    w.write_all(head.as_bytes()).is_ok() && (head_only || w.write_all(body).is_ok())
 }
 
 fn stream_bytes(w: &mut TcpStream, n: u64, close: bool) -> bool {
