@@ -26,6 +26,7 @@ pub mod fuzzing;
 pub mod health;
 pub mod memory;
 pub mod metrics;
+pub mod mtls;
 pub mod normalize;
 pub mod openapi;
 pub mod plugins;

@@ -7,7 +7,7 @@ use std::sync::{Arc, OnceLock};
 
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::{ring, CryptoProvider};
-use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
 
 /// The ring crypto provider, shared by upstream and listener TLS.
@@ -35,16 +35,32 @@ fn roots() -> Arc<RootCertStore> {
 
 /// Client configuration for upstream connections.
 pub fn client_config(verify: bool) -> ClientConfig {
-    let builder = match ClientConfig::builder_with_provider(provider()).with_safe_default_protocol_versions() {
-        Ok(b) => b,
-        // The ring provider supports the default versions; this cannot fail.
-        Err(e) => panic!("rustls protocol versions: {e}"),
-    };
+    match client_config_with(verify, None) {
+        Ok(c) => c,
+        // Without a client certificate only the protocol versions could fail, and the ring
+        // provider supports the default ones.
+        Err(e) => panic!("rustls client configuration: {e}"),
+    }
+}
+
+/// Client configuration for upstream connections, presenting `identity` (a certificate chain
+/// and its key) when the upstream asks for one.
+pub fn client_config_with(
+    verify: bool,
+    identity: Option<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)>,
+) -> Result<ClientConfig, String> {
+    let builder = ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("protocol versions: {e}"))?;
     // ALPN stays empty: the connector sets it from the enabled HTTP versions.
-    if verify {
-        builder.with_root_certificates(roots()).with_no_client_auth()
+    let builder = if verify {
+        builder.with_root_certificates(roots())
     } else {
-        builder.dangerous().with_custom_certificate_verifier(Arc::new(NoChainCheck(provider()))).with_no_client_auth()
+        builder.dangerous().with_custom_certificate_verifier(Arc::new(NoChainCheck(provider())))
+    };
+    match identity {
+        None => Ok(builder.with_no_client_auth()),
+        Some((chain, key)) => builder.with_client_auth_cert(chain, key).map_err(|e| format!("client certificate: {e}")),
     }
 }
 

@@ -267,10 +267,14 @@ impl Pool {
         tcp.set_nodelay(true)?;
         match &key.tls {
             None => Ok(Stream::Plain(tcp)),
-            Some((name, verify)) => {
-                let name = ServerName::try_from(name.to_string())
+            Some(tls) => {
+                let name = ServerName::try_from(tls.name.to_string())
                     .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
-                let tls = self.tls_connector(*verify, key.h2).connect(name, tcp).await?;
+                let connector = match &tls.client {
+                    Some(client) => TlsConnector::from(client.configs[usize::from(key.h2)].clone()),
+                    None => self.tls_connector(tls.verify, key.h2),
+                };
+                let tls = connector.connect(name, tcp).await?;
                 Ok(Stream::Tls(Box::new(tls)))
             }
         }

@@ -22,7 +22,7 @@ use weir_plugin::{HttpClient, OutboundRequest, OutboundResponse};
 use super::body::ProxyBody;
 use super::client::Pool;
 use super::upstream_conn::RequestHead;
-use crate::tables::upstream::{PoolKey, PoolSettings, Timeouts};
+use crate::tables::upstream::{PoolKey, PoolSettings, Timeouts, TlsKey};
 
 thread_local! {
     /// The pool of the data-plane worker running on this thread.
@@ -90,7 +90,8 @@ async fn resolve(host: &str, port: u16) -> Result<SocketAddr, OutboundError> {
 async fn exchange(req: OutboundRequest) -> Result<OutboundResponse, OutboundError> {
     let (tls, host, port, target) = split_url(&req.url)?;
     let addr = resolve(&host, port).await?;
-    let key = PoolKey { addr, tls: tls.then(|| (Arc::from(host.as_str()), req.verify_tls)), h2: false };
+    let tls_key = tls.then(|| TlsKey { name: Arc::from(host.as_str()), verify: req.verify_tls, client: None });
+    let key = PoolKey { addr, tls: tls_key, h2: false };
     let pool = WORKER_POOL.with(|p| p.borrow().clone()).unwrap_or_else(|| Rc::new(Pool::default()));
     let settings = PoolSettings {
         size: if req.keepalive { 32 } else { 0 },

@@ -38,6 +38,7 @@ use super::resolver::SniResolver;
 use crate::config::{Config, EscapedSlashes, SslSection};
 use crate::deadline::{within, HANDSHAKE_TIMEOUT};
 use crate::metrics::{bump, Raised, WorkerStats};
+use crate::mtls::{client_cert, ClientAuth, ConnAuth};
 use crate::state::Gateway;
 use crate::stream::tcp::StreamWorker;
 
@@ -102,19 +103,78 @@ impl<'a> TlsConfigs<'a> {
                 self.resumption.insert((sessions, ticketer)).clone()
             }
         };
-        let builder = ServerConfig::builder_with_provider(crate::tls::provider())
-            .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
-            .map_err(|e| format!("gateway.ssl: {e}"))?;
         let resolver = SniResolver::new(self.gateway, self.ssl.fallback_sni.clone());
-        let mut config = builder.with_no_client_auth().with_cert_resolver(Arc::new(resolver));
-        config.alpn_protocols =
-            if h2 { vec![b"h2".to_vec(), b"http/1.1".to_vec()] } else { vec![b"http/1.1".to_vec()] };
-        config.session_storage = sessions;
-        config.ticketer = ticketer;
+        let config = listener_config(resolver, h2, None, sessions, ticketer)?;
         let config = Arc::new(config);
         self.built[usize::from(h2)] = Some(config.clone());
         Ok(config)
     }
+}
+
+/// A TLS listener's configuration: TLS 1.3 and 1.2, certificates by SNI, ALPN `h2` when `h2`,
+/// and client certificates checked by `clients` (none: not asked for).
+fn listener_config(
+    resolver: SniResolver,
+    h2: bool,
+    clients: Option<Arc<dyn rustls::server::danger::ClientCertVerifier>>,
+    sessions: Arc<dyn rustls::server::StoresServerSessions>,
+    ticketer: Arc<dyn rustls::server::ProducesTickets>,
+) -> Result<ServerConfig, String> {
+    let builder = ServerConfig::builder_with_provider(crate::tls::provider())
+        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
+        .map_err(|e| format!("gateway.ssl: {e}"))?;
+    let builder = match clients {
+        None => builder.with_no_client_auth(),
+        Some(verifier) => builder.with_client_cert_verifier(verifier),
+    };
+    let mut config = builder.with_cert_resolver(Arc::new(resolver));
+    config.alpn_protocols = if h2 { vec![b"h2".to_vec(), b"http/1.1".to_vec()] } else { vec![b"http/1.1".to_vec()] };
+    config.session_storage = sessions;
+    config.ticketer = ticketer;
+    Ok(config)
+}
+
+/// The configuration of a server name whose entry asks for client certificates: the listener's,
+/// with the entry's verifier, and a session cache and ticket keys of its own (a session made
+/// without a client certificate never resumes here). Built on first use.
+fn mtls_config(gateway: &Arc<Gateway>, auth: &ClientAuth, h2: bool) -> Result<Arc<ServerConfig>, String> {
+    if let Some(c) = auth.configs[usize::from(h2)].get() {
+        return Ok(c.clone());
+    }
+    let fallback = gateway.config.load().gateway.ssl.fallback_sni.clone();
+    let ticketer = rustls::crypto::ring::Ticketer::new().map_err(|e| format!("session tickets: {e}"))?;
+    let sessions = rustls::server::ServerSessionMemoryCache::new(4 << 10);
+    let config =
+        listener_config(SniResolver::new(gateway, fallback), h2, Some(auth.verifier.clone()), sessions, ticketer)?;
+    Ok(auth.configs[usize::from(h2)].get_or_init(|| Arc::new(config)).clone())
+}
+
+/// A TLS handshake while some server name asks for client certificates: the ClientHello's SNI
+/// (or `fallback_sni`) picks the configuration; the connection's [`ConnAuth`] says what the
+/// client presented.
+async fn mtls_handshake(
+    stream: TcpStream,
+    base: Arc<ServerConfig>,
+    gateway: &Arc<Gateway>,
+) -> std::io::Result<(tokio_rustls::server::TlsStream<TcpStream>, Option<Arc<ConnAuth>>)> {
+    let start = tokio_rustls::LazyConfigAcceptor::new(rustls::server::Acceptor::default(), stream).await?;
+    let entry = {
+        let snap = gateway.resources.load();
+        let hello = start.client_hello();
+        let found = hello.server_name().and_then(|sni| snap.certs.find(sni)).cloned();
+        found.or_else(|| {
+            let fallback = gateway.config.load().gateway.ssl.fallback_sni.clone()?;
+            snap.certs.find(&fallback.to_ascii_lowercase()).cloned()
+        })
+    };
+    let Some((entry, auth)) = entry.and_then(|e| e.client.clone().map(|a| (e, a))) else {
+        return Ok((start.into_stream(base).await?, None));
+    };
+    let h2 = base.alpn_protocols.iter().any(|p| p == b"h2");
+    let config = mtls_config(gateway, &auth, h2).map_err(std::io::Error::other)?;
+    let tls = start.into_stream(config).await?;
+    let cert = tls.get_ref().1.peer_certificates().and_then(|c| c.first()).map(|leaf| Arc::new(client_cert(leaf)));
+    Ok((tls, Some(Arc::new(ConnAuth { cert, entry: Arc::from(entry.id.as_str()), auth }))))
 }
 
 /// The running data plane.
@@ -372,11 +432,11 @@ async fn accept_loop(
             tokio::task::spawn_local(async move {
                 let mut stream = stream;
                 let Some(peer) = reading(&worker.stats, client_of(&mut stream, peer)).await else { return };
-                let info = ConnInfo { peer, peer_ip: Arc::from(peer.ip().to_string()), local, scheme };
+                let info = ConnInfo { peer, peer_ip: Arc::from(peer.ip().to_string()), local, scheme, mtls: None };
                 Box::pin(serve(stream, kind, info, gateway, worker, stopped, counted)).await
             });
         } else {
-            let info = ConnInfo { peer, peer_ip: Arc::from(peer.ip().to_string()), local, scheme };
+            let info = ConnInfo { peer, peer_ip: Arc::from(peer.ip().to_string()), local, scheme, mtls: None };
             tokio::task::spawn_local(serve(stream, kind, info, gateway, worker, stopped, counted));
         }
     }
@@ -500,9 +560,20 @@ async fn serve_tls(
     stopped: watch::Receiver<bool>,
 ) {
     let peer = info.peer;
-    let handshake = within(HANDSHAKE_TIMEOUT, "TLS handshake", TlsAcceptor::from(config).accept(stream));
+    let handshake = async {
+        // Only while some server name asks for client certificates is the SNI read first.
+        if gateway.resources.load().certs.client_auth {
+            return mtls_handshake(stream, config, &gateway).await;
+        }
+        TlsAcceptor::from(config).accept(stream).await.map(|tls| (tls, None))
+    };
+    let handshake = within(HANDSHAKE_TIMEOUT, "TLS handshake", handshake);
+    let mut info = info;
     let tls = match reading(&worker.stats, handshake).await {
-        Ok(tls) => tls,
+        Ok((tls, mtls)) => {
+            info.mtls = mtls;
+            tls
+        }
         Err(why) => {
             // Unknown SNI, no shared cipher, a scanner: the client's doing, never an error.
             log::debug!("client {peer}: {why}");

@@ -15,7 +15,8 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::sign::CertifiedKey;
 
-use crate::resources::model::Ssl;
+use crate::mtls::{ClientAuth, ClientIdentity};
+use crate::resources::model::{Ssl, SslType};
 
 /// Days before expiry from which loading a certificate logs a warning.
 pub const EXPIRY_WARNING_DAYS: i64 = 14;
@@ -27,6 +28,8 @@ pub struct SslCerts {
     pub id: String,
     /// Certified keys, in the order the entry lists them (`cert` first, then `certs`).
     pub keys: Vec<Arc<CertifiedKey>>,
+    /// Mutual TLS (`client`): how its clients authenticate.
+    pub client: Option<Arc<ClientAuth>>,
 }
 
 impl SslCerts {
@@ -44,6 +47,11 @@ pub struct CertTable {
     wildcards: Vec<(String, Arc<SslCerts>)>,
     /// Files the certificates were read from (watched with the resource file).
     pub files: Vec<PathBuf>,
+    /// Whether some entry asks its clients for certificates (handshakes then read the SNI
+    /// before choosing a configuration).
+    pub client_auth: bool,
+    /// `type: client` entries by id: certificates Weir presents to upstreams.
+    pub identities: HashMap<String, Arc<ClientIdentity>>,
 }
 
 /// A problem with one `ssls` entry: `(key, reason)`.
@@ -66,6 +74,17 @@ impl CertTable {
             .map(|(_, c)| c)
     }
 
+    /// The entry a request's Host (without port) belongs to, when it asks for client
+    /// certificates: its id and rules.
+    pub fn client_auth_for(&self, host: &str) -> Option<(&str, &ClientAuth)> {
+        let entry = if host.bytes().any(|b| b.is_ascii_uppercase()) {
+            self.find(&host.to_ascii_lowercase())
+        } else {
+            self.find(host)
+        }?;
+        Some((entry.id.as_str(), entry.client.as_deref()?))
+    }
+
     /// Compiles `ssls` (`(owner, entry)` pairs); `base` resolves `cert_file` / `key_file`.
     /// Problems are returned per owner; disabled entries are validated but not served.
     pub fn build(ssls: &[(String, Arc<Ssl>)], base: &Path) -> (CertTable, Vec<(String, SslIssue)>) {
@@ -74,6 +93,20 @@ impl CertTable {
         let mut claimed: HashMap<String, String> = HashMap::new();
         for (owner, ssl) in ssls {
             let mut problem = |key: &str, why: String| issues.push((owner.clone(), (key.to_owned(), why)));
+            if ssl.kind == Some(SslType::Client) {
+                if let Some(identity) = client_identity(ssl, base, &mut problem) {
+                    table.identities.insert(ssl.id.0.clone(), Arc::new(identity));
+                }
+                continue;
+            }
+            let client = match ssl.client.as_ref().map(ClientAuth::build) {
+                None => None,
+                Some(Ok(auth)) => Some(Arc::new(auth)),
+                Some(Err((key, why))) => {
+                    problem(&key, why);
+                    continue;
+                }
+            };
             let snis = match (&ssl.snis, &ssl.sni) {
                 (Some(_), Some(_)) => {
                     problem("sni", "`sni` and `snis` are mutually exclusive".into());
@@ -139,7 +172,8 @@ impl CertTable {
             if keys.is_empty() || ssl.status == 0 {
                 continue;
             }
-            let certs = Arc::new(SslCerts { id: ssl.id.0.clone(), keys });
+            table.client_auth |= client.is_some();
+            let certs = Arc::new(SslCerts { id: ssl.id.0.clone(), keys, client });
             for (i, name) in names.into_iter().enumerate() {
                 if let Some(other) = claimed.get(&name) {
                     problem(&format!("snis[{i}]"), format!("`{name}` is already claimed by {other}"));
@@ -157,6 +191,32 @@ impl CertTable {
         table.wildcards.sort_by_key(|w| std::cmp::Reverse(w.0.len()));
         (table, issues)
     }
+}
+
+/// The certificate and key of a `type: client` entry (`cert`/`key`, or the files).
+fn client_identity(ssl: &Ssl, base: &Path, problem: &mut impl FnMut(&str, String)) -> Option<ClientIdentity> {
+    if ssl.client.is_some() {
+        problem("client", "`client` (mutual TLS towards clients) belongs on a `server` entry".into());
+    }
+    let (cert, key) = match (&ssl.cert, &ssl.key, &ssl.cert_file, &ssl.key_file) {
+        (Some(c), Some(k), None, None) => (c.clone(), k.clone()),
+        (None, None, Some(cf), Some(kf)) => match (read_pem(&base.join(cf)), read_pem(&base.join(kf))) {
+            (Ok(c), Ok(k)) => (c, k),
+            (Err(e), _) => {
+                problem("cert_file", e);
+                return None;
+            }
+            (_, Err(e)) => {
+                problem("key_file", e);
+                return None;
+            }
+        },
+        _ => {
+            problem("cert", "a client ssl needs `cert` and `key` (PEM text) or `cert_file` and `key_file`".into());
+            return None;
+        }
+    };
+    ClientIdentity::from_pem(&cert, &key).map_err(|e| problem("cert", e)).ok()
 }
 
 /// Largest PEM file read for `cert_file` / `key_file`.
@@ -254,7 +314,7 @@ mod tests {
 
     #[test]
     fn lookup_prefers_exact_then_longest_wildcard() {
-        let c = |id: &str| Arc::new(SslCerts { id: id.into(), keys: Vec::new() });
+        let c = |id: &str| Arc::new(SslCerts { id: id.into(), keys: Vec::new(), client: None });
         let mut t = CertTable::default();
         t.exact.insert("api.example.com".into(), c("exact"));
         t.wildcards = vec![(".api.example.com".into(), c("long")), (".example.com".into(), c("short"))];

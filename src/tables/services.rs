@@ -55,7 +55,8 @@ impl Services for HostServices {
                 parse_node_key(key).map_err(|e| format!("nodes.{key}: {e}"))?;
             }
         }
-        let (compiled, warnings) = CompiledUpstream::compile(("plugins", Arc::from("")), Arc::new(upstream));
+        let (compiled, warnings) =
+            CompiledUpstream::compile(("plugins", Arc::from("")), Arc::new(upstream), &Default::default());
         for w in warnings {
             log::warn!("upstream of a plugin: {w}");
         }

@@ -15,6 +15,7 @@ use parking_lot::Mutex;
 use crate::dns::Query;
 use crate::health::checker::Checker;
 use crate::health::HealthRegistry;
+use crate::mtls::ClientIdentity;
 use crate::resources::model::{parse_node_key, secs, DiscoveryType, HashOn, LbType, Nodes, PassHost, Scheme, Upstream};
 
 /// One upstream node.
@@ -68,6 +69,8 @@ pub struct CompiledUpstream {
     pub checker: std::sync::OnceLock<Arc<Checker>>,
     /// The DNS answers its nodes came from, with their generations (0: none yet).
     pub dns: Vec<(Query, u64)>,
+    /// The `ssls` client certificate (`tls.client_cert_id`) it presents, as it was compiled.
+    identity: Option<Arc<ClientIdentity>>,
     balancer: Balancer,
 }
 
@@ -126,6 +129,13 @@ impl CompiledUpstream {
         self.dns.iter().all(|(q, g)| service.generation(q).unwrap_or(0) == *g)
     }
 
+    /// Whether the client certificate `tls.client_cert_id` names is still the one it was
+    /// compiled with (a snapshot build compiles it again when not).
+    pub fn identity_current(&self, identities: &Identities) -> bool {
+        let now = self.conf.tls.as_ref().and_then(|t| t.client_cert_id.as_ref()).and_then(|id| identities.get(&id.0));
+        self.identity.as_deref() == now.map(|i| &**i)
+    }
+
     /// The nodes' addresses.
     fn addrs(&self) -> Vec<SocketAddr> {
         self.nodes.iter().map(|n| n.addr).collect()
@@ -134,12 +144,25 @@ impl CompiledUpstream {
     /// Compiles `conf`. Node names take the addresses the DNS service has for them now (every
     /// A and AAAA record a node); problems are returned as warnings (a name without an answer
     /// yet has no nodes until it has one).
-    pub fn compile(owner: (&'static str, Arc<str>), conf: Arc<Upstream>) -> (CompiledUpstream, Vec<String>) {
+    /// `identities` are the `type: client` certificates (`tls.client_cert_id`).
+    pub fn compile(
+        owner: (&'static str, Arc<str>),
+        conf: Arc<Upstream>,
+        identities: &Identities,
+    ) -> (CompiledUpstream, Vec<String>) {
         let default_port = match conf.scheme {
             Scheme::Http | Scheme::Grpc => 80,
             Scheme::Https | Scheme::Grpcs => 443,
         };
         let mut warnings = Vec::new();
+        let verify = conf.tls.as_ref().is_none_or(|t| t.verify);
+        let (client, identity) = match client_tls(&conf, verify, identities) {
+            Ok(pair) => pair,
+            Err(e) => {
+                warnings.push(e);
+                (None, None)
+            }
+        };
         let mut dns = Vec::new();
         let mut nodes = Vec::new();
         for (host, port, weight) in configured_nodes(&conf) {
@@ -151,7 +174,7 @@ impl CompiledUpstream {
             let mut push = |addr: SocketAddr, name: &str, weight: u32| {
                 let tls = conf.scheme.tls().then(|| {
                     let name = if name.parse::<IpAddr>().is_ok() { addr.ip().to_string() } else { name.to_owned() };
-                    (Arc::from(name), conf.tls.is_none_or(|t| t.verify))
+                    TlsKey { name: Arc::from(name), verify, client: client.clone() }
                 });
                 let pool_key = PoolKey { addr, tls, h2: conf.scheme.grpc() };
                 nodes.push(Node { addr, host_header: header(name, addr.port()), weight, pool_key });
@@ -188,7 +211,8 @@ impl CompiledUpstream {
                     for t in answer.targets.iter() {
                         let port = t.port.or(port).unwrap_or(default_port);
                         let addr = SocketAddr::new(t.ip, port);
-                        let tls = conf.scheme.tls().then(|| (t.name.clone(), conf.tls.is_none_or(|t| t.verify)));
+                        let tls =
+                            conf.scheme.tls().then(|| TlsKey { name: t.name.clone(), verify, client: client.clone() });
                         let pool_key = PoolKey { addr, tls, h2: conf.scheme.grpc() };
                         let text = if port == default_port { t.name.to_string() } else { format!("{}:{port}", t.name) };
                         let host_header =
@@ -225,6 +249,7 @@ impl CompiledUpstream {
         let compiled = CompiledUpstream {
             owner,
             dns,
+            identity,
             retries: conf.retries.map_or(usable.saturating_sub(1), |r| r as usize),
             retry_timeout: conf.retry_timeout.filter(|t| *t > 0.0).map(secs),
             timeouts,
@@ -432,10 +457,80 @@ pub fn reconcile_checkers(registry: &HealthRegistry, upstreams: &[Arc<CompiledUp
 pub struct PoolKey {
     /// Address to connect to.
     pub addr: SocketAddr,
-    /// `(server name, verify)` for TLS.
-    pub tls: Option<(Arc<str>, bool)>,
+    /// TLS to the node.
+    pub tls: Option<TlsKey>,
     /// HTTP/2 (gRPC upstreams) rather than HTTP/1.1.
     pub h2: bool,
+}
+
+/// TLS towards a node: its server name, whether its certificate is verified, and the client
+/// certificate Weir presents (mutual TLS).
+#[derive(Clone, Debug)]
+pub struct TlsKey {
+    /// The server name sent and verified.
+    pub name: Arc<str>,
+    /// Whether the node's certificate is verified.
+    pub verify: bool,
+    /// The client configurations presenting a certificate (HTTP/1.1, HTTP/2).
+    pub client: Option<Arc<ClientTls>>,
+}
+
+impl PartialEq for TlsKey {
+    fn eq(&self, other: &Self) -> bool {
+        let same_client = match (&self.client, &other.client) {
+            (None, None) => true,
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        };
+        self.name == other.name && self.verify == other.verify && same_client
+    }
+}
+
+impl Eq for TlsKey {}
+
+impl std::hash::Hash for TlsKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.name.hash(state);
+        self.verify.hash(state);
+        self.client.as_ref().map(|c| Arc::as_ptr(c) as usize).hash(state);
+    }
+}
+
+/// Client configurations presenting an upstream's client certificate (ALPN `http/1.1`, `h2`).
+pub struct ClientTls {
+    /// By `h2`.
+    pub configs: [Arc<rustls::ClientConfig>; 2],
+}
+
+impl std::fmt::Debug for ClientTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ClientTls")
+    }
+}
+
+/// `type: client` certificates of `ssls`, by id.
+pub type Identities = std::collections::HashMap<String, Arc<ClientIdentity>>;
+
+/// The client certificate `conf.tls` names (inline, or an `ssls` entry), ready for connections,
+/// and the entry it came from.
+#[allow(clippy::type_complexity)]
+fn client_tls(
+    conf: &Upstream,
+    verify: bool,
+    identities: &Identities,
+) -> Result<(Option<Arc<ClientTls>>, Option<Arc<ClientIdentity>>), String> {
+    let Some(tls) = conf.tls.as_ref() else { return Ok((None, None)) };
+    let (identity, entry) = match (&tls.client_cert, &tls.client_key, &tls.client_cert_id) {
+        (Some(cert), Some(key), None) => (Arc::new(ClientIdentity::from_pem(cert, key)?), None),
+        (None, None, Some(id)) => {
+            let found = identities.get(&id.0).ok_or_else(|| format!("client certificate `{id}` not found"))?;
+            (found.clone(), Some(found.clone()))
+        }
+        (None, None, None) => return Ok((None, None)),
+        _ => return Err("`tls`: `client_cert` with `client_key`, or `client_cert_id` alone".into()),
+    };
+    let config = |h2| identity.client_config(verify, h2).map(Arc::new);
+    Ok((Some(Arc::new(ClientTls { configs: [config(false)?, config(true)?] })), entry))
 }
 
 /// `keepalive_pool` of an upstream.
@@ -455,7 +550,7 @@ mod tests {
 
     fn up(v: serde_json::Value) -> Arc<CompiledUpstream> {
         let conf: Upstream = serde_json::from_value(v).unwrap_or_else(|e| panic!("{e}"));
-        Arc::new(CompiledUpstream::compile(("upstreams", Arc::from("t")), Arc::new(conf)).0)
+        Arc::new(CompiledUpstream::compile(("upstreams", Arc::from("t")), Arc::new(conf), &Identities::new()).0)
     }
 
     #[test]

@@ -50,8 +50,8 @@ pub use control::{ControlEndpoint, ControlFuture, ControlHandler, ControlRequest
 pub use headers::{HeaderOps, NamedHeaderOps};
 pub use http;
 pub use phase::{
-    version_str, BodyFilter, Consumer, Flow, Late, PluginInstance, PluginResponse, RequestCtx, ResponseHead,
-    UpstreamAddrs, WaitFuture,
+    version_str, BodyFilter, ClientCert, Consumer, Flow, Late, PluginInstance, PluginResponse, RequestCtx,
+    ResponseHead, UpstreamAddrs, WaitFuture,
 };
 pub use schema::{schema_of, serialized_schema_of};
 pub use schemars;

@@ -165,6 +165,16 @@ impl std::fmt::Debug for Consumer {
     }
 }
 
+/// The certificate a client presented on a mutual-TLS connection, verified by Weir against the
+/// CA of the server name it asked for (`ssls[].client`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientCert {
+    /// Its subject, as RFC 2253 writes it (`CN=client,O=Acme,C=DE`; nginx's `$ssl_client_s_dn`).
+    pub subject: Arc<str>,
+    /// The SHA-1 of its DER, lower-case hex (`$ssl_client_fingerprint`).
+    pub fingerprint: Arc<str>,
+}
+
 /// The upstream addresses a request was sent to, in order (retries included; the last one
 /// answered). The first is kept inline: a request without retries allocates nothing for it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -242,6 +252,8 @@ pub struct RequestCtx {
     pub params: Vec<(Arc<str>, String)>,
     /// Upstream addresses tried, in order (the last one answered).
     pub upstream_addrs: UpstreamAddrs,
+    /// The verified client certificate of a mutual-TLS connection.
+    pub client_cert: Option<Arc<ClientCert>>,
     /// Status sent to the client (0 until known).
     pub status: u16,
     /// From the first upstream attempt until the answering node's response was received to its
@@ -309,6 +321,7 @@ impl RequestCtx {
             consumer: None,
             params: Vec::new(),
             upstream_addrs: UpstreamAddrs::default(),
+            client_cert: None,
             status: 0,
             upstream_time: None,
             request_length: 0,
@@ -413,7 +426,8 @@ impl RequestCtx {
     /// `upstream_response_time`, `request_length`, `bytes_sent`, `plugin_time` (time spent in each
     /// plugin's phases, when they are timed: [`crate::measure`]),
     /// `body_bytes_sent`, `server_protocol`, `request` (the request line), `remote_user` (none:
-    /// `-`), `route_id`, `service_id`, `consumer_name`, `http_<name>`,
+    /// `-`), `route_id`, `service_id`, `consumer_name`, `ssl_client_s_dn`,
+    /// `ssl_client_fingerprint` and `ssl_client_verify` (mutual TLS: [`ClientCert`]), `http_<name>`,
     /// `arg_<name>`, `post_arg_<name>` ([`RequestCtx::post_arg`]), `param_<name>`,
     /// `cookie_<name>`, and any plugin-set variable.
     pub fn var(&self, name: &str) -> Option<Cow<'_, str>> {
@@ -456,6 +470,14 @@ impl RequestCtx {
             "route_id" => self.route_id.as_deref().map(Cow::Borrowed),
             "service_id" => self.service_id.as_deref().map(Cow::Borrowed),
             "consumer_name" => self.consumer.as_ref().map(|c| Cow::Borrowed(&*c.username)),
+            "ssl_client_s_dn" => self.client_cert.as_ref().map(|c| Cow::Borrowed(&*c.subject)),
+            "ssl_client_fingerprint" => self.client_cert.as_ref().map(|c| Cow::Borrowed(&*c.fingerprint)),
+            // nginx's values; a failed verification ends the handshake, so no request sees one.
+            "ssl_client_verify" => match (&self.client_cert, self.scheme) {
+                (Some(_), _) => Some(Cow::Borrowed("SUCCESS")),
+                (None, "https") => Some(Cow::Borrowed("NONE")),
+                (None, _) => None,
+            },
             "plugin_time" => self.measured.as_ref().filter(|m| m.phases).map(|m| Cow::Owned(m.plugin_time())),
             _ => {
                 if let Some(h) = name.strip_prefix("http_") {

@@ -49,6 +49,8 @@ pub struct ConnInfo {
     pub local: SocketAddr,
     /// `https` on a TLS listener, else `http` (`$scheme`, `X-Forwarded-Proto`).
     pub scheme: &'static str,
+    /// Mutual TLS, when the server name the client asked for wants client certificates.
+    pub mtls: Option<Arc<crate::mtls::ConnAuth>>,
 }
 
 /// Per-worker state: the upstream connection pool and the path rules (the worker's runtime is
@@ -222,6 +224,14 @@ async fn serve(
     // A shared handle on the header's bytes, for X-Forwarded-Host: no copy, no re-validation.
     let host_header: Option<HeaderValue> = parts.headers.get(http::header::HOST).cloned();
     let host = strip_port(host_header.as_ref().and_then(|v| v.to_str().ok()).unwrap_or(""));
+    // Mutual TLS is decided on the normalized path and the Host the route is matched on.
+    if snap.certs.client_auth || conn.mtls.is_some() {
+        let host_entry = snap.certs.client_auth_for(host);
+        if let Some((status, why)) = crate::mtls::refusal(conn.mtls.as_deref(), host_entry, &path) {
+            log::debug!("client {remote}: {why}");
+            return error_response(status, &format!("{} {why}", status));
+        }
+    }
     let query = parts.uri.query().unwrap_or("").to_owned();
     let request_target = parts.uri.path_and_query().cloned();
     let declared_len: Option<u64> =
@@ -251,6 +261,7 @@ async fn serve(
     }
     let mut ctx = RequestCtx::new(parts.method, path, query, parts.headers, remote, remote_ip, conn.local);
     ctx.scheme = conn.scheme;
+    ctx.client_cert = conn.mtls.as_ref().and_then(|m| m.cert.clone());
     ctx.version = parts.version;
     ctx.request_target = request_target;
     ctx.request_length = request_length;

@@ -40,9 +40,14 @@ pub struct Ssl {
     /// Keys of `certs`, in the same order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub keys: Vec<String>,
-    /// `server` (the only kind: client certificates for upstream mTLS are not supported).
+    /// `server` (default: served on the TLS listener for `snis`) or `client` (a certificate
+    /// Weir presents to upstreams that name it with `tls.client_cert_id`; no `snis`).
     #[serde(default, rename = "type", skip_serializing_if = "Option::is_none")]
     pub kind: Option<SslType>,
+    /// Mutual TLS on this entry's server names: clients must present a certificate that chains
+    /// to `client.ca`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client: Option<SslClient>,
     /// 1 enabled, 0 disabled.
     #[serde(default = "one")]
     #[schemars(range(min = 0, max = 1))]
@@ -58,4 +63,28 @@ pub struct Ssl {
 pub enum SslType {
     // A server certificate.
     Server,
+    // A client certificate for upstream mutual TLS.
+    Client,
+}
+
+/// `ssls[].client`: how clients of this entry's server names authenticate (APISIX's shape).
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SslClient {
+    /// CA certificates (PEM) a client certificate must chain to.
+    #[schemars(length(min = 1))]
+    pub ca: String,
+    /// The longest chain accepted, in CA certificates above the client's (default 1: signed by
+    /// a CA of `ca` directly; nginx's `ssl_verify_depth`).
+    #[serde(default = "depth_one")]
+    #[schemars(range(min = 1, max = 10))]
+    pub depth: u8,
+    /// Request paths (regular expressions, matched on the normalized path) that are served
+    /// without a client certificate; a certificate that is presented is still verified.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skip_mtls_uri_regex: Vec<String>,
+}
+
+fn depth_one() -> u8 {
+    1
 }

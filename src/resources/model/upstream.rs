@@ -161,12 +161,23 @@ fn pool_requests() -> u32 {
 }
 
 /// Upstream TLS settings.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct UpstreamTls {
     /// Verify the upstream certificate (default true).
     #[serde(default = "yes")]
     pub verify: bool,
+    /// A client certificate (PEM chain) presented to the nodes (mutual TLS), with `client_key`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1))]
+    pub client_cert: Option<String>,
+    /// The key of `client_cert` (PEM).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1))]
+    pub client_key: Option<String>,
+    /// An `ssls` entry of `type: client` whose certificate is presented instead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_cert_id: Option<Id>,
 }
 
 fn yes() -> bool {

@@ -175,6 +175,27 @@ impl Builder<'_> {
             }
             (None, None) => {}
         }
+        if let Some(tls) = &u.tls {
+            match (&tls.client_cert, &tls.client_key, &tls.client_cert_id) {
+                (Some(cert), Some(key), None) => {
+                    if let Err(e) = crate::mtls::ClientIdentity::from_pem(cert, key) {
+                        self.issue(o, &field("tls.client_cert"), &e);
+                    }
+                }
+                (None, None, Some(id)) => {
+                    if !self.snap.certs.identities.contains_key(&id.0) {
+                        let why = format!("ssl `{id}` does not exist, or is not a valid `type: client` entry");
+                        self.issue(o, &field("tls.client_cert_id"), &why);
+                    }
+                }
+                (None, None, None) => {}
+                (Some(_), None, _) => self.issue(o, &field("tls.client_key"), "required with `client_cert`"),
+                (None, Some(_), _) => self.issue(o, &field("tls.client_cert"), "required with `client_key`"),
+                (Some(_), Some(_), Some(_)) => {
+                    self.issue(o, &field("tls.client_cert_id"), "`client_cert_id` or `client_cert`, not both")
+                }
+            }
+        }
         if u.lb == LbType::Chash && u.key.is_none() && u.hash_on != HashOn::Consumer {
             self.issue(o, &field("key"), "required when `type` is `chash`");
         }

@@ -31,11 +31,17 @@ impl Builder<'_> {
         let compile = |owner: (&'static str, &str), u: &Upstream| {
             let key = (owner.0, owner.1.to_owned());
             // Reused while its configuration and the DNS answers it was built from are the same.
-            let same = |c: &&Arc<CompiledUpstream>| *c.conf == *u && c.dns_current();
+            let same = |c: &&Arc<CompiledUpstream>| {
+                *c.conf == *u && c.dns_current() && c.identity_current(&self.snap.certs.identities)
+            };
             let c = match previous.get(&key).filter(same) {
                 Some(c) => c.clone(),
                 None => {
-                    let (c, warnings) = CompiledUpstream::compile((owner.0, Arc::from(owner.1)), Arc::new(u.clone()));
+                    let (c, warnings) = CompiledUpstream::compile(
+                        (owner.0, Arc::from(owner.1)),
+                        Arc::new(u.clone()),
+                        &self.snap.certs.identities,
+                    );
                     for w in warnings {
                         log::warn!("{}[{}]: upstream: {w}", owner.0, owner.1);
                     }
