@@ -23,6 +23,7 @@
 #   - each default plugin alone on a route: instructions per request   benches/plugin_cost.sh
 #   - 30-minute soak: RSS plateau, descriptors, p99 under churn   benches/soak.sh (SOAK=1)
 #   - http-logger to a log server that stalls for 60 s vs no logger: req/s, p99, RSS   benches/log_sinks.sh
+#   - two zero-downtime upgrades (SIGUSR2) under wrk: failed requests, old process exit   benches/upgrade.sh
 #
 #   benches/run.sh        # needs wrk, nginx, valgrind; DURATION, ROUNDS, STORED as the scripts take
 set -euo pipefail
@@ -54,6 +55,7 @@ benches/compression.sh > "$out/compression" 2>&1 || true
 benches/plugin_cost.sh > "$out/plugin_cost" 2>&1 || true
 if [ "${SOAK:-0}" = 1 ]; then benches/soak.sh > "$out/soak" 2>&1 || true; fi
 benches/log_sinks.sh > "$out/log_sinks" 2>&1 || true
+benches/upgrade.sh > "$out/upgrade" 2>&1 || true
 if [ -n "${PG_URL:-}" ]; then BACKEND=postgres benches/short_url.sh > "$out/su-pg" 2>&1 || true; fi
 
 echo
@@ -105,3 +107,5 @@ if [ -f "$out/soak" ]; then
   echo "=== soak ==="
   tail -n 6 "$out/soak" | sed 's/^/  /'
 fi
+echo "=== zero-downtime upgrades under wrk ==="
+grep -E "^upgrade [0-9]|failed requests" "$out/upgrade" | sed 's/^/  /'

@@ -23,6 +23,7 @@ pub mod error_log;
 pub mod fastmap;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod handover;
 pub mod health;
 pub mod memory;
 pub mod metrics;

@@ -1,4 +1,5 @@
-//! Running the gateway: start listeners, watch resources, stop gracefully on SIGTERM / SIGINT.
+//! Running the gateway: start listeners, watch resources, stop gracefully on SIGTERM / SIGINT,
+//! hand over to a new process on SIGUSR2 and drain on SIGQUIT (`handover`).
 
 use crate::config::{ConfigProvider, Prefix};
 use crate::state::Gateway;
@@ -35,6 +36,8 @@ pub fn run(prefix: Prefix) -> Result<(), String> {
         reopen_on_sigusr1(gateway.clone());
         #[cfg(unix)]
         reload_on_sighup(gateway.clone());
+        #[cfg(unix)]
+        upgrade_on_sigusr2();
         // SIGTERM and SIGINT too: one arriving as soon as a port answers must stop the gateway
         // gracefully, not kill it.
         let stop_signal = stop_signal();
@@ -90,11 +93,24 @@ pub fn run(prefix: Prefix) -> Result<(), String> {
         for server in servers {
             actix_rt::spawn(server);
         }
-        // Every listener is bound: tell systemd (Type=notify), when it started us.
-        notify_systemd(&[sd_notify::NotifyState::Ready]);
-        stop_signal.await;
-        notify_systemd(&[sd_notify::NotifyState::Stopping]);
-        log::info!("shutting down: finishing in-flight requests");
+        // Every listener is bound: tell systemd (Type=notify), when it started us; after a
+        // binary upgrade, this process is the service's main process from now on.
+        match crate::handover::finish_takeover() {
+            Some(old) => {
+                log::info!("upgrade: serving; the previous process ({old}) drains and exits");
+                let pid = std::process::id();
+                notify_systemd(&[sd_notify::NotifyState::MainPid(pid), sd_notify::NotifyState::Ready]);
+            }
+            None => notify_systemd(&[sd_notify::NotifyState::Ready]),
+        }
+        match stop_signal.await {
+            Stop::Terminate => {
+                notify_systemd(&[sd_notify::NotifyState::Stopping]);
+                log::info!("shutting down: finishing in-flight requests");
+            }
+            // The new process is the service now: systemd must not hear that it stops.
+            Stop::Drain => log::info!("SIGQUIT: draining (no new connections), then exiting"),
+        }
         for h in handles {
             h.stop(true).await;
         }
@@ -164,30 +180,61 @@ fn notify_systemd(state: &[sd_notify::NotifyState<'_>]) {
     }
 }
 
-/// Installs the SIGTERM and SIGINT handlers now; the future ends when either arrives.
+/// Why the gateway stops.
+enum Stop {
+    /// SIGTERM or SIGINT.
+    Terminate,
+    /// SIGQUIT: a binary upgrade's new process took over; finish and exit quietly.
+    Drain,
+}
+
+/// SIGUSR2: a binary upgrade (`handover`): a new process of the binary takes over the listeners.
 #[cfg(unix)]
-fn stop_signal() -> impl std::future::Future<Output = ()> {
+fn upgrade_on_sigusr2() {
+    use actix_rt::signal::unix::{signal, SignalKind};
+    match signal(SignalKind::user_defined2()) {
+        Ok(mut usr2) => {
+            actix_rt::spawn(async move {
+                while usr2.recv().await.is_some() {
+                    match crate::handover::start_successor() {
+                        Ok(pid) => log::info!("SIGUSR2: started the new process ({pid}); it takes over when it serves"),
+                        Err(e) => log::error!("SIGUSR2: upgrade not started, this process keeps serving: {e}"),
+                    }
+                }
+            });
+        }
+        Err(e) => log::warn!("cannot listen for SIGUSR2: {e}"),
+    }
+}
+
+/// Installs the SIGTERM, SIGINT and SIGQUIT handlers now; the future ends when one arrives.
+#[cfg(unix)]
+fn stop_signal() -> impl std::future::Future<Output = Stop> {
     use actix_rt::signal::unix::{signal, SignalKind};
     let term = signal(SignalKind::terminate());
     let int = signal(SignalKind::interrupt());
+    let quit = signal(SignalKind::quit());
     async move {
-        match (term, int) {
-            (Ok(mut term), Ok(mut int)) => {
+        match (term, int, quit) {
+            (Ok(mut term), Ok(mut int), Ok(mut quit)) => {
                 tokio::select! {
-                    _ = term.recv() => {}
-                    _ = int.recv() => {}
+                    _ = term.recv() => Stop::Terminate,
+                    _ = int.recv() => Stop::Terminate,
+                    _ = quit.recv() => Stop::Drain,
                 }
             }
             _ => {
                 let _ = actix_rt::signal::ctrl_c().await;
+                Stop::Terminate
             }
         }
     }
 }
 
 #[cfg(not(unix))]
-fn stop_signal() -> impl std::future::Future<Output = ()> {
+fn stop_signal() -> impl std::future::Future<Output = Stop> {
     async {
         let _ = actix_rt::signal::ctrl_c().await;
+        Stop::Terminate
     }
 }

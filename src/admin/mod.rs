@@ -51,7 +51,7 @@ pub fn server(
     })
     .workers(1)
     .disable_signals()
-    .bind(addr)?
+    .listen(crate::handover::tcp(addr)?)?
     .run())
 }
 

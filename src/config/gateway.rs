@@ -80,6 +80,16 @@ pub struct GatewaySection {
     #[serde(default = "dns_max_ttl")]
     #[schemars(range(min = 1, max = 86400))]
     pub dns_max_ttl: u32,
+    /// Seconds a stop (SIGTERM, or the old process of a binary upgrade) waits for in-flight
+    /// requests and long-lived connections (WebSocket, gRPC streams, stream proxy) before it
+    /// closes them (nginx's `worker_shutdown_timeout`; default 30).
+    #[serde(default = "worker_shutdown_timeout")]
+    #[schemars(range(min = 0, max = 86400))]
+    pub worker_shutdown_timeout: u32,
+}
+
+fn worker_shutdown_timeout() -> u32 {
+    30
 }
 
 fn dns_min_ttl() -> u32 {
@@ -315,6 +325,7 @@ impl Default for GatewaySection {
             dns_resolver_valid: None,
             dns_min_ttl: dns_min_ttl(),
             dns_max_ttl: dns_max_ttl(),
+            worker_shutdown_timeout: worker_shutdown_timeout(),
         }
     }
 }

@@ -34,7 +34,7 @@ pub fn server(gateway: Arc<Gateway>, addr: SocketAddr) -> std::io::Result<actix_
     })
     .workers(1)
     .disable_signals()
-    .bind(addr)?
+    .listen(crate::handover::tcp(addr)?)?
     .run())
 }
 
@@ -53,7 +53,7 @@ pub fn plugin_listener(
     })
     .workers(1)
     .disable_signals()
-    .bind(listener.addr)?
+    .listen(crate::handover::tcp(listener.addr)?)?
     .run())
 }
 

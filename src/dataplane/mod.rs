@@ -26,6 +26,3 @@ pub mod upstream_conn;
 /// How long a connection may take to send a request head, and how long it may stay idle between
 /// requests (nginx's `client_header_timeout`).
 pub const HEADER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
-
-/// Seconds in-flight requests get to finish on SIGTERM.
-pub const SHUTDOWN_GRACE_SECS: u64 = 30;

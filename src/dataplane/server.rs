@@ -198,8 +198,7 @@ impl DataPlane {
         if let Some(stream) = &config.gateway.stream_proxy {
             for listen in &stream.udp {
                 let addr = listen.addr();
-                let s = std::net::UdpSocket::bind(addr)
-                    .and_then(|s| s.set_nonblocking(true).map(|_| s))
+                let s = crate::handover::udp(addr)
                     .map_err(|e| format!("cannot listen on {addr} (gateway.stream_proxy.udp): {e}"))?;
                 udp.push(s);
             }
@@ -252,7 +251,12 @@ impl DataPlane {
             let stopped = stopped.clone();
             // UDP sessions live on the first worker (a datagram socket has no accept to share).
             let udp = if i == 0 { std::mem::take(&mut udp) } else { Vec::new() };
-            let settings = WorkerSettings { rules, real_ip: real_ip.clone(), pp_to_upstream };
+            let settings = WorkerSettings {
+                shutdown: Duration::from_secs(config.gateway.worker_shutdown_timeout.into()),
+                rules,
+                real_ip: real_ip.clone(),
+                pp_to_upstream,
+            };
             let handle = std::thread::Builder::new()
                 .name(format!("weir-worker-{i}"))
                 .spawn(move || run_worker(gateway, mine, udp, settings, stopped))
@@ -272,24 +276,16 @@ impl DataPlane {
     }
 }
 
-/// A listening socket with SO_REUSEADDR and a backlog for bursts of connections ([`BACKLOG`];
-/// the standard library's 128 drops SYNs under a burst of a few hundred clients). Must run inside
-/// a tokio runtime; the socket is handed over as a std listener for the workers to share.
+/// A listening socket: the previous process's (a binary upgrade), or a new one with
+/// SO_REUSEADDR and a backlog for bursts of connections ([`crate::handover::tcp`]).
 fn bind(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
-    let socket = if addr.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
-    socket.set_reuseaddr(true)?;
-    socket.bind(addr)?;
-    let listener = socket.listen(BACKLOG)?.into_std()?;
-    listener.set_nonblocking(true)?;
-    Ok(listener)
+    crate::handover::tcp(addr)
 }
-
-/// Pending connections the kernel queues per listener (nginx uses 511; Linux caps it at
-/// `net.core.somaxconn`).
-pub const BACKLOG: u32 = 2048;
 
 /// What every worker is configured with.
 struct WorkerSettings {
+    /// How long a stop waits for connections to finish (`gateway.worker_shutdown_timeout`).
+    shutdown: Duration,
     rules: PathRules,
     real_ip: Option<Arc<super::real_ip::RealIp>>,
     pp_to_upstream: bool,
@@ -350,10 +346,15 @@ fn run_worker(
         }
         let mut stop = stopped.clone();
         let _ = stop.wait_for(|s| *s).await;
-        // Connections finish their in-flight request and close; wait for them, within the grace.
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(super::SHUTDOWN_GRACE_SECS);
-        while open.get() > 0 && tokio::time::Instant::now() < deadline {
+        worker.draining.set(true);
+        // Connections finish their in-flight request and close, and long-lived ones (WebSocket,
+        // stream TCP) run until they end; wait for them, within the shutdown timeout.
+        let deadline = tokio::time::Instant::now() + settings.shutdown;
+        while (open.get() > 0 || worker.held.get() > 0) && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        if open.get() + worker.held.get() > 0 {
+            log::info!("shutdown timeout: closing {} connections still open", open.get() + worker.held.get());
         }
     });
 }
@@ -411,15 +412,15 @@ async fn accept_loop(
         let local = if local.ip().is_unspecified() { stream.local_addr().unwrap_or(local) } else { local };
         if let Kind::Stream(tls) = &kind {
             let (gateway, streams, tls) = (gateway.clone(), streams.clone(), tls.clone());
-            if pp {
-                tokio::task::spawn_local(async move {
-                    let mut stream = stream;
-                    let Some(peer) = client_of(&mut stream, peer).await else { return };
-                    crate::stream::tcp::serve(stream, peer, local, tls, gateway, streams).await
-                });
-            } else {
-                tokio::task::spawn_local(crate::stream::tcp::serve(stream, peer, local, tls, gateway, streams));
-            }
+            let held = proxy::Held::new(&worker.held);
+            tokio::task::spawn_local(async move {
+                let mut stream = stream;
+                let peer = if pp { client_of(&mut stream, peer).await } else { Some(peer) };
+                if let Some(peer) = peer {
+                    crate::stream::tcp::serve(stream, peer, local, tls, gateway, streams).await;
+                }
+                drop(held);
+            });
             continue;
         }
         let scheme = if matches!(kind, Kind::Tls(_)) { "https" } else { "http" };
@@ -617,7 +618,7 @@ where
     tokio::pin!(conn);
     // A connection with no new stream for HEADER_TIMEOUT is closed (GOAWAY; streams in flight
     // finish), as nginx's keepalive_timeout does: idle clients do not hold memory forever.
-    if let Err(e) = until_stopped(conn.as_mut(), stopped, Some(last_request)).await {
+    if let Err(e) = until_stopped(conn.as_mut(), stopped, Some(last_request), Duration::ZERO).await {
         log::debug!("client {peer} (HTTP/2): {e}");
     }
 }
@@ -660,6 +661,7 @@ async fn until_stopped<C: Graceful>(
     mut conn: std::pin::Pin<&mut C>,
     mut stopped: watch::Receiver<bool>,
     last_request: Option<Rc<Cell<tokio::time::Instant>>>,
+    linger: Duration,
 ) -> hyper::Result<()> {
     let idle_deadline = || last_request.as_ref().map(|l| l.get() + HEADER_TIMEOUT);
     loop {
@@ -677,6 +679,14 @@ async fn until_stopped<C: Graceful>(
                     break;
                 }
             }
+        }
+    }
+    // Stopping: a busy HTTP/1.1 client gets its next answer with `Connection: close` within
+    // `linger` and leaves by itself; closing its connection between two of its requests could
+    // lose one already on the wire. What is still there then is shut down.
+    if !linger.is_zero() {
+        if let Ok(r) = tokio::time::timeout(linger, conn.as_mut()).await {
+            return r;
         }
     }
     conn.as_mut().shut_down();
@@ -730,7 +740,11 @@ async fn serve_h1<S>(
         let busy = activity.begin();
         let (gateway, worker, info) = (gateway.clone(), worker.clone(), info.clone());
         async move {
-            let resp = proxy::handle(req, info, &gateway, &worker).await;
+            let mut resp = proxy::handle(req, info, &gateway, &worker).await;
+            if worker.draining.get() && resp.status() != http::StatusCode::SWITCHING_PROTOCOLS {
+                // Stopping: this client's next request goes to a new connection (and process).
+                resp.headers_mut().insert(http::header::CONNECTION, http::HeaderValue::from_static("close"));
+            }
             Ok::<_, Infallible>(resp.map(|body| Tracked { body, _busy: busy }))
         }
     });
@@ -749,7 +763,7 @@ async fn serve_h1<S>(
                 .serve_connection(TokioIo::new(io), service)
                 .with_upgrades(),
         );
-        if let Err(e) = until_stopped(std::pin::Pin::new(&mut *conn), stopped.clone(), None).await {
+        if let Err(e) = until_stopped(std::pin::Pin::new(&mut *conn), stopped.clone(), None, PARK_AFTER).await {
             // The client's doing (reset, timeout, malformed input): never at error level.
             log::debug!("client {peer}: {e}");
             return;

@@ -386,6 +386,7 @@ pub(super) fn upgraded(
     mut finish: Box<Finish>,
     inflight: Option<InFlight>,
     idle: std::time::Duration,
+    held: super::Held,
 ) -> Response {
     let upstream = hyper::upgrade::on(&mut resp);
     let (parts, _) = resp.into_parts();
@@ -408,6 +409,7 @@ pub(super) fn upgraded(
             Err(e) => log::debug!("client {remote}: WebSocket ended: {e}"),
         }
         drop(finish);
+        drop(held);
     });
     let mut out = http::Response::new(ResponseBody::Full(None));
     *out.status_mut() = StatusCode::SWITCHING_PROTOCOLS;

@@ -208,7 +208,8 @@ pub(super) async fn forward(
                     c.report_status(node.addr, resp.status().as_u16());
                 }
                 if let (Some(t), StatusCode::SWITCHING_PROTOCOLS) = (tunnel.take(), resp.status()) {
-                    return upgraded(resp, t.client, fin, inflight, timeouts.read);
+                    let held = super::Held::new(&worker.held);
+                    return upgraded(resp, t.client, fin, inflight, timeouts.read, held);
                 }
                 return respond(resp, fin, inflight);
             }

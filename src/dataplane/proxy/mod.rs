@@ -4,6 +4,7 @@
 mod finish;
 mod forward;
 
+use std::cell::Cell;
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::rc::Rc;
@@ -64,6 +65,29 @@ pub struct Worker {
     pub stats: Arc<WorkerStats>,
     /// Its parked keep-alive connections (closed to make room when descriptors run out).
     pub idle: super::idle::IdleSet,
+    /// Long-lived connections it serves besides HTTP ones (WebSocket tunnels, stream proxy
+    /// TCP connections): a stop waits for them too, up to `gateway.worker_shutdown_timeout`.
+    pub held: Rc<Cell<usize>>,
+    /// Set when the worker stops: HTTP/1.1 responses then carry `Connection: close`, so that
+    /// keep-alive clients move to the next process on their next request.
+    pub draining: Cell<bool>,
+}
+
+/// Counts one long-lived connection in [`Worker::held`] while it lives.
+pub struct Held(Rc<Cell<usize>>);
+
+impl Held {
+    /// Counts one more in `count`.
+    pub fn new(count: &Rc<Cell<usize>>) -> Held {
+        count.set(count.get() + 1);
+        Held(count.clone())
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.0.set(self.0.get() - 1);
+    }
 }
 
 impl Worker {
@@ -73,7 +97,15 @@ impl Worker {
         // Plugins' own requests on this thread share the worker's pool.
         super::outbound::set_worker_pool(pool.clone());
         super::outbound::register();
-        Worker { pool, rules, real_ip, stats: WorkerStats::register(), idle: Default::default() }
+        Worker {
+            pool,
+            rules,
+            real_ip,
+            stats: WorkerStats::register(),
+            idle: Default::default(),
+            held: Default::default(),
+            draining: Cell::new(false),
+        }
     }
 }
 
