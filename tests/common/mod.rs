@@ -353,6 +353,7 @@ pub fn path_str(p: &Path) -> String {
 pub mod dns;
 pub mod redis;
 pub mod upstream;
+pub mod ws;
 
 /// Uploads `n` bytes (Content-Length) in 64 KiB writes without holding them; returns the response.
 pub fn upload(addr: SocketAddr, path: &str, n: u64) -> Response {
