@@ -8,10 +8,6 @@
 # See docs/operations.md.
 
 FROM rust:1.88-bookworm AS build
-# protoc: etcd-client generates its gRPC code at build time.
-RUN apt-get update \
- && apt-get install -y --no-install-recommends protobuf-compiler \
- && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .
 RUN cargo build --release --locked --bin weir \

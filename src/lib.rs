@@ -20,6 +20,7 @@ pub mod deadline;
 pub mod dns;
 pub mod error;
 pub mod error_log;
+pub mod etcd;
 pub mod fastmap;
 #[doc(hidden)]
 pub mod fuzzing;

@@ -478,21 +478,21 @@ fn a_watch_compacted_past_its_revision_resyncs() {
     signal("-STOP");
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
     let written = runtime.block_on(async {
-        let mut c = etcd_client::Client::connect([etcd.endpoint()], None).await?;
+        let mut c = weir::etcd::Client::connect(&[etcd.endpoint()], Default::default()).await?;
         // Route changes, then enough traffic on the watch (~60 MB) to fill every buffer between
         // etcd and the stopped instance.
         for i in 0..50 {
-            c.put(format!("/weir/routes/bulk-{i}"), route(&format!("/bulk-{i}"), &up), None).await?;
+            c.put(format!("/weir/routes/bulk-{i}"), route(&format!("/bulk-{i}"), &up)).await?;
         }
         let filler = format!("{{\"pad\": \"{}\"}}", "x".repeat(100_000));
         for _ in 0..600 {
-            c.put("/weir/filler/x", filler.clone(), None).await?;
+            c.put("/weir/filler/x", filler.clone()).await?;
         }
-        c.put("/weir/routes/2", route("/two", &up), None).await?;
-        c.delete("/weir/routes/1", None).await?;
-        let rev = c.get("/weir/routes/2", None).await?.header().map_or(0, |h| h.revision());
-        c.compact(rev, Some(etcd_client::CompactionOptions::new().with_physical())).await?;
-        Ok::<i64, etcd_client::Error>(rev)
+        c.put("/weir/routes/2", route("/two", &up)).await?;
+        c.delete("/weir/routes/1", false).await?;
+        let rev = c.get("/weir/routes/2", false).await?.header.map_or(0, |h| h.revision);
+        c.compact(rev, true).await?;
+        Ok::<i64, String>(rev)
     });
     signal("-CONT");
     let rev = written.expect("write and compact through the etcd client");

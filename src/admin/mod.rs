@@ -11,9 +11,9 @@
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
+use crate::etcd::{Client, Compare, RequestOp, TxnRequest};
 use actix_web::http::StatusCode;
 use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer};
-use etcd_client::{Client, Compare, CompareOp, DeleteOptions, GetOptions, Txn, TxnOp};
 use serde_json::{json, Map, Value};
 use weir_plugin::cidr::Cidr;
 
@@ -261,18 +261,18 @@ async fn list(
 ) -> Result<HttpResponse, String> {
     // `within`: a consumer's credentials (`jack/credentials/`).
     let prefix = key_of(admin, kind, within);
-    let resp = client.get(prefix.clone(), Some(GetOptions::new().with_prefix())).await.map_err(|e| e.to_string())?;
+    let resp = client.get(prefix.clone(), true).await.map_err(|e| e.to_string())?;
     let mut items: Vec<Node> = resp
-        .kvs()
+        .kvs
         .iter()
         // Only this kind's entries: a consumer's credentials are not consumers.
-        .filter(|kv| !String::from_utf8_lossy(kv.key()).get(prefix.len()..).is_some_and(|rest| rest.contains('/')))
+        .filter(|kv| !String::from_utf8_lossy(&kv.key).get(prefix.len()..).is_some_and(|rest| rest.contains('/')))
         .filter_map(|kv| {
-            let mut value: Value = serde_json::from_slice(kv.value()).ok()?;
+            let mut value: Value = serde_json::from_slice(&kv.value).ok()?;
             if role == AdminRole::Viewer {
                 redact(kind, &mut value);
             }
-            Some(node(&String::from_utf8_lossy(kv.key()), value, kv.create_revision(), kv.mod_revision()))
+            Some(node(&String::from_utf8_lossy(&kv.key), value, kv.create_revision, kv.mod_revision))
         })
         .collect();
     let total = items.len();
@@ -292,13 +292,13 @@ async fn get(
     role: AdminRole,
 ) -> Result<HttpResponse, String> {
     let key = key_of(admin, kind, id);
-    let resp = client.get(key.clone(), None).await.map_err(|e| e.to_string())?;
-    let Some(kv) = resp.kvs().first() else { return Ok(not_found()) };
-    let mut value: Value = serde_json::from_slice(kv.value()).unwrap_or(Value::Null);
+    let resp = client.get(key.clone(), false).await.map_err(|e| e.to_string())?;
+    let Some(kv) = resp.kvs.first() else { return Ok(not_found()) };
+    let mut value: Value = serde_json::from_slice(&kv.value).unwrap_or(Value::Null);
     if role == AdminRole::Viewer {
         redact(kind, &mut value);
     }
-    Ok(typed_response(StatusCode::OK, &node(&key, value, kv.create_revision(), kv.mod_revision())))
+    Ok(typed_response(StatusCode::OK, &node(&key, value, kv.create_revision, kv.mod_revision)))
 }
 
 /// The key every Admin API write bumps (outside `<prefix>/`, so the watchers never see it): a
@@ -311,18 +311,15 @@ fn marker(admin: &Admin) -> String {
 /// Every resource value under the prefix (for validation with the whole set), and the marker's
 /// revision read before it.
 async fn all_values(client: &mut Client, admin: &Admin) -> Result<(Values, i64), String> {
-    let mark = client.get(marker(admin), None).await.map_err(|e| e.to_string())?;
-    let mark = mark.kvs().first().map_or(0, |kv| kv.mod_revision());
-    let resp = client
-        .get(format!("{}/", admin.prefix), Some(GetOptions::new().with_prefix()))
-        .await
-        .map_err(|e| e.to_string())?;
+    let mark = client.get(marker(admin), false).await.map_err(|e| e.to_string())?;
+    let mark = mark.kvs.first().map_or(0, |kv| kv.mod_revision);
+    let resp = client.get(format!("{}/", admin.prefix), true).await.map_err(|e| e.to_string())?;
     let values = resp
-        .kvs()
+        .kvs
         .iter()
         .filter_map(|kv| {
-            let v: Value = serde_json::from_slice(kv.value()).ok()?;
-            Some((String::from_utf8_lossy(kv.key()).into_owned(), v))
+            let v: Value = serde_json::from_slice(&kv.value).ok()?;
+            Some((String::from_utf8_lossy(&kv.key).into_owned(), v))
         })
         .collect();
     Ok((values, mark))
@@ -399,9 +396,8 @@ async fn put(
     value.insert(field.to_owned(), Value::String(own));
     let key = key_of(admin, kind, &id);
     let (mut values, mark) = all_values(client, admin).await?;
-    let existing = client.get(key.clone(), None).await.map_err(|e| e.to_string())?;
-    let current =
-        existing.kvs().first().map(|kv| (kv.mod_revision(), serde_json::from_slice::<Value>(kv.value()).ok()));
+    let existing = client.get(key.clone(), false).await.map_err(|e| e.to_string())?;
+    let current = existing.kvs.first().map(|kv| (kv.mod_revision, serde_json::from_slice::<Value>(&kv.value).ok()));
     let created_at = current
         .as_ref()
         .and_then(|(_, v)| v.as_ref())
@@ -522,26 +518,26 @@ async fn store_with(
     value: Option<&Value>,
     expected: Option<i64>,
     mark: i64,
-    also: Option<TxnOp>,
+    also: Option<RequestOp>,
 ) -> Result<Stored, String> {
     let m = marker(admin);
-    let mut when = vec![Compare::mod_revision(m.clone(), CompareOp::Equal, mark)];
+    let mut compare = vec![Compare::mod_revision_is(m.clone(), mark)];
     if let Some(rev) = expected {
-        when.push(Compare::mod_revision(key, CompareOp::Equal, rev));
+        compare.push(Compare::mod_revision_is(key, rev));
     }
     let op = match value {
-        Some(v) => TxnOp::put(key, v.to_string(), None),
-        None => TxnOp::delete(key, None),
+        Some(v) => RequestOp::put(key, v.to_string()),
+        None => RequestOp::delete(key, false),
     };
-    let mut ops = vec![op, TxnOp::put(m, "", None)];
-    ops.extend(also);
-    let txn = Txn::new().when(when).and_then(ops);
-    let resp = client.txn(txn).await.map_err(|e| e.to_string())?;
-    if resp.succeeded() {
+    let mut success = vec![op, RequestOp::put(m, "")];
+    success.extend(also);
+    let txn = TxnRequest { compare, success, failure: Vec::new() };
+    let resp = client.txn(txn).await?;
+    if resp.succeeded {
         return Ok(Stored::Yes);
     }
-    let now = client.get(key, None).await.map_err(|e| e.to_string())?;
-    let rev = now.kvs().first().map_or(0, |kv| kv.mod_revision());
+    let now = client.get(key, false).await.map_err(|e| e.to_string())?;
+    let rev = now.kvs.first().map_or(0, |kv| kv.mod_revision);
     Ok(if expected.is_some_and(|e| e != rev) { Stored::Stale } else { Stored::Raced })
 }
 
@@ -576,10 +572,10 @@ async fn patch(
         return Ok(error(StatusCode::BAD_REQUEST, "invalid request body: JSON is required"));
     };
     let key = key_of(admin, kind, id);
-    let resp = client.get(key.clone(), None).await.map_err(|e| e.to_string())?;
-    let Some(kv) = resp.kvs().first() else { return Ok(not_found()) };
-    let revision = kv.mod_revision();
-    let mut value: Value = serde_json::from_slice(kv.value()).unwrap_or_else(|_| json!({}));
+    let resp = client.get(key.clone(), false).await.map_err(|e| e.to_string())?;
+    let Some(kv) = resp.kvs.first() else { return Ok(not_found()) };
+    let revision = kv.mod_revision;
+    let mut value: Value = serde_json::from_slice(&kv.value).unwrap_or_else(|_| json!({}));
     // A sub-path (`/routes/1/plugins`) patches that member only.
     let mut at = &mut value;
     for part in sub {
@@ -658,8 +654,7 @@ async fn delete(client: &mut Client, admin: &Admin, kind: &str, id: &str) -> Res
         return Ok(error(StatusCode::BAD_REQUEST, format!("can not delete this {what}: {why}")));
     }
     // A consumer goes with its credentials.
-    let also = (kind == "consumers")
-        .then(|| TxnOp::delete(format!("{key}{CREDENTIALS}"), Some(DeleteOptions::new().with_prefix())));
+    let also = (kind == "consumers").then(|| RequestOp::delete(format!("{key}{CREDENTIALS}"), true));
     Ok(match store_with(client, admin, &key, None, None, mark, also).await? {
         Stored::Yes => typed_response(StatusCode::OK, &Deleted { key, deleted: "1".into() }),
         Stored::Stale | Stored::Raced => raced(),

@@ -9,10 +9,11 @@
 use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
-use etcd_client::{Certificate, Client, ConnectOptions, GetOptions, Identity, TlsOptions};
+use crate::etcd::{Client, Options};
 use schemars::JsonSchema;
 use serde::Serialize;
 use serde_json::{Map, Value};
+use tonic::transport::{Certificate, ClientTlsConfig, Identity};
 
 use crate::config::{EtcdSection, EtcdTls};
 use crate::validate::Issue;
@@ -264,22 +265,23 @@ pub fn valid_document<T>(
 
 /// Connection options of `deployment.etcd`: timeouts, authentication, TLS. Certificate files
 /// are read on every connection, so a renewed client certificate is used from the next one.
-pub fn options(settings: &EtcdSection) -> Result<ConnectOptions, String> {
+pub fn options(settings: &EtcdSection) -> Result<Options, String> {
     let timeout = Duration::from_secs_f64(settings.timeout.max(0.1));
-    let mut o = ConnectOptions::new().with_timeout(timeout).with_connect_timeout(timeout);
-    if let (Some(user), Some(password)) = (&settings.user, &settings.password) {
-        o = o.with_user(user.clone(), password.clone());
-    }
-    if settings.host.iter().any(|h| h.starts_with("https://")) {
-        o = o.with_tls(tls_options(settings.tls.as_ref())?);
-    }
-    Ok(o)
+    let user = match (&settings.user, &settings.password) {
+        (Some(user), Some(password)) => Some((user.clone(), password.clone())),
+        _ => None,
+    };
+    let tls = match settings.host.iter().any(|h| h.starts_with("https://")) {
+        true => Some(tls_options(settings.tls.as_ref())?),
+        false => None,
+    };
+    Ok(Options { timeout: Some(timeout), user, tls })
 }
 
-fn tls_options(tls: Option<&EtcdTls>) -> Result<TlsOptions, String> {
+fn tls_options(tls: Option<&EtcdTls>) -> Result<ClientTlsConfig, String> {
     let read =
         |what: &str, path: &str| std::fs::read(path).map_err(|e| format!("deployment.etcd.tls.{what}: {path}: {e}"));
-    let mut t = TlsOptions::new();
+    let mut t = ClientTlsConfig::new();
     t = match tls.and_then(|t| t.ca.as_deref()) {
         Some(ca) => t.ca_certificate(Certificate::from_pem(read("ca", ca)?)),
         None => t.with_native_roots(),
@@ -302,7 +304,7 @@ pub fn endpoints(settings: &EtcdSection) -> Vec<String> {
 
 /// A client of `deployment.etcd`.
 pub async fn connect(settings: &EtcdSection) -> Result<Client, String> {
-    Client::connect(endpoints(settings), Some(options(settings)?))
+    Client::connect(&endpoints(settings), options(settings)?)
         .await
         .map_err(|e| format!("cannot connect to etcd {:?}: {e}", settings.host))
 }
@@ -310,15 +312,13 @@ pub async fn connect(settings: &EtcdSection) -> Result<Client, String> {
 /// Connects and reads every resource under `prefix`: the values and the revision of the read.
 pub async fn read_all(settings: &EtcdSection, prefix: &str) -> Result<(Client, Values, i64), String> {
     let mut client = connect(settings).await?;
-    let resp = client
-        .get(format!("{prefix}/"), Some(GetOptions::new().with_prefix()))
-        .await
-        .map_err(|e| format!("etcd range read of {prefix}/: {e}"))?;
-    let revision = resp.header().map_or(0, |h| h.revision());
+    let resp =
+        client.get(format!("{prefix}/"), true).await.map_err(|e| format!("etcd range read of {prefix}/: {e}"))?;
+    let revision = resp.header.as_ref().map_or(0, |h| h.revision);
     let mut values = Values::new();
-    for kv in resp.kvs() {
-        let key = String::from_utf8_lossy(kv.key()).into_owned();
-        match parse(kv.value()) {
+    for kv in &resp.kvs {
+        let key = String::from_utf8_lossy(&kv.key).into_owned();
+        match parse(&kv.value) {
             Ok(v) => {
                 values.insert(key, v);
             }

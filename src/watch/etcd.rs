@@ -11,7 +11,7 @@
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use etcd_client::{Client, EventType, WatchOptions};
+use crate::etcd::{Client, WatchResponse};
 use parking_lot::Mutex;
 
 use crate::config::EtcdSection;
@@ -129,8 +129,7 @@ async fn follow(
     revision: i64,
     prefix: &str,
 ) -> String {
-    let opts = WatchOptions::new().with_prefix().with_start_revision(revision + 1);
-    let (_watcher, mut stream) = match client.watch(format!("{prefix}/"), Some(opts)).await {
+    let (_watcher, mut stream) = match client.watch(format!("{prefix}/"), true, revision + 1).await {
         Ok(pair) => pair,
         Err(e) => return format!("etcd watch: {e}"),
     };
@@ -155,12 +154,12 @@ async fn follow(
         // snapshot build, not one per write.
         let mut changed = false;
         while let Some(resp) = next.take() {
-            if resp.canceled() || resp.compact_revision() > 0 {
+            if resp.canceled || resp.compact_revision > 0 {
                 // Compacted past our revision (or cancelled): read everything again.
-                return format!("etcd watch cancelled (compacted at {}); resyncing", resp.compact_revision());
+                return format!("etcd watch cancelled (compacted at {}); resyncing", resp.compact_revision);
             }
             changed |= fold(&mut values, &resp);
-            at = resp.header().map_or(at, |h| h.revision());
+            at = resp.header.as_ref().map_or(at, |h| h.revision);
             // A zero timeout polls the stream once: what is buffered, never a wait.
             match tokio::time::timeout(Duration::ZERO, stream.message()).await {
                 Ok(Ok(Some(r))) => next = Some(r),
@@ -179,13 +178,13 @@ async fn follow(
 }
 
 /// Applies the events of one watch response to `values`; whether anything changed.
-fn fold(values: &mut Values, resp: &etcd_client::WatchResponse) -> bool {
+fn fold(values: &mut Values, resp: &WatchResponse) -> bool {
     let mut changed = false;
-    for event in resp.events() {
-        let Some(kv) = event.kv() else { continue };
-        let key = String::from_utf8_lossy(kv.key()).into_owned();
-        match event.event_type() {
-            EventType::Put => match parse(kv.value()) {
+    for event in &resp.events {
+        let Some(kv) = &event.kv else { continue };
+        let key = String::from_utf8_lossy(&kv.key).into_owned();
+        match event.is_delete() {
+            false => match parse(&kv.value) {
                 Ok(v) => {
                     values.insert(key, v);
                     changed = true;
@@ -195,7 +194,7 @@ fn fold(values: &mut Values, resp: &etcd_client::WatchResponse) -> bool {
                     changed |= values.remove(&key).is_some();
                 }
             },
-            EventType::Delete => changed |= values.remove(&key).is_some(),
+            true => changed |= values.remove(&key).is_some(),
         }
     }
     changed
