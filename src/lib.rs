@@ -10,6 +10,7 @@
 include!(concat!(env!("OUT_DIR"), "/plugins.rs"));
 
 pub mod access_log;
+pub mod acme;
 pub mod admin;
 pub mod cli;
 pub mod config;

@@ -133,6 +133,23 @@ pub fn register_sources(gateway: &Arc<Gateway>) {
             }
         }
     });
+    let gw: Weak<Gateway> = Arc::downgrade(gateway);
+    set_source("certificates", move |e| {
+        if let Some(gw) = gw.upgrade() {
+            let snap = gw.resources.load();
+            let certs = snap.certs.expiries();
+            if !certs.is_empty() {
+                e.family(
+                    "ssl_certificate_expiry_timestamp_seconds",
+                    "gauge",
+                    "When each served certificate expires (Unix seconds), by ssls entry and server name.",
+                );
+                for (id, sni, not_after) in certs {
+                    e.sample("ssl_certificate_expiry_timestamp_seconds", &[("ssl_id", &id), ("sni", &sni)], not_after);
+                }
+            }
+        }
+    });
     set_source("access_log", |e| {
         if let Some(stats) = crate::access_log::stats() {
             e.family("access_log_lines_total", "counter", "Access log lines written.");

@@ -18,6 +18,19 @@ pub fn run(prefix: Prefix) -> Result<(), String> {
         crate::access_log::start(gateway.prefix.dir.join(&log.path), &log.format, log.buffer)?;
     }
     crate::metrics::register_sources(&gateway);
+    let acme = crate::acme::Settings {
+        data_dir: gateway.prefix.data_dir(),
+        defaults: config.gateway.acme.clone().unwrap_or_default(),
+        trusted: config.gateway.ssl.ssl_trusted_certificate.as_ref().map(|f| gateway.prefix.dir.join(f)),
+    };
+    let weak = std::sync::Arc::downgrade(&gateway);
+    crate::acme::start(acme, move || {
+        if let Some(g) = weak.upgrade() {
+            // Off the ACME thread: a rebuild may take a while at 10,000 routes.
+            std::thread::spawn(move || g.rebuild("an ACME certificate was stored"));
+        }
+    })?;
+    crate::acme::sync(&gateway.resources.load().ssls);
     // Watch resources before any listener is up: a change made as soon as a port answers is a
     // change from what was loaded, never the watcher's starting point.
     match config.deployment.config_provider {

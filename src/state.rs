@@ -160,31 +160,37 @@ impl Gateway {
         Ok(gateway)
     }
 
-    /// Rebuilds the resources in force when DNS answers changed under some of their upstreams:
-    /// with the file provider from the document in force, with etcd by waking its watcher,
-    /// which holds the document. Only the upstreams built from a changed answer are compiled
-    /// again; everything else is reused.
+    /// Rebuilds the resources in force when DNS answers changed under some of their upstreams.
+    /// Only the upstreams built from a changed answer are compiled again; everything else is
+    /// reused.
     pub fn rebuild_for_dns(&self) {
         if self.resources.load().compiled_upstreams.iter().all(|u| u.dns_current()) {
             return;
         }
+        self.rebuild("DNS answers changed");
+    }
+
+    /// Rebuilds the resources in force from their document (something they read changed: DNS
+    /// answers, a stored ACME certificate): with the file provider from the document in force,
+    /// with etcd by waking its watcher, which holds the document.
+    pub fn rebuild(&self, why: &str) {
         let Some(text) = self.raw_resources.lock().clone() else {
             self.rebuild_requested.notify_one();
             return;
         };
         let raw: Value = match serde_json::from_str(&text) {
             Ok(v) => v,
-            Err(e) => return log::error!("DNS change: the resources in force do not parse again ({e})"),
+            Err(e) => return log::error!("{why}: the resources in force do not parse again ({e})"),
         };
         let guard = self.hold_reloads();
         match self.build_snapshot(&raw) {
             Ok(snapshot) => {
                 let summary = self.publish(&guard, snapshot, Some(raw), false);
-                log::info!("DNS change applied: {summary}");
+                log::info!("{why}: resources rebuilt: {summary}");
             }
             Err(issues) => {
                 for issue in issues {
-                    log::error!("DNS change: {issue}");
+                    log::error!("{why}: {issue}");
                 }
             }
         }
@@ -244,6 +250,7 @@ impl Gateway {
                 snapshot.compiled_upstreams.iter().flat_map(|u| u.dns.iter().map(|(q, _)| q)).collect();
             dns.retain(|q| named.contains(q));
         }
+        crate::acme::sync(&snapshot.ssls);
         let old = self.resources.swap(Arc::new(snapshot));
         let old_raw = std::mem::replace(&mut *self.raw_resources.lock(), raw.map(|r| Arc::from(r.to_string())));
         // Freeing the previous set (10k routes: tens of milliseconds) and returning its pages

@@ -33,6 +33,19 @@ fn roots() -> Arc<RootCertStore> {
         .clone()
 }
 
+/// Client configuration trusting the system's roots and `extra` (verification on): for the
+/// ACME directory, with `gateway.ssl.ssl_trusted_certificate`.
+pub fn client_config_trusting(extra: &[CertificateDer<'static>]) -> Result<ClientConfig, String> {
+    let mut store = RootCertStore::clone(&roots());
+    for (i, ca) in extra.iter().enumerate() {
+        store.add(ca.clone()).map_err(|e| format!("trusted certificate {i}: {e}"))?;
+    }
+    let builder = ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("protocol versions: {e}"))?;
+    Ok(builder.with_root_certificates(store).with_no_client_auth())
+}
+
 /// Client configuration for upstream connections.
 pub fn client_config(verify: bool) -> ClientConfig {
     match client_config_with(verify, None) {

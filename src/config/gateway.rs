@@ -86,6 +86,9 @@ pub struct GatewaySection {
     #[serde(default = "worker_shutdown_timeout")]
     #[schemars(range(min = 0, max = 86400))]
     pub worker_shutdown_timeout: u32,
+    /// Defaults for `ssls[].acme` (directory, contact, challenge).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub acme: Option<SslAcme>,
 }
 
 fn worker_shutdown_timeout() -> u32 {
@@ -280,11 +283,15 @@ pub struct SslSection {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(regex(pattern = r"^[A-Za-z0-9.-]+$"))]
     pub fallback_sni: Option<String>,
+    /// A PEM file of CA certificates trusted besides the system's, for the ACME directory's
+    /// TLS (APISIX's key; relative to the prefix directory).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ssl_trusted_certificate: Option<String>,
 }
 
 impl Default for SslSection {
     fn default() -> Self {
-        SslSection { enable: true, listen: default_ssl_listen(), fallback_sni: None }
+        SslSection { enable: true, listen: default_ssl_listen(), fallback_sni: None, ssl_trusted_certificate: None }
     }
 }
 
@@ -326,6 +333,7 @@ impl Default for GatewaySection {
             dns_min_ttl: dns_min_ttl(),
             dns_max_ttl: dns_max_ttl(),
             worker_shutdown_timeout: worker_shutdown_timeout(),
+            acme: None,
         }
     }
 }
@@ -447,4 +455,47 @@ impl WorkerProcesses {
             WorkerProcesses::Auto(_) => std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
         }
     }
+}
+
+/// `ssls[].acme` (and `gateway.acme`, the defaults): what to order from which CA.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct SslAcme {
+    /// The names the certificate is for (default: the entry's `snis`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub domains: Vec<String>,
+    /// The account's contact address.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub email: Option<String>,
+    /// The CA's directory (`https://acme-v02.api.letsencrypt.org/directory`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub directory_url: Option<String>,
+    /// How the CA checks the names: `http-01` (on the data plane's port 80 listener) or
+    /// `tls-alpn-01` (on the TLS listener); default `http-01`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub challenge: Option<AcmeChallenge>,
+    /// External account binding, for CAs that require one (ZeroSSL, Google).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eab: Option<AcmeEab>,
+}
+
+/// An ACME challenge type.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
+pub enum AcmeChallenge {
+    #[serde(rename = "http-01")]
+    Http01,
+    #[serde(rename = "tls-alpn-01")]
+    TlsAlpn01,
+}
+
+/// ACME external account binding: the key id and the base64url HMAC key the CA gave.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct AcmeEab {
+    /// Key identifier.
+    #[schemars(length(min = 1))]
+    pub kid: String,
+    /// HMAC key, base64url without padding.
+    #[schemars(length(min = 1))]
+    pub hmac_key: String,
 }

@@ -25,9 +25,9 @@ pub use deployment::{
     AdminKey, AdminListen, AdminRole, AdminSection, ConfigProvider, Deployment, EtcdSection, EtcdTls, EXAMPLE_ADMIN_KEY,
 };
 pub use gateway::{
-    AccessLogSection, AutoWord, Control, ControlRouter, ErrorLogSection, EscapedSlashes, GatewaySection, Listen,
-    ListenAddr, ProxyProtocolSection, RealIpHeader, RealIpSection, SslSection, StreamListen, StreamListenAddr,
-    StreamProxy, WorkerProcesses,
+    AccessLogSection, AcmeChallenge, AcmeEab, AutoWord, Control, ControlRouter, ErrorLogSection, EscapedSlashes,
+    GatewaySection, Listen, ListenAddr, ProxyProtocolSection, RealIpHeader, RealIpSection, SslAcme, SslSection,
+    StreamListen, StreamListenAddr, StreamProxy, WorkerProcesses,
 };
 pub use load::{parse_yaml, read_yaml, Prefix};
 pub use rules::unknown_plugin;

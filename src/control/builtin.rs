@@ -56,6 +56,15 @@ pub fn handle(endpoint: Endpoint, req: &HttpRequest, body: &[u8], gw: &Gateway) 
         }
         Endpoint::Healthcheck(src_type, id) => healthcheck(gw, &src_type, &id, wants_html(req)),
         Endpoint::Gc => gc(gw),
+        Endpoint::Certificates => certificates(gw),
+        Endpoint::CertificateRenew(id) => {
+            if crate::acme::renew(&id) {
+                let message = "an order starts now; GET /v1/certificates shows its outcome".to_owned();
+                typed_response(StatusCode::ACCEPTED, &crate::openapi::bodies::RenewRequested { id, message })
+            } else {
+                error(StatusCode::NOT_FOUND, format!("no ssls entry with acme has id {id}"))
+            }
+        }
         Endpoint::ConfigStatus => {
             let status = gw.provider_status.lock().clone();
             json_response(StatusCode::OK, &serde_json::to_value(&status).unwrap_or_default())
@@ -156,6 +165,29 @@ fn healthcheck(gw: &Gateway, src_type: &str, id: &str, html: bool) -> HttpRespon
         Some(entry) => json_response(StatusCode::OK, &serde_json::to_value(&entry).unwrap_or_default()),
         None => error(StatusCode::NOT_FOUND, format!("no checker for {src_type}[{id}]")),
     }
+}
+
+/// Every `ssls` entry: its source, the names it serves, expiry, and the ACME status.
+fn certificates(gw: &Gateway) -> HttpResponse {
+    use crate::openapi::bodies::{Certificate, Certificates};
+    let snap = gw.resources.load();
+    let served = snap.certs.expiries();
+    let acme: std::collections::HashMap<String, crate::acme::Status> = crate::acme::statuses().into_iter().collect();
+    let list = snap
+        .ssls
+        .iter()
+        .map(|ssl| {
+            let mine: Vec<&(String, String, i64)> = served.iter().filter(|(id, _, _)| *id == ssl.id.0).collect();
+            Certificate {
+                id: ssl.id.0.clone(),
+                source: if ssl.acme.is_some() { "acme" } else { "static" },
+                snis: mine.iter().map(|(_, sni, _)| sni.clone()).collect(),
+                not_after: mine.first().map(|(_, _, t)| *t),
+                acme: acme.get(&ssl.id.0).cloned(),
+            }
+        })
+        .collect();
+    typed_response(StatusCode::OK, &Certificates { list })
 }
 
 fn gc(_gw: &Gateway) -> HttpResponse {

@@ -51,6 +51,8 @@ pub enum Tag {
     Explain,
     Dashboard,
     DashboardStats,
+    Certificates,
+    CertificateRenew,
 }
 
 /// A resolved built-in endpoint with its captured parameters.
@@ -86,6 +88,10 @@ pub enum Endpoint {
     Dashboard,
     /// `GET /v1/dashboard/stats`.
     DashboardStats,
+    /// `GET /v1/certificates`.
+    Certificates,
+    /// `POST /v1/certificates/{id}/renew`.
+    CertificateRenew(String),
 }
 
 const GET: &[&str] = &["GET"];
@@ -117,6 +123,8 @@ fn table() -> &'static [(&'static str, Tag, &'static [&'static str])] {
         ("/v1/explain", Tag::Explain, &["POST"]),
         ("/v1/dashboard", Tag::Dashboard, GET),
         ("/v1/dashboard/stats", Tag::DashboardStats, GET),
+        ("/v1/certificates", Tag::Certificates, GET),
+        ("/v1/certificates/{id}/renew", Tag::CertificateRenew, &["POST"]),
         ("/", Tag::Dashboard, GET),
     ]
 }
@@ -155,6 +163,8 @@ pub fn lookup(path: &str) -> Option<(Endpoint, &'static [&'static str])> {
         Tag::Explain => Endpoint::Explain,
         Tag::Dashboard => Endpoint::Dashboard,
         Tag::DashboardStats => Endpoint::DashboardStats,
+        Tag::Certificates => Endpoint::Certificates,
+        Tag::CertificateRenew => Endpoint::CertificateRenew(p("id")),
     };
     Some((endpoint, methods))
 }

@@ -11,6 +11,9 @@ use rustls::sign::CertifiedKey;
 
 use crate::state::Gateway;
 
+/// The ALPN protocol of ACME's TLS-ALPN-01 challenge.
+pub const ACME_TLS_ALPN: &[u8] = b"acme-tls/1";
+
 /// Resolves certificates from the current snapshot's [`CertTable`](crate::tables::certs::CertTable).
 pub struct SniResolver {
     gateway: Weak<Gateway>,
@@ -32,6 +35,10 @@ impl std::fmt::Debug for SniResolver {
 
 impl ResolvesServerCert for SniResolver {
     fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        // An ACME CA checking a TLS-ALPN-01 challenge (RFC 8737): its challenge certificate.
+        if hello.alpn().is_some_and(|mut protocols| protocols.any(|p| p == ACME_TLS_ALPN)) {
+            return hello.server_name().and_then(crate::acme::alpn_certificate);
+        }
         let gateway = self.gateway.upgrade()?;
         let snap = gateway.resources.load();
         let table = &snap.certs;

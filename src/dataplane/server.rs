@@ -129,6 +129,8 @@ fn listener_config(
     };
     let mut config = builder.with_cert_resolver(Arc::new(resolver));
     config.alpn_protocols = if h2 { vec![b"h2".to_vec(), b"http/1.1".to_vec()] } else { vec![b"http/1.1".to_vec()] };
+    // Last: only an ACME CA offers it (and only it); such connections end after the handshake.
+    config.alpn_protocols.push(super::resolver::ACME_TLS_ALPN.to_vec());
     config.session_storage = sessions;
     config.ticketer = ticketer;
     Ok(config)
@@ -581,7 +583,12 @@ async fn serve_tls(
             return;
         }
     };
-    if tls.get_ref().1.alpn_protocol() == Some(b"h2") {
+    let alpn = tls.get_ref().1.alpn_protocol();
+    if alpn == Some(super::resolver::ACME_TLS_ALPN) {
+        log::info!("TLS-ALPN-01 challenge answered to {peer}");
+        return;
+    }
+    if alpn == Some(b"h2") {
         serve_h2(tls, info, gateway, worker, stopped).await;
     } else {
         serve_h1(tls, info, gateway, worker, stopped).await;

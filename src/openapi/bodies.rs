@@ -120,3 +120,36 @@ pub struct Deleted {
     /// Always `"1"` (APISIX's shape).
     pub deleted: String,
 }
+
+/// `GET /v1/certificates`: every `ssls` entry and what it serves.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct Certificates {
+    /// By id.
+    pub list: Vec<Certificate>,
+}
+
+/// One `ssls` entry's certificate.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct Certificate {
+    /// The entry's id.
+    pub id: String,
+    /// `static` (cert/key or files) or `acme`.
+    pub source: &'static str,
+    /// The server names it is served for (none: not served, e.g. an ACME entry not issued yet).
+    pub snis: Vec<String>,
+    /// When the served certificate expires (Unix seconds).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub not_after: Option<i64>,
+    /// The ACME side (ACME entries).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub acme: Option<crate::acme::Status>,
+}
+
+/// `POST /v1/certificates/{id}/renew`.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct RenewRequested {
+    /// The entry.
+    pub id: String,
+    /// What happens now.
+    pub message: String,
+}

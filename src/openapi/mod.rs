@@ -89,6 +89,8 @@ pub fn document() -> Value {
     schemas.insert("ExplainRequest".into(), request_schema::<explain::ExplainRequest>());
     schemas.insert("Explanation".into(), schema::<explain::Explanation>());
     schemas.insert("DashboardStats".into(), schema::<crate::route_stats::DashboardStats>());
+    schemas.insert("Certificates".into(), schema::<bodies::Certificates>());
+    schemas.insert("RenewRequested".into(), schema::<bodies::RenewRequested>());
 
     let mut paths = Map::new();
     control_paths(&mut paths);
@@ -175,6 +177,19 @@ fn control_paths(paths: &mut Map<String, Value>) {
                 json!({
                     "200": response("Memory before and after", reference("GcReport")),
                     "500": error_response("The allocator refused"),
+                }),
+            ),
+            Tag::Certificates => (
+                "Every ssls entry: static or ACME, the names it serves, expiry, the ACME order state",
+                vec![],
+                json!({ "200": response("The entries", reference("Certificates")) }),
+            ),
+            Tag::CertificateRenew => (
+                "Order an ACME entry's certificate now (the one in use stays until the new one is stored)",
+                vec![path_param("id", "the ssls entry", json!({ "type": "string" }))],
+                json!({
+                    "202": response("The order starts", reference("RenewRequested")),
+                    "404": error_response("No ssls entry with acme has this id"),
                 }),
             ),
             Tag::ConfigStatus => (

@@ -85,6 +85,20 @@ impl CertTable {
         Some((entry.id.as_str(), entry.client.as_deref()?))
     }
 
+    /// `(ssl id, server name, not_after)` of every served name's first certificate, sorted.
+    pub fn expiries(&self) -> Vec<(String, String, i64)> {
+        let not_after = |c: &SslCerts| {
+            let leaf = c.keys.first()?.cert.first()?;
+            let (_, parsed) = x509_parser::parse_x509_certificate(leaf.as_ref()).ok()?;
+            Some(parsed.validity().not_after.timestamp())
+        };
+        let exact = self.exact.iter().map(|(n, c)| (n.clone(), c));
+        let wild = self.wildcards.iter().map(|(suffix, c)| (format!("*{suffix}"), c));
+        let mut out: Vec<_> = exact.chain(wild).filter_map(|(n, c)| Some((c.id.clone(), n, not_after(c)?))).collect();
+        out.sort();
+        out
+    }
+
     /// Compiles `ssls` (`(owner, entry)` pairs); `base` resolves `cert_file` / `key_file`.
     /// Problems are returned per owner; disabled entries are validated but not served.
     pub fn build(ssls: &[(String, Arc<Ssl>)], base: &Path) -> (CertTable, Vec<(String, SslIssue)>) {
@@ -128,6 +142,25 @@ impl CertTable {
             }
             let mut keys = Vec::new();
             let main = match (&ssl.cert, &ssl.key, &ssl.cert_file, &ssl.key_file) {
+                _ if ssl.acme.is_some() => {
+                    if ssl.cert.is_some() || ssl.key.is_some() || ssl.cert_file.is_some() || ssl.key_file.is_some() {
+                        problem(
+                            "acme",
+                            "`acme` orders the certificate: no `cert`, `key`, `cert_file` or `key_file`".into(),
+                        );
+                    }
+                    // Issued and stored by the ACME task (`acme`); until then the names are not served.
+                    let (cf, kf) = crate::acme::files(&base.join("data"), &ssl.id.0);
+                    table.files.push(cf.clone());
+                    table.files.push(kf.clone());
+                    if let (Ok(c), Ok(k)) = (read_pem(&cf), read_pem(&kf)) {
+                        match certified_key(&c, &k) {
+                            Ok(key) => keys.push(key),
+                            Err(e) => log::warn!("ssls[{}]: the stored ACME certificate is not served: {e}", ssl.id),
+                        }
+                    }
+                    None
+                }
                 (Some(c), Some(k), None, None) => Some((c.clone(), k.clone(), "cert")),
                 (None, None, Some(cf), Some(kf)) => {
                     let (cp, kp) = (base.join(cf), base.join(kf));

@@ -252,6 +252,12 @@ async fn serve(
             return error_response(StatusCode::BAD_REQUEST, &format!("400 Bad Request: invalid path: {e}"));
         }
     };
+    // An ACME CA checking an HTTP-01 challenge (only while one is open).
+    if let Some(answer) = crate::acme::http_answer(&path) {
+        let mut resp = http::Response::new(ResponseBody::Full(Some(Bytes::from(answer))));
+        resp.headers_mut().insert(http::header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+        return resp;
+    }
     let snap = gw.resources.load_full();
     // A shared handle on the header's bytes, for X-Forwarded-Host: no copy, no re-validation.
     let host_header: Option<HeaderValue> = parts.headers.get(http::header::HOST).cloned();

@@ -24,7 +24,7 @@ mod upstream;
 pub use consumer::{Consumer, ConsumerGroup, Credential};
 pub use global::{GlobalRule, PluginConfig, PluginMetadata};
 pub use route::{HttpMethod, Route, RouteMore, Service};
-pub use ssl::{Ssl, SslClient, SslType};
+pub use ssl::{AcmeChallenge, AcmeEab, Ssl, SslAcme, SslClient, SslType};
 pub use stream::StreamRoute;
 pub use upstream::{
     parse_node_key, DiscoveryType, HashOn, KeepalivePool, LbType, Node, Nodes, PassHost, Scheme, Timeout, Upstream,

@@ -6,6 +6,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::{one, Id};
+pub use crate::config::{AcmeChallenge, AcmeEab, SslAcme};
 
 /// A server certificate for the TLS listener (APISIX `ssls`), chosen by the client's SNI.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
@@ -48,6 +49,10 @@ pub struct Ssl {
     /// to `client.ca`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client: Option<SslClient>,
+    /// A certificate ordered from an ACME CA (Let's Encrypt...) instead of `cert`/`key`; its
+    /// unset keys come from `gateway.acme` in config.yaml.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub acme: Option<SslAcme>,
     /// 1 enabled, 0 disabled.
     #[serde(default = "one")]
     #[schemars(range(min = 0, max = 1))]
