@@ -11,8 +11,7 @@ mod common;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use base64::Engine as _;
 use common::upstream::Upstream;
@@ -21,64 +20,9 @@ use serde_json::{json, Value};
 
 const MOCK: &str = "oidc-provider-mock>=0.3,<0.4";
 
-/// The virtualenv's python, made once (a lock file keeps parallel test processes from racing).
+/// The virtualenv's python with the OpenID provider mock, made once.
 fn venv_python() -> Option<PathBuf> {
-    static PYTHON: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    let made = PYTHON.get_or_init(|| {
-        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("oidc-venv");
-        let python = dir.join("bin/python");
-        let ready = dir.join(".ready");
-        let lock = dir.with_extension("lock");
-        let deadline = Instant::now() + Duration::from_secs(600);
-        loop {
-            if ready.exists() {
-                return Ok(python);
-            }
-            match std::fs::OpenOptions::new().write(true).create_new(true).open(&lock) {
-                Ok(_) => break,
-                Err(_) if Instant::now() < deadline => {
-                    // Another process is making it; a lock older than 10 minutes is stale.
-                    let stale = std::fs::metadata(&lock)
-                        .and_then(|m| m.modified())
-                        .is_ok_and(|t| t.elapsed().unwrap_or_default() > Duration::from_secs(600));
-                    if stale {
-                        let _ = std::fs::remove_file(&lock);
-                    }
-                    std::thread::sleep(Duration::from_millis(500));
-                }
-                Err(e) => return Err(format!("waiting for {}: {e}", lock.display())),
-            }
-        }
-        let result = (|| {
-            let _ = std::fs::remove_dir_all(&dir);
-            let out =
-                Command::new("python3").args(["-m", "venv"]).arg(&dir).output().map_err(|e| format!("python3: {e}"))?;
-            if !out.status.success() {
-                return Err(format!("python3 -m venv: {}", String::from_utf8_lossy(&out.stderr)));
-            }
-            let out = Command::new(dir.join("bin/pip"))
-                .args(["install", "-q", "--disable-pip-version-check", MOCK, "authlib"])
-                .output()
-                .map_err(|e| format!("pip: {e}"))?;
-            if !out.status.success() {
-                return Err(format!("pip install {MOCK}: {}", String::from_utf8_lossy(&out.stderr)));
-            }
-            std::fs::write(&ready, b"").map_err(|e| e.to_string())?;
-            Ok(python.clone())
-        })();
-        let _ = std::fs::remove_file(&lock);
-        result
-    });
-    match made {
-        Ok(p) => Some(p.clone()),
-        Err(why) if std::env::var("WEIR_REQUIRE_OIDC").is_ok_and(|v| v == "1") => {
-            panic!("WEIR_REQUIRE_OIDC=1 but the OpenID provider cannot be installed: {why}")
-        }
-        Err(why) => {
-            skip("oidc", &format!("no OpenID provider ({why}); set WEIR_REQUIRE_OIDC=1 to make this a failure"));
-            None
-        }
-    }
+    common::venv::python("oidc-venv", &[MOCK, "authlib"], "WEIR_REQUIRE_OIDC")
 }
 
 /// The provider process; killed on drop.

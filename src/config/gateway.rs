@@ -366,6 +366,14 @@ pub struct ListenAddr {
     /// (default false); on a TLS listener, offered by ALPN (default true).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub enable_http2: Option<bool>,
+    /// HTTP/3 over QUIC on the same port (UDP), advertised by `Alt-Svc`: TLS listeners only
+    /// (default false, as APISIX's `gateway.ssl.listen[].enable_http3`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub enable_http3: bool,
+    /// HTTP/3: every new QUIC connection first proves its address with a Retry token (one more
+    /// round trip; a defence against spoofed-source floods). Default false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub quic_retry: bool,
 }
 
 fn any_ip() -> IpAddr {
@@ -380,6 +388,16 @@ impl Listen {
             Listen::Addr(a) => SocketAddr::new(a.ip, a.port),
         }
     }
+    /// Whether HTTP/3 is served on the same port (TLS listeners).
+    pub fn http3(&self) -> bool {
+        matches!(self, Listen::Addr(a) if a.enable_http3)
+    }
+
+    /// Whether new QUIC connections must answer a Retry first.
+    pub fn quic_retry(&self) -> bool {
+        matches!(self, Listen::Addr(a) if a.quic_retry)
+    }
+
     /// Whether HTTP/2 is served, with `default` when the entry does not say.
     pub fn http2(&self, default: bool) -> bool {
         match *self {

@@ -55,6 +55,12 @@ impl Config {
                 format!("{} is above gateway.dns_max_ttl ({})", self.gateway.dns_min_ttl, self.gateway.dns_max_ttl),
             ));
         }
+        for (i, l) in self.gateway.node_listen.iter().enumerate() {
+            if l.http3() || l.quic_retry() {
+                let why = "HTTP/3 needs TLS: set enable_http3 on a gateway.ssl.listen entry";
+                issues.push(Issue::new(format!("gateway.node_listen[{i}].enable_http3"), why));
+            }
+        }
         let control = &self.gateway.control;
         if !control.ip.is_loopback() {
             issues.push(Issue::new(

@@ -18,6 +18,40 @@ use hyper::body::Incoming;
 
 use super::upstream_conn::H1Body;
 
+/// A client's request body: hyper's (HTTP/1.1, HTTP/2) or an HTTP/3 stream's.
+pub enum ClientBody {
+    /// HTTP/1.1 and HTTP/2.
+    Hyper(Incoming),
+    /// HTTP/3 (boxed: a QUIC stream is large, and HTTP/1.1 requests should not carry its size).
+    H3(Box<super::h3::H3Body>),
+}
+
+impl Body for ClientBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match self.get_mut() {
+            ClientBody::Hyper(b) => Pin::new(b).poll_frame(cx).map_err(|e| Box::new(e) as BoxError),
+            ClientBody::H3(b) => Pin::new(&mut **b).poll_frame(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            ClientBody::Hyper(b) => b.is_end_stream(),
+            ClientBody::H3(b) => b.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            ClientBody::Hyper(b) => b.size_hint(),
+            ClientBody::H3(b) => b.size_hint(),
+        }
+    }
+}
+
 /// An upstream request body.
 pub enum ProxyBody {
     /// No body.
@@ -30,7 +64,7 @@ pub enum ProxyBody {
     /// `received` counts the body bytes read from the client so far (`$request_length`).
     Client {
         prefix: VecDeque<Bytes>,
-        body: Incoming,
+        body: ClientBody,
         len: Option<u64>,
         stalled: Rc<Cell<bool>>,
         received: Rc<Cell<u64>>,
@@ -39,7 +73,7 @@ pub enum ProxyBody {
 
 impl ProxyBody {
     /// The client's body, after the chunks already read (counted as received).
-    pub fn client(prefix: VecDeque<Bytes>, body: Incoming, len: Option<u64>) -> Self {
+    pub fn client(prefix: VecDeque<Bytes>, body: ClientBody, len: Option<u64>) -> Self {
         let received = Rc::new(Cell::new(prefix.iter().map(|b| b.len() as u64).sum()));
         ProxyBody::Client { prefix, body, len, stalled: Rc::new(Cell::new(false)), received }
     }
@@ -76,7 +110,7 @@ impl Body for ProxyBody {
                     }
                     // A malformed or cut chunked body: the upstream request is aborted before
                     // its last chunk, so the upstream never sees a complete request.
-                    Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(std::io::Error::other(e)))),
+                    Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(std::io::Error::other(e.to_string())))),
                     Poll::Ready(None) => Poll::Ready(None),
                     Poll::Pending => Poll::Pending,
                 }

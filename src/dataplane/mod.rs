@@ -12,6 +12,7 @@ pub mod client;
 pub mod framing;
 pub mod guard;
 pub mod h1codec;
+pub mod h3;
 pub mod headers;
 pub mod idle;
 pub use crate::normalize;

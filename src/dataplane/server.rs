@@ -31,6 +31,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
 
+use super::body::ClientBody;
 use super::guard::{Activity, Busy, Guarded, PARK_AFTER};
 use super::normalize::PathRules;
 use super::proxy::{self, ConnInfo, Worker};
@@ -67,8 +68,8 @@ pub const H2_MAX_ERROR_RESETS: usize = 256;
 enum Kind {
     /// HTTP/1.1, and cleartext HTTP/2 by prior knowledge when `h2c`.
     Plain { h2c: bool },
-    /// TLS, then what ALPN chose.
-    Tls(Arc<ServerConfig>),
+    /// TLS, then what ALPN chose; the `Alt-Svc` value when the port also serves HTTP/3.
+    Tls(Arc<ServerConfig>, Option<http::HeaderValue>),
     /// The stream proxy's TCP (`stream_routes`); with TLS (SNI routing) when set.
     Stream(Option<Arc<ServerConfig>>),
 }
@@ -194,6 +195,7 @@ impl DataPlane {
         // port not yet bound is lost without a trace.
         let mut listeners = Vec::new();
         let mut udp = Vec::new();
+        let mut quic = Vec::new();
         let ssl = &config.gateway.ssl;
         let pp = config.gateway.proxy_protocol.clone().unwrap_or_default();
         let mut tls = TlsConfigs::new(&gateway, ssl);
@@ -214,14 +216,25 @@ impl DataPlane {
         if ssl.enable {
             for listen in &ssl.listen {
                 let addr = listen.addr();
+                // UDP first: a client that reads Alt-Svc finds the port bound.
+                let alt_svc = if listen.http3() {
+                    let socket = crate::handover::udp(addr)
+                        .map_err(|e| format!("cannot listen on {addr}/udp (gateway.ssl.listen, HTTP/3): {e}"))?;
+                    let resolver = Arc::new(SniResolver::new(&gateway, ssl.fallback_sni.clone()));
+                    let config = super::h3::server_config(resolver)?;
+                    quic.push(super::h3::Listener { socket, config, retry: listen.quic_retry() });
+                    http::HeaderValue::from_str(&format!("h3=\":{}\"; ma=86400", addr.port())).ok()
+                } else {
+                    None
+                };
                 let l = bind(addr).map_err(|e| format!("cannot listen on {addr} (gateway.ssl.listen): {e}"))?;
-                listeners.push((l, Kind::Tls(tls.get(listen.http2(true))?), false));
+                listeners.push((l, Kind::Tls(tls.get(listen.http2(true))?, alt_svc), false));
             }
             if let Some(port) = pp.listen_https_port {
                 let addr = SocketAddr::from(([0, 0, 0, 0], port));
                 let l = bind(addr)
                     .map_err(|e| format!("cannot listen on {addr} (gateway.proxy_protocol.listen_https_port): {e}"))?;
-                listeners.push((l, Kind::Tls(tls.get(true)?), true));
+                listeners.push((l, Kind::Tls(tls.get(true)?, None), true));
             }
         }
         for listen in &config.gateway.node_listen {
@@ -251,8 +264,10 @@ impl DataPlane {
                 .map_err(|e| format!("cannot share the data-plane listener with worker {i}: {e}"))?;
             let gateway = gateway.clone();
             let stopped = stopped.clone();
-            // UDP sessions live on the first worker (a datagram socket has no accept to share).
+            // UDP sessions and QUIC endpoints live on the first worker (a datagram socket has no
+            // accept to share).
             let udp = if i == 0 { std::mem::take(&mut udp) } else { Vec::new() };
+            let quic = if i == 0 { std::mem::take(&mut quic) } else { Vec::new() };
             let settings = WorkerSettings {
                 shutdown: Duration::from_secs(config.gateway.worker_shutdown_timeout.into()),
                 rules,
@@ -261,7 +276,7 @@ impl DataPlane {
             };
             let handle = std::thread::Builder::new()
                 .name(format!("weir-worker-{i}"))
-                .spawn(move || run_worker(gateway, mine, udp, settings, stopped))
+                .spawn(move || run_worker(gateway, mine, udp, quic, settings, stopped))
                 .map_err(|e| format!("cannot start data-plane worker {i}: {e}"))?;
             workers.push(handle);
         }
@@ -300,6 +315,7 @@ fn run_worker(
     gateway: Arc<Gateway>,
     listeners: Vec<Listening>,
     udp: Vec<std::net::UdpSocket>,
+    quic: Vec<super::h3::Listener>,
     settings: WorkerSettings,
     stopped: watch::Receiver<bool>,
 ) {
@@ -315,6 +331,13 @@ fn run_worker(
         let worker = Rc::new(Worker::new(settings.rules, settings.real_ip));
         let streams = Rc::new(StreamWorker { pp_to_upstream: settings.pp_to_upstream, ..Default::default() });
         let open = Rc::new(Cell::new(0usize));
+        for listener in quic {
+            let local = listener.socket.local_addr().unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
+            let info =
+                ConnInfo { peer: local, peer_ip: Arc::from(""), local, scheme: "https", mtls: None, alt_svc: None };
+            let (gateway, worker, stopped) = (gateway.clone(), worker.clone(), stopped.clone());
+            tokio::task::spawn_local(super::h3::serve(listener, info, gateway, worker, stopped));
+        }
         for socket in udp {
             match tokio::net::UdpSocket::from_std(socket) {
                 Ok(s) => {
@@ -425,7 +448,10 @@ async fn accept_loop(
             });
             continue;
         }
-        let scheme = if matches!(kind, Kind::Tls(_)) { "https" } else { "http" };
+        let (scheme, alt_svc) = match &kind {
+            Kind::Tls(_, alt) => ("https", alt.clone()),
+            _ => ("http", None),
+        };
         bump(&worker.stats.accepted, 1);
         // Counted open from now until its task ends, however it ends.
         let counted = OpenConn::new(open.clone(), worker.stats.clone());
@@ -435,11 +461,12 @@ async fn accept_loop(
             tokio::task::spawn_local(async move {
                 let mut stream = stream;
                 let Some(peer) = reading(&worker.stats, client_of(&mut stream, peer)).await else { return };
-                let info = ConnInfo { peer, peer_ip: Arc::from(peer.ip().to_string()), local, scheme, mtls: None };
+                let info =
+                    ConnInfo { peer, peer_ip: Arc::from(peer.ip().to_string()), local, scheme, mtls: None, alt_svc };
                 Box::pin(serve(stream, kind, info, gateway, worker, stopped, counted)).await
             });
         } else {
-            let info = ConnInfo { peer, peer_ip: Arc::from(peer.ip().to_string()), local, scheme, mtls: None };
+            let info = ConnInfo { peer, peer_ip: Arc::from(peer.ip().to_string()), local, scheme, mtls: None, alt_svc };
             tokio::task::spawn_local(serve(stream, kind, info, gateway, worker, stopped, counted));
         }
     }
@@ -550,7 +577,7 @@ async fn serve(
         }
         // Served by `accept_loop` directly.
         Kind::Stream(_) => {}
-        Kind::Tls(config) => Box::pin(serve_tls(stream, config, info, gateway, worker, stopped)).await,
+        Kind::Tls(config, _) => Box::pin(serve_tls(stream, config, info, gateway, worker, stopped)).await,
     }
 }
 
@@ -607,7 +634,14 @@ where
         let (gateway, worker, info) = (gateway.clone(), worker.clone(), info.clone());
         // Boxed: the request's future is several KiB, and HTTP/2 moves it into a task of its own
         // (spawn, then stage changes); a box moves as one pointer.
-        async move { Ok::<_, Infallible>(Box::pin(proxy::handle(req, info, &gateway, &worker)).await) }
+        async move {
+            let alt_svc = info.alt_svc.clone();
+            let mut resp = Box::pin(proxy::handle(req.map(ClientBody::Hyper), info, &gateway, &worker)).await;
+            if let Some(v) = alt_svc {
+                resp.headers_mut().insert(http::header::ALT_SVC, v);
+            }
+            Ok::<_, Infallible>(resp)
+        }
     });
     let mut builder = http2::Builder::new(super::client::LocalExec);
     builder
@@ -747,7 +781,11 @@ async fn serve_h1<S>(
         let busy = activity.begin();
         let (gateway, worker, info) = (gateway.clone(), worker.clone(), info.clone());
         async move {
-            let mut resp = proxy::handle(req, info, &gateway, &worker).await;
+            let alt_svc = info.alt_svc.clone();
+            let mut resp = proxy::handle(req.map(ClientBody::Hyper), info, &gateway, &worker).await;
+            if let Some(v) = alt_svc {
+                resp.headers_mut().insert(http::header::ALT_SVC, v);
+            }
             if worker.draining.get() && resp.status() != http::StatusCode::SWITCHING_PROTOCOLS {
                 // Stopping: this client's next request goes to a new connection (and process).
                 resp.headers_mut().insert(http::header::CONNECTION, http::HeaderValue::from_static("close"));

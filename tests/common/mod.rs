@@ -354,6 +354,7 @@ pub mod dns;
 pub mod pki;
 pub mod redis;
 pub mod upstream;
+pub mod venv;
 pub mod ws;
 
 /// Uploads `n` bytes (Content-Length) in 64 KiB writes without holding them; returns the response.

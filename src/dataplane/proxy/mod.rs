@@ -13,12 +13,11 @@ use std::sync::Arc;
 use bytes::{Bytes, BytesMut};
 use http::{HeaderValue, StatusCode};
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
 use serde_json::json;
 use weir_plugin::{PluginResponse, RequestCtx, UpstreamRef};
 
-use super::body::ProxyBody;
 use super::body::ResponseBody;
+use super::body::{ClientBody, ProxyBody};
 use super::client::Pool;
 use super::headers::strip_hop_by_hop;
 use super::normalize::{normalize, strip_port, PathRules};
@@ -52,6 +51,8 @@ pub struct ConnInfo {
     pub scheme: &'static str,
     /// Mutual TLS, when the server name the client asked for wants client certificates.
     pub mtls: Option<Arc<crate::mtls::ConnAuth>>,
+    /// `Alt-Svc` for every response, when the TLS listener's port also serves HTTP/3.
+    pub alt_svc: Option<HeaderValue>,
 }
 
 /// Per-worker state: the upstream connection pool and the path rules (the worker's runtime is
@@ -112,7 +113,7 @@ impl Worker {
 /// Reads the request body up to `limit` bytes. `Ok(Err(prefix))` when the body is longer: the
 /// chunks read so far, to be sent before the rest.
 async fn read_body(
-    body: &mut Incoming,
+    body: &mut ClientBody,
     limit: usize,
     remote: SocketAddr,
 ) -> Result<Result<Bytes, Vec<Bytes>>, Response> {
@@ -122,7 +123,8 @@ async fn read_body(
         let frame = frame.map_err(|e| {
             // A client-side protocol error: one short line, never at error level.
             log::debug!("client {remote}: invalid request body: {e}");
-            let why = if e.is_incomplete_message() {
+            let incomplete = e.downcast_ref::<hyper::Error>().is_some_and(|h| h.is_incomplete_message());
+            let why = if incomplete {
                 "it ended before it was complete"
             } else {
                 "its chunked encoding is malformed, or it ended early"
@@ -158,7 +160,7 @@ enum Source {
 }
 
 /// The data-plane handler.
-pub async fn handle(req: http::Request<Incoming>, conn: ConnInfo, gw: &Gateway, worker: &Worker) -> Response {
+pub async fn handle(req: http::Request<ClientBody>, conn: ConnInfo, gw: &Gateway, worker: &Worker) -> Response {
     let upgrade_asked = req.version() < http::Version::HTTP_2 && req.headers().contains_key(http::header::UPGRADE);
     bump(&worker.stats.requests, 1);
     // `writing` until the response head is made, also when the client goes away first.
@@ -221,7 +223,7 @@ fn is_websocket(headers: &http::HeaderMap) -> bool {
 }
 
 async fn serve(
-    req: http::Request<Incoming>,
+    req: http::Request<ClientBody>,
     conn: ConnInfo,
     gw: &Gateway,
     worker: &Worker,
@@ -235,7 +237,8 @@ async fn serve(
         Some(client) => (client, Arc::from(client.ip().to_string())),
         None => (conn.peer, conn.peer_ip),
     };
-    let h2 = parts.version == http::Version::HTTP_2;
+    // HTTP/2 and HTTP/3 name the host in `:authority`.
+    let h2 = matches!(parts.version, http::Version::HTTP_2 | http::Version::HTTP_3);
     if h2 {
         if let Err(why) = authority_as_host(&mut parts) {
             log::debug!("client {remote}: {why}");
