@@ -24,6 +24,7 @@
 #   - 30-minute soak: RSS plateau, descriptors, p99 under churn   benches/soak.sh (SOAK=1)
 #   - http-logger to a log server that stalls for 60 s vs no logger: req/s, p99, RSS   benches/log_sinks.sh
 #   - two zero-downtime upgrades (SIGUSR2) under wrk: failed requests, old process exit   benches/upgrade.sh
+#   - HTTP/3 vs HTTP/2, Weir vs Caddy: req/s, p99, server CPU per request   benches/http3.sh
 #
 #   benches/run.sh        # needs wrk, nginx, valgrind; DURATION, ROUNDS, STORED as the scripts take
 set -euo pipefail
@@ -56,6 +57,7 @@ benches/plugin_cost.sh > "$out/plugin_cost" 2>&1 || true
 if [ "${SOAK:-0}" = 1 ]; then benches/soak.sh > "$out/soak" 2>&1 || true; fi
 benches/log_sinks.sh > "$out/log_sinks" 2>&1 || true
 benches/upgrade.sh > "$out/upgrade" 2>&1 || true
+if command -v caddy >/dev/null; then benches/http3.sh > "$out/http3" 2>&1 || true; fi
 if [ -n "${PG_URL:-}" ]; then BACKEND=postgres benches/short_url.sh > "$out/su-pg" 2>&1 || true; fi
 
 echo
@@ -109,3 +111,7 @@ if [ -f "$out/soak" ]; then
 fi
 echo "=== zero-downtime upgrades under wrk ==="
 grep -E "^upgrade [0-9]|failed requests" "$out/upgrade" | sed 's/^/  /'
+if [ -f "$out/http3" ]; then
+  echo "=== HTTP/3 and HTTP/2, Weir and Caddy ==="
+  grep -E " h[23] " "$out/http3" | sed 's/^/  /'
+fi

@@ -26,6 +26,18 @@ pub enum ClientBody {
     H3(Box<super::h3::H3Body>),
 }
 
+impl From<Incoming> for ClientBody {
+    fn from(body: Incoming) -> Self {
+        ClientBody::Hyper(body)
+    }
+}
+
+impl From<Box<super::h3::H3Body>> for ClientBody {
+    fn from(body: Box<super::h3::H3Body>) -> Self {
+        ClientBody::H3(body)
+    }
+}
+
 impl Body for ClientBody {
     type Data = Bytes;
     type Error = BoxError;

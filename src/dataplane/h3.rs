@@ -20,7 +20,7 @@ use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 use tokio::sync::watch;
 
-use super::body::{BoxError, ClientBody};
+use super::body::BoxError;
 use super::proxy::{self, ConnInfo, Worker};
 use crate::state::Gateway;
 
@@ -157,7 +157,7 @@ async fn request(
     let first = recv.recv_data().await.map_err(|e| e.to_string())?.map(|mut b| b.copy_to_bytes(b.remaining()));
     let done = first.is_none();
     let body = H3Body { first, stream: recv, done };
-    let resp = Box::pin(proxy::handle(req.map(|()| ClientBody::H3(Box::new(body))), info, gateway, worker)).await;
+    let resp = Box::pin(proxy::handle(req.map(|()| Box::new(body)), info, gateway, worker)).await;
     let (parts, mut body) = resp.into_parts();
     send.send_response(http::Response::from_parts(parts, ())).await.map_err(|e| e.to_string())?;
     while let Some(frame) = body.frame().await {

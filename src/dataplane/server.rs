@@ -31,10 +31,9 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
 
-use super::body::ClientBody;
 use super::guard::{Activity, Busy, Guarded, PARK_AFTER};
 use super::normalize::PathRules;
-use super::proxy::{self, ConnInfo, Worker};
+use super::proxy::{self, ConnInfo, TlsConn, Worker};
 use super::resolver::SniResolver;
 use crate::config::{Config, EscapedSlashes, SslSection};
 use crate::deadline::{within, HANDSHAKE_TIMEOUT};
@@ -68,8 +67,9 @@ pub const H2_MAX_ERROR_RESETS: usize = 256;
 enum Kind {
     /// HTTP/1.1, and cleartext HTTP/2 by prior knowledge when `h2c`.
     Plain { h2c: bool },
-    /// TLS, then what ALPN chose; the `Alt-Svc` value when the port also serves HTTP/3.
-    Tls(Arc<ServerConfig>, Option<http::HeaderValue>),
+    /// TLS, then what ALPN chose; what its connections add (the `Alt-Svc` value when the port
+    /// also serves HTTP/3).
+    Tls(Arc<ServerConfig>, Option<Arc<TlsConn>>),
     /// The stream proxy's TCP (`stream_routes`); with TLS (SNI routing) when set.
     Stream(Option<Arc<ServerConfig>>),
 }
@@ -223,7 +223,8 @@ impl DataPlane {
                     let resolver = Arc::new(SniResolver::new(&gateway, ssl.fallback_sni.clone()));
                     let config = super::h3::server_config(resolver)?;
                     quic.push(super::h3::Listener { socket, config, retry: listen.quic_retry() });
-                    http::HeaderValue::from_str(&format!("h3=\":{}\"; ma=86400", addr.port())).ok()
+                    let alt_svc = http::HeaderValue::from_str(&format!("h3=\":{}\"; ma=86400", addr.port())).ok();
+                    Some(Arc::new(TlsConn { alt_svc, mtls: None }))
                 } else {
                     None
                 };
@@ -333,8 +334,7 @@ fn run_worker(
         let open = Rc::new(Cell::new(0usize));
         for listener in quic {
             let local = listener.socket.local_addr().unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
-            let info =
-                ConnInfo { peer: local, peer_ip: Arc::from(""), local, scheme: "https", mtls: None, alt_svc: None };
+            let info = ConnInfo { peer: local, peer_ip: Arc::from(""), local, scheme: "https", tls: None };
             let (gateway, worker, stopped) = (gateway.clone(), worker.clone(), stopped.clone());
             tokio::task::spawn_local(super::h3::serve(listener, info, gateway, worker, stopped));
         }
@@ -448,8 +448,8 @@ async fn accept_loop(
             });
             continue;
         }
-        let (scheme, alt_svc) = match &kind {
-            Kind::Tls(_, alt) => ("https", alt.clone()),
+        let (scheme, tls) = match &kind {
+            Kind::Tls(_, tls) => ("https", tls.clone()),
             _ => ("http", None),
         };
         bump(&worker.stats.accepted, 1);
@@ -461,12 +461,11 @@ async fn accept_loop(
             tokio::task::spawn_local(async move {
                 let mut stream = stream;
                 let Some(peer) = reading(&worker.stats, client_of(&mut stream, peer)).await else { return };
-                let info =
-                    ConnInfo { peer, peer_ip: Arc::from(peer.ip().to_string()), local, scheme, mtls: None, alt_svc };
+                let info = ConnInfo { peer, peer_ip: Arc::from(peer.ip().to_string()), local, scheme, tls };
                 Box::pin(serve(stream, kind, info, gateway, worker, stopped, counted)).await
             });
         } else {
-            let info = ConnInfo { peer, peer_ip: Arc::from(peer.ip().to_string()), local, scheme, mtls: None, alt_svc };
+            let info = ConnInfo { peer, peer_ip: Arc::from(peer.ip().to_string()), local, scheme, tls };
             tokio::task::spawn_local(serve(stream, kind, info, gateway, worker, stopped, counted));
         }
     }
@@ -601,7 +600,10 @@ async fn serve_tls(
     let mut info = info;
     let tls = match reading(&worker.stats, handshake).await {
         Ok((tls, mtls)) => {
-            info.mtls = mtls;
+            if let Some(mtls) = mtls {
+                let alt_svc = info.tls.as_ref().and_then(|t| t.alt_svc.clone());
+                info.tls = Some(Arc::new(TlsConn { alt_svc, mtls: Some(mtls) }));
+            }
             tls
         }
         Err(why) => {
@@ -635,10 +637,10 @@ where
         // Boxed: the request's future is several KiB, and HTTP/2 moves it into a task of its own
         // (spawn, then stage changes); a box moves as one pointer.
         async move {
-            let alt_svc = info.alt_svc.clone();
-            let mut resp = Box::pin(proxy::handle(req.map(ClientBody::Hyper), info, &gateway, &worker)).await;
-            if let Some(v) = alt_svc {
-                resp.headers_mut().insert(http::header::ALT_SVC, v);
+            let tls = info.tls.clone();
+            let mut resp = Box::pin(proxy::handle(req, info, &gateway, &worker)).await;
+            if let Some(v) = tls.as_ref().and_then(|t| t.alt_svc.as_ref()) {
+                resp.headers_mut().insert(http::header::ALT_SVC, v.clone());
             }
             Ok::<_, Infallible>(resp)
         }
@@ -781,10 +783,10 @@ async fn serve_h1<S>(
         let busy = activity.begin();
         let (gateway, worker, info) = (gateway.clone(), worker.clone(), info.clone());
         async move {
-            let alt_svc = info.alt_svc.clone();
-            let mut resp = proxy::handle(req.map(ClientBody::Hyper), info, &gateway, &worker).await;
-            if let Some(v) = alt_svc {
-                resp.headers_mut().insert(http::header::ALT_SVC, v);
+            let tls = info.tls.clone();
+            let mut resp = proxy::handle(req, info, &gateway, &worker).await;
+            if let Some(v) = tls.as_ref().and_then(|t| t.alt_svc.as_ref()) {
+                resp.headers_mut().insert(http::header::ALT_SVC, v.clone());
             }
             if worker.draining.get() && resp.status() != http::StatusCode::SWITCHING_PROTOCOLS {
                 // Stopping: this client's next request goes to a new connection (and process).

@@ -49,10 +49,18 @@ pub struct ConnInfo {
     pub local: SocketAddr,
     /// `https` on a TLS listener, else `http` (`$scheme`, `X-Forwarded-Proto`).
     pub scheme: &'static str,
+    /// What TLS adds, when there is something (one pointer: the connection's info is copied per
+    /// request).
+    pub tls: Option<Arc<TlsConn>>,
+}
+
+/// What a TLS connection adds to its requests.
+#[derive(Debug, Default)]
+pub struct TlsConn {
+    /// `Alt-Svc` for every response, when the listener's port also serves HTTP/3.
+    pub alt_svc: Option<HeaderValue>,
     /// Mutual TLS, when the server name the client asked for wants client certificates.
     pub mtls: Option<Arc<crate::mtls::ConnAuth>>,
-    /// `Alt-Svc` for every response, when the TLS listener's port also serves HTTP/3.
-    pub alt_svc: Option<HeaderValue>,
 }
 
 /// Per-worker state: the upstream connection pool and the path rules (the worker's runtime is
@@ -160,12 +168,20 @@ enum Source {
 }
 
 /// The data-plane handler.
-pub async fn handle(req: http::Request<ClientBody>, conn: ConnInfo, gw: &Gateway, worker: &Worker) -> Response {
+pub async fn handle<B: Into<ClientBody>>(
+    req: http::Request<B>,
+    conn: ConnInfo,
+    gw: &Gateway,
+    worker: &Worker,
+) -> Response {
     let upgrade_asked = req.version() < http::Version::HTTP_2 && req.headers().contains_key(http::header::UPGRADE);
+    // Taken apart here, not re-assembled around another body type: a request head is a few
+    // hundred bytes to move.
+    let (parts, body) = req.into_parts();
     bump(&worker.stats.requests, 1);
     // `writing` until the response head is made, also when the client goes away first.
     let _writing = Raised::new(&worker.stats.writing);
-    let mut resp = serve(req, conn, gw, worker, upgrade_asked).await;
+    let mut resp = serve(parts, body.into(), conn, gw, worker, upgrade_asked).await;
     if upgrade_asked && resp.status() != StatusCode::SWITCHING_PROTOCOLS {
         // The framer stopped judging this connection's bytes at the upgrade request (`framing`):
         // whatever the client sent after it is never served as a request.
@@ -223,7 +239,8 @@ fn is_websocket(headers: &http::HeaderMap) -> bool {
 }
 
 async fn serve(
-    req: http::Request<ClientBody>,
+    mut parts: http::request::Parts,
+    mut payload: ClientBody,
     conn: ConnInfo,
     gw: &Gateway,
     worker: &Worker,
@@ -231,7 +248,6 @@ async fn serve(
 ) -> Response {
     // Request line and header limits were enforced by the framer (`framing`) before hyper parsed
     // (HTTP/1.1), or by the HTTP/2 settings (`server`).
-    let (mut parts, mut payload) = req.into_parts();
     // The client: the connection's peer (after a PROXY header), or whom a trusted proxy names.
     let (remote, remote_ip) = match worker.real_ip.as_ref().and_then(|r| r.client(conn.peer, &parts.headers)) {
         Some(client) => (client, Arc::from(client.ip().to_string())),
@@ -266,9 +282,10 @@ async fn serve(
     let host_header: Option<HeaderValue> = parts.headers.get(http::header::HOST).cloned();
     let host = strip_port(host_header.as_ref().and_then(|v| v.to_str().ok()).unwrap_or(""));
     // Mutual TLS is decided on the normalized path and the Host the route is matched on.
-    if snap.certs.client_auth || conn.mtls.is_some() {
+    let mtls = conn.tls.as_ref().and_then(|t| t.mtls.as_deref());
+    if snap.certs.client_auth || mtls.is_some() {
         let host_entry = snap.certs.client_auth_for(host);
-        if let Some((status, why)) = crate::mtls::refusal(conn.mtls.as_deref(), host_entry, &path) {
+        if let Some((status, why)) = crate::mtls::refusal(mtls, host_entry, &path) {
             log::debug!("client {remote}: {why}");
             return error_response(status, &format!("{} {why}", status));
         }
@@ -302,7 +319,7 @@ async fn serve(
     }
     let mut ctx = RequestCtx::new(parts.method, path, query, parts.headers, remote, remote_ip, conn.local);
     ctx.scheme = conn.scheme;
-    ctx.client_cert = conn.mtls.as_ref().and_then(|m| m.cert.clone());
+    ctx.client_cert = conn.tls.as_ref().and_then(|t| t.mtls.as_ref()).and_then(|m| m.cert.clone());
     ctx.version = parts.version;
     ctx.request_target = request_target;
     ctx.request_length = request_length;

@@ -1,0 +1,71 @@
+"""HTTP/3 load for benches/http3.sh, on aioquic: CONNS connections, each keeping STREAMS requests
+in flight, for SECONDS; prints "requests p50_ms p99_ms errors". Python and aioquic cap what one
+process can send (a few thousand requests per second on this machine): compare servers by the
+CPU they spend per request, which the script around it measures, more than by req/s."""
+import asyncio
+import ssl
+import sys
+import time
+
+from aioquic.asyncio import connect
+from aioquic.asyncio.protocol import QuicConnectionProtocol
+from aioquic.h3.connection import H3_ALPN, H3Connection
+from aioquic.h3.events import DataReceived, HeadersReceived
+from aioquic.quic.configuration import QuicConfiguration
+
+
+class Client(QuicConnectionProtocol):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.h3 = H3Connection(self._quic)
+        self.waiting = {}
+        self.status = {}
+
+    def quic_event_received(self, event):
+        for ev in self.h3.handle_event(event):
+            if isinstance(ev, HeadersReceived):
+                self.status[ev.stream_id] = dict(ev.headers).get(b":status")
+            if getattr(ev, "stream_ended", False) and ev.stream_id in self.waiting:
+                self.waiting.pop(ev.stream_id).set_result(self.status.pop(ev.stream_id, None))
+
+    async def get(self, authority, path):
+        sid = self._quic.get_next_available_stream_id()
+        self.h3.send_headers(sid, [(b":method", b"GET"), (b":scheme", b"https"),
+                                   (b":authority", authority.encode()), (b":path", path.encode())], end_stream=True)
+        done = asyncio.get_running_loop().create_future()
+        self.waiting[sid] = done
+        self.transmit()
+        return await asyncio.wait_for(done, 10)
+
+
+async def worker(client, sni, path, until, lat, errors):
+    while time.monotonic() < until:
+        t0 = time.monotonic()
+        try:
+            status = await client.get(sni, path)
+            if status != b"200":
+                errors.append(status)
+        except Exception as e:  # noqa: BLE001 - counted, the run goes on
+            errors.append(str(e))
+            continue
+        lat.append(time.monotonic() - t0)
+
+
+async def conn(host, port, sni, path, streams, until, lat, errors):
+    config = QuicConfiguration(is_client=True, alpn_protocols=H3_ALPN, server_name=sni)
+    config.verify_mode = ssl.CERT_NONE
+    async with connect(host, port, configuration=config, create_protocol=Client) as client:
+        await asyncio.gather(*[worker(client, sni, path, until, lat, errors) for _ in range(streams)])
+
+
+async def main(host, port, sni, path, conns, streams, seconds):
+    lat, errors = [], []
+    until = time.monotonic() + seconds
+    await asyncio.gather(*[conn(host, port, sni, path, streams, until, lat, errors) for _ in range(conns)])
+    lat.sort()
+    pick = lambda q: lat[min(len(lat) - 1, int(q * len(lat)))] * 1000 if lat else 0.0  # noqa: E731
+    print(f"{len(lat)} {pick(0.5):.2f} {pick(0.99):.2f} {len(errors)}")
+
+
+asyncio.run(main(sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], int(sys.argv[5]), int(sys.argv[6]),
+                 float(sys.argv[7])))
