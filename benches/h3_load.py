@@ -3,46 +3,29 @@ in flight, for SECONDS; prints "requests p50_ms p99_ms errors". Python and aioqu
 process can send (a few thousand requests per second on this machine): compare servers by the
 CPU they spend per request, which the script around it measures, more than by req/s."""
 import asyncio
+import os
 import ssl
 import sys
 import time
 
 from aioquic.asyncio import connect
-from aioquic.asyncio.protocol import QuicConnectionProtocol
-from aioquic.h3.connection import H3_ALPN, H3Connection
-from aioquic.h3.events import DataReceived, HeadersReceived
+from aioquic.h3.connection import H3_ALPN
 from aioquic.quic.configuration import QuicConfiguration
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+from h3_client import Client  # noqa: E402 - the tests' HTTP/3 client, one protocol class for both
 
-class Client(QuicConnectionProtocol):
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.h3 = H3Connection(self._quic)
-        self.waiting = {}
-        self.status = {}
 
-    def quic_event_received(self, event):
-        for ev in self.h3.handle_event(event):
-            if isinstance(ev, HeadersReceived):
-                self.status[ev.stream_id] = dict(ev.headers).get(b":status")
-            if getattr(ev, "stream_ended", False) and ev.stream_id in self.waiting:
-                self.waiting.pop(ev.stream_id).set_result(self.status.pop(ev.stream_id, None))
-
-    async def get(self, authority, path):
-        sid = self._quic.get_next_available_stream_id()
-        self.h3.send_headers(sid, [(b":method", b"GET"), (b":scheme", b"https"),
-                                   (b":authority", authority.encode()), (b":path", path.encode())], end_stream=True)
-        done = asyncio.get_running_loop().create_future()
-        self.waiting[sid] = done
-        self.transmit()
-        return await asyncio.wait_for(done, 10)
+async def get(client, authority, path):
+    answer = await client.request("GET", authority, path, b"")
+    return dict(answer["headers"]).get(b":status")
 
 
 async def worker(client, sni, path, until, lat, errors):
     while time.monotonic() < until:
         t0 = time.monotonic()
         try:
-            status = await client.get(sni, path)
+            status = await get(client, sni, path)
             if status != b"200":
                 errors.append(status)
         except Exception as e:  # noqa: BLE001 - counted, the run goes on

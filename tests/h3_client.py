@@ -1,7 +1,7 @@
 """An HTTP/3 client for tests/http3.rs, on aioquic (PyPI): sends the requests given as JSON
 ([[method, path, body], ...]) on one QUIC connection, concurrently when asked, and prints the
 answers as JSON ([{status, headers, body_len, body}]). The server's certificate is not verified
-(the test's is self-signed); the SNI is the third argument."""
+(the test's is self-signed); the SNI is the third argument. benches/h3_load.py drives `Client`."""
 import asyncio
 import json
 import ssl
@@ -29,7 +29,7 @@ class Client(QuicConnectionProtocol):
             elif isinstance(ev, DataReceived):
                 answer["body"] += ev.data
             if getattr(ev, "stream_ended", False) and ev.stream_id in self.waiting:
-                self.waiting.pop(ev.stream_id).set_result(answer)
+                self.waiting.pop(ev.stream_id).set_result(self.answers.pop(ev.stream_id))
 
     async def request(self, method, authority, path, body):
         sid = self._quic.get_next_available_stream_id()
@@ -65,4 +65,5 @@ async def main(host, port, sni, requests, parallel):
         print(json.dumps([shown(a) for a in answers]))
 
 
-asyncio.run(main(sys.argv[1], int(sys.argv[2]), sys.argv[3], json.loads(sys.argv[4]), len(sys.argv) > 5))
+if __name__ == "__main__":
+    asyncio.run(main(sys.argv[1], int(sys.argv[2]), sys.argv[3], json.loads(sys.argv[4]), len(sys.argv) > 5))

@@ -7,15 +7,10 @@ mod common;
 
 use std::process::{Command, Stdio};
 
+use common::pki::yaml_block;
 use common::upstream::Upstream;
 use common::*;
 use serde_json::Value;
-
-fn block(pem: &str, indent: usize) -> String {
-    let pad = " ".repeat(indent + 2);
-    let lines: Vec<String> = pem.trim_end().lines().map(|l| format!("{pad}{l}")).collect();
-    format!("|\n{}", lines.join("\n"))
-}
 
 /// Runs the aioquic client: the answers to `requests` (`[[method, path, body]]`).
 fn h3(python: &std::path::Path, p: &Prefix, requests: &str, parallel: bool) -> Vec<Value> {
@@ -38,8 +33,8 @@ fn http3_serves_the_same_routes_and_plugins_and_is_advertised() {
     let cert = rcgen::generate_simple_self_signed(vec!["h3.test".to_owned()]).expect("certificate");
     let resources = format!(
         "ssls:\n  - id: s\n    snis: [h3.test]\n    cert: {}\n    key: {}\nroutes:\n  - id: api\n    uri: /api/*\n    plugins:\n      proxy-rewrite:\n        regex_uri: [\"^/api/(.*)\", \"/$1\"]\n        headers:\n          set: {{X-Via: \"$server_protocol\"}}\n    upstream:\n      nodes:\n        \"{}\": 1\n",
-        block(&cert.cert.pem(), 4),
-        block(&cert.key_pair.serialize_pem(), 4),
+        yaml_block(&cert.cert.pem(), 4),
+        yaml_block(&cert.key_pair.serialize_pem(), 4),
         up.node()
     );
     let p = Prefix::new("", "", &resources);

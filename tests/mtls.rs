@@ -8,7 +8,7 @@ mod common;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::pki::Pki;
+use common::pki::{yaml_block, Pki};
 use common::upstream::Upstream;
 use common::*;
 
@@ -18,13 +18,6 @@ const INTERMEDIATE_EXT: &str = "basicConstraints=critical,CA:TRUE\nkeyUsage=crit
 fn server_ext(names: &[&str]) -> String {
     let sans: Vec<String> = names.iter().map(|n| format!("DNS:{n}")).collect();
     format!("subjectAltName={}\nextendedKeyUsage=serverAuth\n", sans.join(","))
-}
-
-/// YAML of a PEM text, as a block scalar indented for `key:` at `indent` spaces.
-fn block(pem: &str, indent: usize) -> String {
-    let pad = " ".repeat(indent + 2);
-    let lines: Vec<String> = pem.trim_end().lines().map(|l| format!("{pad}{l}")).collect();
-    format!("|\n{}", lines.join("\n"))
 }
 
 /// `curl` to `https://<host>:<port><path>` connecting to 127.0.0.1, with a client certificate
@@ -92,9 +85,9 @@ routes:
         "{}": 1
 "#,
         up.node(),
-        cert = block(&cert, 4),
-        key = block(&key, 4),
-        ca = block(&ca, 6),
+        cert = yaml_block(&cert, 4),
+        key = yaml_block(&key, 4),
+        ca = yaml_block(&ca, 6),
     );
     let p = Prefix::new("", "", &resources);
     let w = Weir::start(&p);
@@ -149,7 +142,7 @@ fn bad_client_settings_are_refused_with_their_key() {
     let pki = Pki::new("refused");
     pki.ca("ca");
     pki.leaf("server", "ca", "/CN=server", &server_ext(&["mtls.test"]));
-    let (cert, key) = (block(&pki.read("server.pem"), 4), block(&pki.read("server.key"), 4));
+    let (cert, key) = (yaml_block(&pki.read("server.pem"), 4), yaml_block(&pki.read("server.key"), 4));
     let p = Prefix::new(
         "",
         "",
@@ -223,12 +216,12 @@ fn weir_presents_a_client_certificate_to_upstreams_that_demand_one() {
     };
     let resources = format!(
         "ssls:\n  - id: weir-client\n    type: client\n    cert: {}\n    key: {}\nroutes:\n{}\n{}\n{}\n",
-        block(&cert, 4),
-        block(&key, 4),
+        yaml_block(&cert, 4),
+        yaml_block(&key, 4),
         route(
             "inline",
             "/inline",
-            &format!("        client_cert: {}\n        client_key: {}", block(&cert, 8), block(&key, 8))
+            &format!("        client_cert: {}\n        client_key: {}", yaml_block(&cert, 8), yaml_block(&key, 8))
         ),
         route("by-id", "/by-id", "        client_cert_id: weir-client"),
         route("none", "/none", ""),

@@ -208,7 +208,8 @@ impl DataPlane {
             }
             for listen in &stream.tcp {
                 let addr = listen.addr();
-                let l = bind(addr).map_err(|e| format!("cannot listen on {addr} (gateway.stream_proxy.tcp): {e}"))?;
+                let l = crate::handover::tcp(addr)
+                    .map_err(|e| format!("cannot listen on {addr} (gateway.stream_proxy.tcp): {e}"))?;
                 let config = if listen.tls() { Some(tls.get(false)?) } else { None };
                 listeners.push((l, Kind::Stream(config), pp.enable_tcp_pp));
             }
@@ -228,24 +229,26 @@ impl DataPlane {
                 } else {
                     None
                 };
-                let l = bind(addr).map_err(|e| format!("cannot listen on {addr} (gateway.ssl.listen): {e}"))?;
+                let l = crate::handover::tcp(addr)
+                    .map_err(|e| format!("cannot listen on {addr} (gateway.ssl.listen): {e}"))?;
                 listeners.push((l, Kind::Tls(tls.get(listen.http2(true))?, alt_svc), false));
             }
             if let Some(port) = pp.listen_https_port {
                 let addr = SocketAddr::from(([0, 0, 0, 0], port));
-                let l = bind(addr)
+                let l = crate::handover::tcp(addr)
                     .map_err(|e| format!("cannot listen on {addr} (gateway.proxy_protocol.listen_https_port): {e}"))?;
                 listeners.push((l, Kind::Tls(tls.get(true)?, None), true));
             }
         }
         for listen in &config.gateway.node_listen {
             let addr = listen.addr();
-            let l = bind(addr).map_err(|e| format!("cannot listen on {addr} (gateway.node_listen): {e}"))?;
+            let l = crate::handover::tcp(addr)
+                .map_err(|e| format!("cannot listen on {addr} (gateway.node_listen): {e}"))?;
             listeners.push((l, Kind::Plain { h2c: listen.http2(false) }, false));
         }
         if let Some(port) = pp.listen_http_port {
             let addr = SocketAddr::from(([0, 0, 0, 0], port));
-            let l = bind(addr)
+            let l = crate::handover::tcp(addr)
                 .map_err(|e| format!("cannot listen on {addr} (gateway.proxy_protocol.listen_http_port): {e}"))?;
             listeners.push((l, Kind::Plain { h2c: false }, true));
         }
@@ -292,12 +295,6 @@ impl DataPlane {
             let _ = w.join();
         }
     }
-}
-
-/// A listening socket: the previous process's (a binary upgrade), or a new one with
-/// SO_REUSEADDR and a backlog for bursts of connections ([`crate::handover::tcp`]).
-fn bind(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
-    crate::handover::tcp(addr)
 }
 
 /// What every worker is configured with.

@@ -123,3 +123,10 @@ impl Drop for Pki {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
+
+/// YAML of a PEM text, as a block scalar indented for `key:` at `indent` spaces.
+pub fn yaml_block(pem: &str, indent: usize) -> String {
+    let pad = " ".repeat(indent + 2);
+    let lines: Vec<String> = pem.trim_end().lines().map(|l| format!("{pad}{l}")).collect();
+    format!("|\n{}", lines.join("\n"))
+}
