@@ -22,6 +22,13 @@ pub fn run(prefix: Prefix) -> Result<(), String> {
         data_dir: gateway.prefix.data_dir(),
         defaults: config.gateway.acme.clone().unwrap_or_default(),
         trusted: config.gateway.ssl.ssl_trusted_certificate.as_ref().map(|f| gateway.prefix.dir.join(f)),
+        fleet: match config.deployment.config_provider {
+            ConfigProvider::Etcd => Some(crate::acme::fleet::Settings {
+                etcd: config.deployment.etcd.clone(),
+                prefix: format!("{}_acme", config.deployment.prefix),
+            }),
+            ConfigProvider::Yaml => None,
+        },
     };
     let weak = std::sync::Arc::downgrade(&gateway);
     crate::acme::start(acme, move || {

@@ -167,3 +167,122 @@ fn certificates_are_issued_renewed_and_kept_when_a_renewal_fails() {
     assert!(w.log_text().contains("ACME site: order failed"), "{}", w.log_text());
     assert_eq!(request(p.control(), "POST", "/v1/certificates/missing/renew", &[], b"").status, 404);
 }
+
+/// All `etcdctl get --prefix --keys-only` keys under `prefix`.
+fn etcd_keys(etcd: &common::etcd::Etcd, prefix: &str) -> Vec<String> {
+    let out = Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .args(["--endpoints", &etcd.endpoint(), "get", "--prefix", "--keys-only", prefix])
+        .output()
+        .expect("etcdctl");
+    String::from_utf8_lossy(&out.stdout).lines().filter(|l| !l.is_empty()).map(str::to_owned).collect()
+}
+
+/// Two instances on one etcd: one orders each certificate, both serve it, and each answers the
+/// CA for a name the other ordered. Every certificate names one host on 127.0.0.1 (instance a)
+/// and one on 127.0.0.2 (instance b), and pebble checks both, so whichever instance holds the
+/// lock, the other answers one challenge from what the fleet shares in etcd.
+#[test]
+fn a_fleet_on_etcd_orders_once_and_every_instance_serves_and_answers() {
+    let Some(etcd) = common::etcd::Etcd::start() else {
+        return skip("a_fleet_on_etcd_orders_once_and_every_instance_serves_and_answers", "etcd not installed");
+    };
+    let pki = Pki::new("acme-fleet");
+    pki.ca("pebble-ca");
+    pki.leaf("pebble", "pebble-ca", "/CN=pebble", "subjectAltName=IP:127.0.0.1,DNS:localhost\n");
+    let dns = DnsServer::start(60);
+    for (name, ip) in [
+        ("a.fleet.test", "127.0.0.1"),
+        ("b.fleet.test", "127.0.0.2"),
+        ("a.alpn.test", "127.0.0.1"),
+        ("b.alpn.test", "127.0.0.2"),
+    ] {
+        dns.set(name, ips(&[ip]));
+    }
+    let (http_port, tls_port) = (free_port(), free_port());
+    let Some(pebble) = Pebble::start(&pki, &dns, http_port, tls_port) else {
+        return skip("a_fleet_on_etcd_orders_once_and_every_instance_serves_and_answers", "pebble not installed");
+    };
+    let admin_port = free_port();
+    let instance = |ip: &str, admin: bool| {
+        let admin = match admin {
+            true => format!(
+                "  admin:\n    admin_listen: {{ip: 127.0.0.1, port: {admin_port}}}\n    admin_key:\n      - {{name: ops, key: {}, role: admin}}\n",
+                common::etcd::ADMIN_KEY
+            ),
+            false => "  admin:\n    enable_admin: false\n".into(),
+        };
+        let deployment = format!(
+            "deployment:\n  config_provider: etcd\n  etcd:\n    host: [\"{}\"]\n    timeout: 2\n{admin}",
+            etcd.endpoint()
+        );
+        let p = Prefix::new("", &deployment, "");
+        std::fs::copy(pki.dir.join("pebble-ca.pem"), p.dir.join("conf/pebble-ca.pem")).expect("trust pebble");
+        p.write_config(
+            &format!(
+                "  ssl:\n    listen: [{{ip: {ip}, port: {tls_port}}}]\n    ssl_trusted_certificate: conf/pebble-ca.pem\n  acme:\n    directory_url: https://127.0.0.1:{}/dir\n    email: ops@fleet.test\n",
+                pebble.port
+            ),
+            &deployment,
+        );
+        let config = std::fs::read_to_string(p.dir.join("conf/config.yaml")).expect("config");
+        let config = config.replacen(
+            &format!("{{ip: 127.0.0.1, port: {}}}", p.node_port),
+            &format!("{{ip: {ip}, port: {http_port}}}"),
+            1,
+        );
+        p.write("conf/config.yaml", &config);
+        let w = Weir::start(&p);
+        (p, w)
+    };
+    let (pa, wa) = instance("127.0.0.1", true);
+    let (pb, wb) = instance("127.0.0.2", false);
+    wa.wait_ready(std::net::SocketAddr::from(([127, 0, 0, 1], admin_port)));
+    for (id, snis, challenge) in [
+        ("fleet", "[\"a.fleet.test\", \"b.fleet.test\"]", "http-01"),
+        ("alpn", "[\"a.alpn.test\", \"b.alpn.test\"]", "tls-alpn-01"),
+    ] {
+        let body = format!("{{\"snis\": {snis}, \"acme\": {{\"challenge\": \"{challenge}\"}}}}");
+        let r = common::etcd::admin(admin_port, "PUT", &format!("/apisix/admin/ssls/{id}"), &body);
+        assert!(r.status == 200 || r.status == 201, "{}", r.text());
+    }
+
+    let tls_a = std::net::SocketAddr::from(([127, 0, 0, 1], tls_port));
+    let tls_b = std::net::SocketAddr::from(([127, 0, 0, 2], tls_port));
+    for (id, sni) in [("fleet", "a.fleet.test"), ("alpn", "b.alpn.test")] {
+        for (p, w) in [(&pa, &wa), (&pb, &wb)] {
+            wait_until(&format!("{id} stored on every instance"), 90, w, || certificate(p, id)["not_after"].is_i64());
+        }
+        let issued: i64 = [&pa, &pb].iter().map(|p| certificate(p, id)["acme"]["issued"].as_i64().unwrap_or(0)).sum();
+        assert_eq!(issued, 1, "{id} ordered once for the fleet; a:\n{}\nb:\n{}", wa.log_text(), wb.log_text());
+        let (la, lb) = (wa.log_text(), wb.log_text());
+        let ordered = format!("ACME {id}: ordering for the fleet");
+        let mirrored = format!("ACME {id}: certificate from the fleet");
+        assert!(
+            (la.contains(&ordered) && lb.contains(&mirrored)) || (lb.contains(&ordered) && la.contains(&mirrored)),
+            "one orders, the other takes the fleet's; a:\n{la}\nb:\n{lb}"
+        );
+        let (on_a, on_b) = (served(tls_a, sni), served(tls_b, sni));
+        assert!(on_a.as_ref().is_some_and(|(issuer, _)| issuer.contains("Pebble")), "{on_a:?}");
+        assert_eq!(on_a, on_b, "{id}: both instances serve the fleet's certificate");
+    }
+    let keys = etcd_keys(&etcd, "/weir_acme/");
+    assert!(keys.contains(&"/weir_acme/certs/fleet".to_owned()), "{keys:?}");
+    assert!(keys.iter().any(|k| k.starts_with("/weir_acme/accounts/")), "{keys:?}");
+    assert_eq!(keys.iter().filter(|k| k.contains("/locks/") || k.contains("/challenges/")).count(), 0, "{keys:?}");
+    assert!(
+        !wa.log_text().contains("not a resource key") && !wb.log_text().contains("not a resource key"),
+        "the fleet's keys stay out of the resources' prefix"
+    );
+
+    // A renewal asked of either instance is ordered (once) and reaches the other.
+    let (_, before) = served(tls_a, "a.fleet.test").unwrap_or_default();
+    let r = request(pb.control(), "POST", "/v1/certificates/fleet/renew", &[], b"");
+    assert_eq!(r.status, 202, "{}", r.text());
+    wait_until("the renewal served by a", 60, &wa, || {
+        served(tls_a, "a.fleet.test").is_some_and(|(_, serial)| serial != before)
+    });
+    assert_eq!(served(tls_a, "b.fleet.test"), served(tls_b, "b.fleet.test"));
+    let issued: i64 = [&pa, &pb].iter().map(|p| certificate(p, "fleet")["acme"]["issued"].as_i64().unwrap_or(0)).sum();
+    assert_eq!(issued, 2);
+}

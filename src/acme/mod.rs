@@ -9,7 +9,10 @@
 //! after 1, 2, 4... minutes (at most 6 hours). Challenges are answered by the data plane:
 //! HTTP-01 at `/.well-known/acme-challenge/<token>` on every plain listener ([`http_answer`]),
 //! TLS-ALPN-01 on the TLS listener to a ClientHello offering `acme-tls/1` ([`alpn_certificate`]).
+//! With the etcd provider the instances share all of this through etcd ([`fleet`]): one orders,
+//! every one serves and answers the CA.
 
+pub mod fleet;
 mod http;
 
 use std::collections::HashMap;
@@ -25,6 +28,8 @@ pub struct Settings {
     pub defaults: SslAcme,
     /// `gateway.ssl.ssl_trusted_certificate`, resolved against the prefix.
     pub trusted: Option<PathBuf>,
+    /// With the etcd provider: where the fleet shares its ACME state.
+    pub fleet: Option<fleet::Settings>,
 }
 use std::time::Duration;
 
@@ -58,6 +63,8 @@ pub struct Status {
 struct Entry {
     conf: Resolved,
     renew: Arc<tokio::sync::Notify>,
+    /// Another instance of the fleet stored a certificate for this entry.
+    stored: Arc<tokio::sync::Notify>,
     status: Arc<Mutex<Status>>,
     task: tokio::task::AbortHandle,
 }
@@ -87,6 +94,7 @@ pub struct Manager {
     accounts: tokio::sync::Mutex<HashMap<AccountKey, Arc<Account>>>,
     http_tokens: RwLock<HashMap<String, String>>,
     alpn: RwLock<HashMap<String, Arc<CertifiedKey>>>,
+    fleet: Option<fleet::Fleet>,
 }
 
 static MANAGER: OnceLock<Arc<Manager>> = OnceLock::new();
@@ -137,7 +145,11 @@ pub fn start(settings: Settings, on_issued: impl Fn() + Send + Sync + 'static) -
         accounts: tokio::sync::Mutex::new(HashMap::new()),
         http_tokens: RwLock::new(HashMap::new()),
         alpn: RwLock::new(HashMap::new()),
+        fleet: settings.fleet.map(fleet::Fleet::new),
     });
+    if manager.fleet.is_some() {
+        manager.runtime.spawn(fleet::follow(Arc::downgrade(&manager)));
+    }
     let _ = MANAGER.set(manager);
     Ok(())
 }
@@ -232,10 +244,11 @@ impl Manager {
                 continue;
             }
             let renew = Arc::new(tokio::sync::Notify::new());
+            let stored = Arc::new(tokio::sync::Notify::new());
             let status = Arc::new(Mutex::new(Status::default()));
-            let task =
-                self.runtime.spawn(keep_fresh(Arc::downgrade(self), conf.clone(), renew.clone(), status.clone()));
-            entries.insert(id, Entry { conf, renew, status, task: task.abort_handle() });
+            let wake = Wake { renew: renew.clone(), stored: stored.clone() };
+            let task = self.runtime.spawn(keep_fresh(Arc::downgrade(self), conf.clone(), wake, status.clone()));
+            entries.insert(id, Entry { conf, renew, stored, status, task: task.abort_handle() });
         }
     }
 
@@ -245,13 +258,13 @@ impl Manager {
         if let Some(a) = accounts.get(&key) {
             return Ok(a.clone());
         }
-        let file = self
-            .dir
-            .join("acme")
-            .join("accounts")
-            .join(format!("{:016x}.json", fnv64(format!("{}|{}", key.0, key.1.as_deref().unwrap_or("")).as_bytes())));
+        let name = format!("{:016x}", fnv64(format!("{}|{}", key.0, key.1.as_deref().unwrap_or("")).as_bytes()));
+        let file = self.dir.join("acme").join("accounts").join(format!("{name}.json"));
         let builder = || Account::builder_with_http(Box::new(http::Https { tls: self.tls.clone() }));
-        let stored = std::fs::read(&file).ok().and_then(|b| serde_json::from_slice::<AccountCredentials>(&b).ok());
+        let stored = match &self.fleet {
+            Some(f) => f.account(&name).await?,
+            None => std::fs::read(&file).ok().and_then(|b| serde_json::from_slice::<AccountCredentials>(&b).ok()),
+        };
         let account = match stored {
             Some(creds) => builder().from_credentials(creds).await.map_err(|e| problem(&e))?,
             None => {
@@ -273,8 +286,17 @@ impl Manager {
                     .await
                     .map_err(|e| format!("creating the account: {}", problem(&e)))?;
                 let text = serde_json::to_vec(&creds).map_err(|e| e.to_string())?;
-                write_private(&file, &text)?;
-                account
+                match &self.fleet {
+                    // Another instance created one first: the fleet uses that one.
+                    Some(f) => match f.share_account(&name, &text).await? {
+                        Some(theirs) => builder().from_credentials(theirs).await.map_err(|e| problem(&e))?,
+                        None => account,
+                    },
+                    None => {
+                        write_private(&file, &text)?;
+                        account
+                    }
+                }
             }
         };
         let account = Arc::new(account);
@@ -282,8 +304,9 @@ impl Manager {
         Ok(account)
     }
 
-    /// Orders `conf`'s certificate and stores it.
-    async fn order(&self, conf: &Resolved) -> Result<(), String> {
+    /// Orders `conf`'s certificate: the chain and the key (PEM). With a fleet `claim`, the
+    /// challenge answers are published to the fleet too.
+    async fn order(&self, conf: &Resolved, mut claim: Option<&mut fleet::Claim>) -> Result<(String, String), String> {
         let account = self.account(conf).await?;
         let ids: Vec<Identifier> = conf.domains.iter().map(|d| Identifier::Dns(d.clone())).collect();
         let mut order = account.new_order(&NewOrder::new(&ids)).await.map_err(|e| problem(&e))?;
@@ -305,12 +328,18 @@ impl Manager {
                 let key_auth = challenge.key_authorization();
                 match conf.challenge {
                     AcmeChallenge::Http01 => {
+                        if let Some(c) = claim.as_deref_mut() {
+                            c.open_http(&challenge.token, key_auth.as_str()).await?;
+                        }
                         self.http_tokens.write().insert(challenge.token.clone(), key_auth.as_str().to_owned());
                         HTTP_OPEN.store(true, Ordering::Relaxed);
                         opened.push((Some(challenge.token.clone()), domain));
                     }
                     AcmeChallenge::TlsAlpn01 => {
                         let cert = alpn_challenge_cert(&domain, key_auth.digest().as_ref())?;
+                        if let Some(c) = claim.as_deref_mut() {
+                            c.open_alpn(&domain, key_auth.digest().as_ref()).await?;
+                        }
                         self.alpn.write().insert(domain.clone(), cert);
                         opened.push((None, domain));
                     }
@@ -327,6 +356,9 @@ impl Manager {
         }
         .await;
         for (token, domain) in opened {
+            if let Some(c) = claim.as_deref_mut() {
+                c.close(token.as_deref(), &domain).await;
+            }
             match token {
                 Some(t) => {
                     let mut tokens = self.http_tokens.write();
@@ -338,12 +370,21 @@ impl Manager {
                 }
             }
         }
-        let (chain_pem, key_pem) = result?;
+        result
+    }
+
+    /// Orders `conf`'s certificate and stores it in the local files.
+    async fn order_here(&self, conf: &Resolved) -> Result<(), String> {
+        let (chain_pem, key_pem) = self.order(conf, None).await?;
         let (cert_file, key_file) = files(&self.dir, &conf.id);
         write_private(&key_file, key_pem.as_bytes())?;
-        write_private(&cert_file, chain_pem.as_bytes())?;
-        Ok(())
+        write_private(&cert_file, chain_pem.as_bytes())
     }
+}
+
+/// How long to wait after `failures` failed orders in a row: 1, 2, 4... minutes, at most 6 hours.
+fn backoff(failures: u32) -> Duration {
+    Duration::from_secs(60u64 << failures.saturating_sub(1).min(9)).min(Duration::from_secs(6 * 3600))
 }
 
 /// FNV-1a, 64 bits: a name for an account's file that stays the same across builds.
@@ -415,28 +456,64 @@ fn alpn_challenge_cert(domain: &str, digest: &[u8]) -> Result<Arc<CertifiedKey>,
     Ok(Arc::new(CertifiedKey::new(vec![cert.der().clone()], signing)))
 }
 
-/// `(not_before, not_after)` of the stored certificate, Unix seconds.
-fn stored_validity(cert_file: &Path) -> Option<(i64, i64)> {
-    let pem = std::fs::read(cert_file).ok()?;
-    let der = CertificateDer::pem_slice_iter(&pem).next()?.ok()?;
+/// `(not_before, not_after)` of the certificate in `pem` (Unix seconds), when it names every one
+/// of `domains` (a certificate for other names is due at once).
+fn validity_for(pem: &[u8], domains: &[String]) -> Option<(i64, i64)> {
+    let der = CertificateDer::pem_slice_iter(pem).next()?.ok()?;
     let (_, cert) = x509_parser::parse_x509_certificate(der.as_ref()).ok()?;
+    let names: Vec<String> = match cert.subject_alternative_name() {
+        Ok(Some(san)) => san
+            .value
+            .general_names
+            .iter()
+            .filter_map(|n| match n {
+                x509_parser::extensions::GeneralName::DNSName(d) => Some(d.to_ascii_lowercase()),
+                _ => None,
+            })
+            .collect(),
+        _ => Vec::new(),
+    };
+    if !domains.iter().all(|d| names.contains(d)) {
+        return None;
+    }
     let v = cert.validity();
     Some((v.not_before.timestamp(), v.not_after.timestamp()))
 }
 
-/// One entry's life: renew at two thirds of the stored certificate's lifetime (or when asked),
-/// retry failures with backoff, keep the last good certificate meanwhile.
-async fn keep_fresh(
-    manager: Weak<Manager>,
-    conf: Resolved,
+/// What wakes an entry's task before its renewal is due.
+struct Wake {
+    /// A renewal was asked for.
     renew: Arc<tokio::sync::Notify>,
-    status: Arc<Mutex<Status>>,
-) {
+    /// The fleet stored a certificate (read the files again).
+    stored: Arc<tokio::sync::Notify>,
+}
+
+/// Why an entry's task woke.
+enum Woke {
+    Due,
+    Asked,
+    Stored,
+}
+
+async fn sleep_or_wake(wait: Duration, wake: &Wake) -> Woke {
+    tokio::select! {
+        () = tokio::time::sleep(wait) => Woke::Due,
+        () = wake.renew.notified() => Woke::Asked,
+        () = wake.stored.notified() => Woke::Stored,
+    }
+}
+
+/// One entry's life: renew at two thirds of the stored certificate's lifetime (or when asked),
+/// retry failures with backoff, keep the last good certificate meanwhile. In a fleet, each turn
+/// goes through the fleet's lock, and another instance's certificate counts as renewed.
+async fn keep_fresh(manager: Weak<Manager>, conf: Resolved, wake: Wake, status: Arc<Mutex<Status>>) {
     let mut failures: u32 = 0;
+    // Set after a turn another instance had: wait for its certificate (or the lock's lapse).
+    let mut held_off: Option<Duration> = None;
     loop {
         let Some(m) = manager.upgrade() else { return };
         let (cert_file, _) = files(&m.dir, &conf.id);
-        let validity = stored_validity(&cert_file);
+        let validity = std::fs::read(&cert_file).ok().and_then(|pem| validity_for(&pem, &conf.domains));
         let now = chrono::Utc::now().timestamp();
         let due = validity.map_or(now, |(nb, na)| nb + (na - nb) * 2 / 3);
         {
@@ -445,23 +522,28 @@ async fn keep_fresh(
             s.renew_at = Some(due);
         }
         drop(m);
-        if failures > 0 {
-            let backoff = Duration::from_secs(60u64 << (failures - 1).min(9)).min(Duration::from_secs(6 * 3600));
-            tokio::select! {
-                () = tokio::time::sleep(backoff) => {}
-                () = renew.notified() => {}
-            }
+        let woke = if let Some(wait) = held_off.take() {
+            sleep_or_wake(wait, &wake).await
+        } else if failures > 0 {
+            sleep_or_wake(backoff(failures), &wake).await
         } else if due > now {
-            let wait = Duration::from_secs((due - now) as u64);
-            tokio::select! {
-                () = tokio::time::sleep(wait) => {}
-                () = renew.notified() => {}
-            }
+            sleep_or_wake(Duration::from_secs((due - now) as u64), &wake).await
+        } else {
+            Woke::Due
+        };
+        if let Woke::Stored = woke {
+            continue;
         }
         let Some(m) = manager.upgrade() else { return };
-        log::info!("ACME {}: ordering a certificate for {}", conf.id, conf.domains.join(", "));
-        match m.order(&conf).await {
-            Ok(()) => {
+        let outcome = match &m.fleet {
+            None => {
+                log::info!("ACME {}: ordering a certificate for {}", conf.id, conf.domains.join(", "));
+                m.order_here(&conf).await.map(|()| fleet::Turn::Issued)
+            }
+            Some(f) => f.turn(&m, &conf, matches!(woke, Woke::Asked)).await,
+        };
+        match outcome {
+            Ok(fleet::Turn::Issued) => {
                 failures = 0;
                 let mut s = status.lock();
                 s.last_error = None;
@@ -470,13 +552,21 @@ async fn keep_fresh(
                 log::info!("ACME {}: certificate issued and stored", conf.id);
                 (m.on_issued)();
             }
+            Ok(fleet::Turn::Fresh) => failures = 0,
+            Ok(fleet::Turn::Busy) => {
+                failures = 0;
+                held_off = Some(Duration::from_secs(fleet::LEASE_TTL as u64));
+            }
+            Ok(fleet::Turn::Later(until)) => {
+                held_off = Some(Duration::from_secs((until - chrono::Utc::now().timestamp()).max(1) as u64));
+            }
             Err(e) => {
                 failures = failures.saturating_add(1);
                 log::error!(
                     "ACME {}: order failed ({e}); {} keeps serving, retrying in {} min",
                     conf.id,
                     if validity.is_some() { "the current certificate" } else { "nothing" },
-                    1u64 << (failures - 1).min(9)
+                    backoff(failures).as_secs() / 60
                 );
                 status.lock().last_error = Some(e);
             }

@@ -1,6 +1,7 @@
 //! Weir's etcd v3 client: gRPC over tonic, with the messages declared in [`proto`] (so building
 //! Weir needs no `protoc`). It does what the etcd provider, its watcher and the Admin API need:
-//! range reads, puts, deletes, transactions, watches, compaction; over plain HTTP/2 or TLS (a
+//! range reads, puts, deletes, transactions, watches, compaction, leases (ACME's fleet lock);
+//! over plain HTTP/2 or TLS (a
 //! CA, a client certificate, an SNI override), with user/password authentication (the token is
 //! fetched again when etcd says it expired), spreading requests over every endpoint.
 
@@ -144,8 +145,62 @@ impl Client {
 
     /// Writes `value` at `key`.
     pub async fn put(&mut self, key: impl Into<Vec<u8>>, value: impl Into<Vec<u8>>) -> Result<(), String> {
-        let req = proto::PutRequest { key: key.into(), value: value.into(), lease: 0 };
+        self.put_leased(key, value, 0).await
+    }
+
+    /// Writes `value` at `key`, deleted with `lease` (0: no lease).
+    pub async fn put_leased(
+        &mut self,
+        key: impl Into<Vec<u8>>,
+        value: impl Into<Vec<u8>>,
+        lease: i64,
+    ) -> Result<(), String> {
+        let req = proto::PutRequest { key: key.into(), value: value.into(), lease };
         self.unary::<_, proto::PutResponse>("/etcdserverpb.KV/Put", req).await.map(drop)
+    }
+
+    /// A new lease that lives `ttl` seconds unless kept alive: its id.
+    pub async fn lease_grant(&mut self, ttl: i64) -> Result<i64, String> {
+        let req = proto::LeaseGrantRequest { ttl, id: 0 };
+        let resp: proto::LeaseGrantResponse = self.unary("/etcdserverpb.Lease/LeaseGrant", req).await?;
+        match resp.error.is_empty() {
+            true => Ok(resp.id),
+            false => Err(format!("etcd lease grant: {}", resp.error)),
+        }
+    }
+
+    /// Ends `lease` now, deleting every key written with it.
+    pub async fn lease_revoke(&mut self, id: i64) -> Result<(), String> {
+        let req = proto::LeaseRevokeRequest { id };
+        self.unary::<_, proto::LeaseRevokeResponse>("/etcdserverpb.Lease/LeaseRevoke", req).await.map(drop)
+    }
+
+    /// Keeps `lease` alive for as long as this future runs, renewing it every `every`; returns
+    /// (with why) only when it can no longer do so.
+    pub async fn lease_keep_alive(&mut self, id: i64, every: Duration) -> String {
+        let (tx, rx) = tokio::sync::mpsc::channel(1);
+        if let Err(e) = self.grpc.ready().await {
+            return format!("etcd lease keep-alive: {e}");
+        }
+        let codec: ProstCodec<proto::LeaseKeepAliveRequest, proto::LeaseKeepAliveResponse> = ProstCodec::default();
+        let path = http::uri::PathAndQuery::from_static("/etcdserverpb.Lease/LeaseKeepAlive");
+        let requests = tokio_stream::wrappers::ReceiverStream::new(rx);
+        let mut answers = match self.grpc.streaming(self.request(requests), path, codec).await {
+            Ok(resp) => resp.into_inner(),
+            Err(s) => return format!("etcd lease keep-alive: {}", describe(&s)),
+        };
+        loop {
+            if tx.send(proto::LeaseKeepAliveRequest { id }).await.is_err() {
+                return "etcd lease keep-alive: request channel closed".into();
+            }
+            match answers.message().await {
+                Ok(Some(a)) if a.ttl > 0 => {}
+                Ok(Some(_)) => return format!("etcd lease {id:x} expired"),
+                Ok(None) => return "etcd closed the lease keep-alive".into(),
+                Err(s) => return format!("etcd lease keep-alive: {}", describe(&s)),
+            }
+            tokio::time::sleep(every).await;
+        }
     }
 
     /// Deletes `key`, or with `prefix` every key starting with it; how many went.
@@ -201,7 +256,12 @@ impl Compare {
 impl RequestOp {
     /// Writes `value` at `key`.
     pub fn put(key: impl Into<Vec<u8>>, value: impl Into<Vec<u8>>) -> RequestOp {
-        let put = proto::PutRequest { key: key.into(), value: value.into(), lease: 0 };
+        RequestOp::put_leased(key, value, 0)
+    }
+
+    /// Writes `value` at `key`, deleted with `lease` (0: no lease).
+    pub fn put_leased(key: impl Into<Vec<u8>>, value: impl Into<Vec<u8>>, lease: i64) -> RequestOp {
+        let put = proto::PutRequest { key: key.into(), value: value.into(), lease };
         RequestOp { request: Some(proto::Request::Put(put)) }
     }
 

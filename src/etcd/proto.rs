@@ -263,3 +263,57 @@ pub struct AuthenticateResponse {
     #[prost(string, tag = "2")]
     pub token: String,
 }
+
+/// `etcdserverpb.LeaseGrantRequest` (`ID` 0: etcd picks one).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct LeaseGrantRequest {
+    #[prost(int64, tag = "1")]
+    pub ttl: i64,
+    #[prost(int64, tag = "2")]
+    pub id: i64,
+}
+
+/// `etcdserverpb.LeaseGrantResponse`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct LeaseGrantResponse {
+    #[prost(message, optional, tag = "1")]
+    pub header: Option<ResponseHeader>,
+    #[prost(int64, tag = "2")]
+    pub id: i64,
+    #[prost(int64, tag = "3")]
+    pub ttl: i64,
+    #[prost(string, tag = "4")]
+    pub error: String,
+}
+
+/// `etcdserverpb.LeaseRevokeRequest`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct LeaseRevokeRequest {
+    #[prost(int64, tag = "1")]
+    pub id: i64,
+}
+
+/// `etcdserverpb.LeaseRevokeResponse`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct LeaseRevokeResponse {
+    #[prost(message, optional, tag = "1")]
+    pub header: Option<ResponseHeader>,
+}
+
+/// `etcdserverpb.LeaseKeepAliveRequest`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct LeaseKeepAliveRequest {
+    #[prost(int64, tag = "1")]
+    pub id: i64,
+}
+
+/// `etcdserverpb.LeaseKeepAliveResponse` (`TTL` 0: the lease is gone).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct LeaseKeepAliveResponse {
+    #[prost(message, optional, tag = "1")]
+    pub header: Option<ResponseHeader>,
+    #[prost(int64, tag = "2")]
+    pub id: i64,
+    #[prost(int64, tag = "3")]
+    pub ttl: i64,
+}
