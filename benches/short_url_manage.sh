@@ -15,10 +15,11 @@ DURATION=${DURATION:-10}
 STORED=${STORED:-1000000}
 BACKEND=${BACKEND:-sqlite}
 BIN=${BIN:-target/release/weir}
-WORK=$(mktemp -d /tmp/weir-sum-bench.XXXXXX)
+# KEEP=DIR: work in DIR and keep it (its filled store is reused by the next run).
+if [ -n "${KEEP:-}" ]; then WORK=$KEEP; mkdir -p "$WORK"; else WORK=$(mktemp -d /tmp/weir-sum-bench.XXXXXX); fi
 PORT=18682; CTL=18690
 [ -x "$BIN" ] || cargo build --release
-cleanup() { [ -n "${WEIR_PID:-}" ] && kill "$WEIR_PID" 2>/dev/null || true; rm -rf "$WORK"; }
+cleanup() { [ -n "${WEIR_PID:-}" ] && kill "$WEIR_PID" 2>/dev/null || true; [ -n "${KEEP:-}" ] || rm -rf "$WORK"; }
 trap cleanup EXIT
 mkdir -p "$WORK/conf"
 config() { # visits on|off
