@@ -58,6 +58,18 @@ const MIGRATIONS: &[&str] = &[
     );
     INSERT INTO short_url_visit_stats (code, day, ua_class, referer, n)
         SELECT code, at / 86400, ua_class, coalesce(referer, ''), count(*) FROM short_url_visits GROUP BY 1, 2, 3, 4;",
+    // Lists order by (created_at, code) or (visits, code). SQLite's indexes on a WITHOUT ROWID
+    // table carry the code after the column; PostgreSQL's did not, so every page sorted all the
+    // ties of its first key (a 100-link batch shares one created_at; most links share a visit
+    // count): order_by=-visits at 1M links took p50 60 ms, p99 1.16 s.
+    "CREATE INDEX short_url_codes_created_code ON short_url_codes (created_at, code);
+    CREATE INDEX short_url_codes_visits_code ON short_url_codes (visits, code);
+    CREATE INDEX short_url_codes_owner_created_code ON short_url_codes (owner, created_at, code) WHERE owner IS NOT NULL;
+    CREATE INDEX short_url_codes_owner_visits_code ON short_url_codes (owner, visits, code) WHERE owner IS NOT NULL;
+    DROP INDEX short_url_codes_created;
+    DROP INDEX short_url_codes_visits;
+    DROP INDEX short_url_codes_owner_created;
+    DROP INDEX short_url_codes_owner_visits;",
 ];
 
 /// Arbitrary key of the migration advisory lock.
