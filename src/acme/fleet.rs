@@ -1,7 +1,7 @@
 //! ACME in a fleet: with the etcd provider, the instances of one `deployment.prefix` share their
-//! ACME state in etcd under `<prefix>_acme/` (outside the resources' `<prefix>/`, so that etcd's
-//! RBAC can keep private keys from Admin API users), so that one instance orders and every
-//! instance serves the result.
+//! ACME state in etcd under `<prefix>_acme/` (outside the resources' `<prefix>/`, which is all
+//! the Admin API reaches, and where etcd's RBAC can keep other clients from private keys), so
+//! that one instance orders and every instance serves the result.
 //!
 //! | key | value | lives |
 //! |---|---|---|
@@ -27,12 +27,15 @@ use base64::Engine;
 use instant_acme::AccountCredentials;
 use serde::{Deserialize, Serialize};
 
-use super::{alpn_challenge_cert, backoff, files, validity_for, write_private, Manager, Resolved, HTTP_OPEN};
+use super::{alpn_challenge_cert, backoff, files, renew_at, validity_for, write_private, Manager, Resolved, HTTP_OPEN};
 use crate::config::EtcdSection;
 use crate::etcd::{Client, Compare, RequestOp, TxnRequest};
 
 /// Seconds an orderer's lock and challenges outlive it.
 pub(super) const LEASE_TTL: i64 = 30;
+
+/// Longest an order may hold the fleet's lock (each call to the CA has its own timeout too).
+const ORDER_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// Where the fleet's state lives.
 #[derive(Clone, Debug)]
@@ -87,25 +90,30 @@ pub(super) struct Claim {
 }
 
 impl Claim {
+    /// The key of an answer: HTTP-01's by its token, TLS-ALPN-01's by its domain.
+    fn challenge_key(&self, token: Option<&str>, domain: &str) -> String {
+        match token {
+            Some(t) => format!("{}/challenges/http-01/{t}", self.prefix),
+            None => format!("{}/challenges/tls-alpn-01/{domain}", self.prefix),
+        }
+    }
+
     /// Publishes an HTTP-01 answer to the fleet.
     pub(super) async fn open_http(&mut self, token: &str, key_auth: &str) -> Result<(), String> {
-        let key = format!("{}/challenges/http-01/{token}", self.prefix);
+        let key = self.challenge_key(Some(token), "");
         self.client.put_leased(key, key_auth, self.lease).await
     }
 
     /// Publishes a TLS-ALPN-01 answer to the fleet.
     pub(super) async fn open_alpn(&mut self, domain: &str, digest: &[u8]) -> Result<(), String> {
-        let key = format!("{}/challenges/tls-alpn-01/{domain}", self.prefix);
+        let key = self.challenge_key(None, domain);
         let value = base64::engine::general_purpose::STANDARD.encode(digest);
         self.client.put_leased(key, value, self.lease).await
     }
 
     /// Withdraws an answer (best effort: the lease takes it anyway).
     pub(super) async fn close(&mut self, token: Option<&str>, domain: &str) {
-        let key = match token {
-            Some(t) => format!("{}/challenges/http-01/{t}", self.prefix),
-            None => format!("{}/challenges/tls-alpn-01/{domain}", self.prefix),
-        };
+        let key = self.challenge_key(token, domain);
         let _ = self.client.delete(key, false).await;
     }
 }
@@ -171,20 +179,21 @@ impl Fleet {
             return taken.map(|_| Turn::Busy);
         }
         let mut keeper = client.clone();
-        let keep = keeper.lease_keep_alive(lease, Duration::from_secs(LEASE_TTL as u64 / 3));
-        let work = self.under_lock(
-            manager,
-            conf,
-            asked,
-            Claim { client: client.clone(), prefix: self.settings.prefix.clone(), lease },
-        );
-        tokio::pin!(work);
-        let turn = tokio::select! {
-            turn = &mut work => turn,
-            why = keep => {
-                log::warn!("ACME {}: {why}; the fleet lock may lapse during this order", conf.id);
-                work.await
+        let id = conf.id.clone();
+        let keep = async move {
+            // Renewed until the work ends: a keep-alive stream etcd closed is opened again.
+            loop {
+                let why = keeper.lease_keep_alive(lease, Duration::from_secs(LEASE_TTL as u64 / 3)).await;
+                log::warn!("ACME {id}: {why}; keeping the fleet lock alive again");
+                tokio::time::sleep(Duration::from_secs(1)).await;
             }
+        };
+        let claim = Claim { client: client.clone(), prefix: self.settings.prefix.clone(), lease };
+        let work = tokio::time::timeout(ORDER_TIMEOUT, self.under_lock(manager, conf, asked, claim));
+        let turn = tokio::select! {
+            turn = work => turn.unwrap_or_else(|_| Err(format!("the order took longer than {} min", ORDER_TIMEOUT.as_secs() / 60))),
+            // `keep` loops for as long as the work runs; this arm is never taken.
+            () = keep => Err("the fleet lock's keep-alive ended".into()),
         };
         let _ = client.lease_revoke(lease).await;
         turn
@@ -196,11 +205,11 @@ impl Fleet {
         // Another instance may have renewed since this one read its files.
         let resp = client.get(self.key("certs", &conf.id), false).await?;
         if let Some(stored) = resp.kvs.first().and_then(|kv| serde_json::from_slice::<Stored>(&kv.value).ok()) {
-            if mirror(m, &conf.id, &stored) {
+            if mirror(m, &conf.id, &stored)? {
                 (m.on_issued)();
             }
             if let Some((nb, na)) = validity_for(stored.cert.as_bytes(), &conf.domains) {
-                if !asked && nb + (na - nb) * 2 / 3 > now {
+                if !asked && renew_at(nb, na) > now {
                     return Ok(Turn::Fresh);
                 }
             }
@@ -210,7 +219,8 @@ impl Fleet {
         let failure: Failure =
             resp.kvs.first().and_then(|kv| serde_json::from_slice(&kv.value).ok()).unwrap_or_default();
         if failure.count > 0 && !asked {
-            let until = failure.at + backoff(failure.count).as_secs() as i64;
+            // Another instance's clock wrote `at`: never trust it past now.
+            let until = failure.at.min(now).saturating_add(backoff(failure.count).as_secs() as i64);
             if until > now {
                 return Ok(Turn::Later(until));
             }
@@ -229,7 +239,7 @@ impl Fleet {
                     failure: vec![],
                 };
                 client.txn(txn).await.map_err(|e| format!("storing the certificate in etcd: {e}"))?;
-                mirror(m, &conf.id, &stored);
+                mirror(m, &conf.id, &stored)?;
                 Ok(Turn::Issued)
             }
             Err(error) => {
@@ -250,25 +260,18 @@ impl Fleet {
 }
 
 /// Writes a fleet certificate into the local files when they differ; whether they did.
-fn mirror(m: &Manager, id: &str, stored: &Stored) -> bool {
+fn mirror(m: &Manager, id: &str, stored: &Stored) -> Result<bool, String> {
     let (cert_file, key_file) = files(&m.dir, id);
     let same = std::fs::read(&cert_file).is_ok_and(|c| c == stored.cert.as_bytes())
         && std::fs::read(&key_file).is_ok_and(|k| k == stored.key.as_bytes());
     if same {
-        return false;
+        return Ok(false);
     }
-    let written = write_private(&key_file, stored.key.as_bytes())
-        .and_then(|()| write_private(&cert_file, stored.cert.as_bytes()));
-    match written {
-        Ok(()) => {
-            log::info!("ACME {id}: certificate from the fleet (ordered by {}) stored", stored.by);
-            true
-        }
-        Err(e) => {
-            log::error!("ACME {id}: cannot store the fleet's certificate: {e}");
-            false
-        }
-    }
+    write_private(&key_file, stored.key.as_bytes())
+        .and_then(|()| write_private(&cert_file, stored.cert.as_bytes()))
+        .map_err(|e| format!("cannot store the fleet's certificate: {e}"))?;
+    log::info!("ACME {id}: certificate from the fleet (ordered by {}) stored", stored.by);
+    Ok(true)
 }
 
 /// Follows the fleet's key space for as long as the manager lives: certificates into the local
@@ -346,7 +349,10 @@ fn seen(m: &Manager, prefix: &str, key: &[u8], value: Option<&[u8]>) -> bool {
                     m.http_tokens.write().remove(name);
                 }
                 ("tls-alpn-01", Some(v)) => {
-                    let digest = base64::engine::general_purpose::STANDARD.decode(v).unwrap_or_default();
+                    let Ok(digest) = base64::engine::general_purpose::STANDARD.decode(v) else {
+                        log::error!("ACME fleet: {key}: not base64; skipped");
+                        return false;
+                    };
                     match alpn_challenge_cert(name, &digest) {
                         Ok(cert) => {
                             m.alpn.write().insert(name.to_owned(), cert);
@@ -364,7 +370,10 @@ fn seen(m: &Manager, prefix: &str, key: &[u8], value: Option<&[u8]>) -> bool {
         }
         ("certs", Some(v)) => match serde_json::from_slice::<Stored>(v) {
             Ok(stored) => {
-                let changed = mirror(m, name, &stored);
+                let changed = mirror(m, name, &stored).unwrap_or_else(|e| {
+                    log::error!("ACME {name}: {e}");
+                    false
+                });
                 if changed {
                     if let Some(e) = m.entries.lock().get(name) {
                         e.stored.notify_one();

@@ -382,6 +382,12 @@ impl Manager {
     }
 }
 
+/// When a certificate valid from `not_before` to `not_after` (Unix seconds) is renewed: at two
+/// thirds of its lifetime.
+fn renew_at(not_before: i64, not_after: i64) -> i64 {
+    not_before + (not_after - not_before) * 2 / 3
+}
+
 /// How long to wait after `failures` failed orders in a row: 1, 2, 4... minutes, at most 6 hours.
 fn backoff(failures: u32) -> Duration {
     Duration::from_secs(60u64 << failures.saturating_sub(1).min(9)).min(Duration::from_secs(6 * 3600))
@@ -510,12 +516,14 @@ async fn keep_fresh(manager: Weak<Manager>, conf: Resolved, wake: Wake, status: 
     let mut failures: u32 = 0;
     // Set after a turn another instance had: wait for its certificate (or the lock's lapse).
     let mut held_off: Option<Duration> = None;
+    // A renewal asked for while another instance held the lock: asked again at the next turn.
+    let mut asked_before = false;
     loop {
         let Some(m) = manager.upgrade() else { return };
         let (cert_file, _) = files(&m.dir, &conf.id);
         let validity = std::fs::read(&cert_file).ok().and_then(|pem| validity_for(&pem, &conf.domains));
         let now = chrono::Utc::now().timestamp();
-        let due = validity.map_or(now, |(nb, na)| nb + (na - nb) * 2 / 3);
+        let due = validity.map_or(now, |(nb, na)| renew_at(nb, na));
         {
             let mut s = status.lock();
             s.not_after = validity.map(|v| v.1);
@@ -532,15 +540,18 @@ async fn keep_fresh(manager: Weak<Manager>, conf: Resolved, wake: Wake, status: 
             Woke::Due
         };
         if let Woke::Stored = woke {
+            // Another instance renewed: that answers a renewal asked for meanwhile too.
+            asked_before = false;
             continue;
         }
         let Some(m) = manager.upgrade() else { return };
+        let asked = matches!(woke, Woke::Asked) || std::mem::take(&mut asked_before);
         let outcome = match &m.fleet {
             None => {
                 log::info!("ACME {}: ordering a certificate for {}", conf.id, conf.domains.join(", "));
                 m.order_here(&conf).await.map(|()| fleet::Turn::Issued)
             }
-            Some(f) => f.turn(&m, &conf, matches!(woke, Woke::Asked)).await,
+            Some(f) => f.turn(&m, &conf, asked).await,
         };
         match outcome {
             Ok(fleet::Turn::Issued) => {
@@ -555,6 +566,7 @@ async fn keep_fresh(manager: Weak<Manager>, conf: Resolved, wake: Wake, status: 
             Ok(fleet::Turn::Fresh) => failures = 0,
             Ok(fleet::Turn::Busy) => {
                 failures = 0;
+                asked_before = asked;
                 held_off = Some(Duration::from_secs(fleet::LEASE_TTL as u64));
             }
             Ok(fleet::Turn::Later(until)) => {

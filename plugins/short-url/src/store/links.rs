@@ -307,17 +307,15 @@ const PROBED_TRIGRAMS: usize = 32;
 /// without the cache a term of 9 common trigrams spent 1 ms probing per search.
 const PROBE_TTL: std::time::Duration = std::time::Duration::from_secs(60);
 
-/// Probe counts by (trigram phrase, limit), with when they were taken.
-type ProbeCache = std::collections::HashMap<(String, i64), (i64, std::time::Instant)>;
+/// Probe counts by (trigram phrase, limit), with when they were taken: one per connection (so
+/// per database), cleared when it reaches 4,096 entries.
+pub type ProbeCache = std::collections::HashMap<(String, i64), (i64, std::time::Instant)>;
 
-/// The probes' counts; cleared when it reaches 4,096 entries.
-static PROBES: parking_lot::Mutex<Option<ProbeCache>> = parking_lot::Mutex::new(None);
-
-/// In how many links (at most `probe`) the FTS5 `phrase` of one trigram is, from the cache when
-/// it was counted less than [`PROBE_TTL`] ago.
+/// In how many links (at most `probe`) the FTS5 `phrase` of one trigram is, from the
+/// connection's cache when it was counted less than [`PROBE_TTL`] ago.
 fn probe_count(conn: &mut dyn Conn, phrase: &str, probe: i64) -> Result<i64, String> {
     let key = (phrase.to_owned(), probe);
-    if let Some((n, at)) = PROBES.lock().as_ref().and_then(|m| m.get(&key).copied()) {
+    if let Some((n, at)) = conn.probe_cache().and_then(|m| m.get(&key).copied()) {
         if at.elapsed() < PROBE_TTL {
             return Ok(n);
         }
@@ -327,12 +325,12 @@ fn probe_count(conn: &mut dyn Conn, phrase: &str, probe: i64) -> Result<i64, Str
         &[phrase.into(), probe.into()],
     )?;
     let n = rows.first().and_then(|r| r.first()).and_then(Val::int).unwrap_or(probe);
-    let mut cache = PROBES.lock();
-    let map = cache.get_or_insert_with(Default::default);
-    if map.len() >= 4096 {
-        map.clear();
+    if let Some(cache) = conn.probe_cache() {
+        if cache.len() >= 4096 {
+            cache.clear();
+        }
+        cache.insert(key, (n, std::time::Instant::now()));
     }
-    map.insert(key, (n, std::time::Instant::now()));
     Ok(n)
 }
 
@@ -346,7 +344,9 @@ fn rarest_trigram(conn: &mut dyn Conn, term: &str, probe: i64) -> Result<Option<
     let mut seen: Vec<String> = Vec::new();
     let mut best: Option<(i64, String)> = None;
     for w in chars.windows(3) {
-        let trigram: String = w.iter().flat_map(|c| c.to_lowercase()).collect();
+        // As typed: FTS5 folds case the way its index did (Rust's lowercasing differs, e.g. for
+        // `İ`, and would probe trigrams the index never held).
+        let trigram: String = w.iter().collect();
         if seen.contains(&trigram) {
             continue;
         }
@@ -735,6 +735,19 @@ mod tests {
         let none = ListQuery { search: Some("hit.nowhere".into()), ..ListQuery::default() };
         let found = list_within(&mut *conn, &none, &Scope::All, PROBE, 0, 0);
         assert_eq!(found.map(|r| (r.0.len(), r.2)), Ok((0, Way::Rare)));
+        // A term outside ASCII is probed as typed (FTS5 folds it as its index did).
+        let e = NewEntry {
+            origin_url: "https://x.example/".into(),
+            title: Some("Gezi İstanbul".into()),
+            ..NewEntry::default()
+        };
+        assert_eq!(insert_full(&mut *conn, "turkey", &e, 5_000), Ok(true));
+        let q = ListQuery { search: Some("İstanbul".into()), ..ListQuery::default() };
+        let found = list_within(&mut *conn, &q, &Scope::All, PROBE, 0, 0);
+        assert_eq!(
+            found.map(|r| (r.0.iter().map(|l| l.code.clone()).collect::<Vec<_>>(), r.2)),
+            Ok((vec!["turkey".to_owned()], Way::Rare))
+        );
         let short = ListQuery { search: Some("hi".into()), ..ListQuery::default() };
         let plain = list_within(&mut *conn, &short, &Scope::All, PROBE, 0, 0);
         assert_eq!(plain.map(|r| r.2), Ok(Way::Plain), "a 2-character term has no index to use");

@@ -281,6 +281,11 @@ pub trait Conn: Send {
     fn search_index(&self, _param: &str) -> Option<String> {
         None
     }
+    /// The counts of trigram probes kept with this connection (see `links::list`), where
+    /// searches have a trigram index to probe.
+    fn probe_cache(&mut self) -> Option<&mut links::ProbeCache> {
+        None
+    }
     /// [`Conn::query`], given up (`None`) after `budget` thousand steps of the statement's
     /// program, where the backend can count and interrupt them (SQLite); elsewhere it runs to
     /// the end. Steps, not time: the same statement on the same data gives up at the same

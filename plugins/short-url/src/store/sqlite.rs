@@ -135,7 +135,7 @@ impl Connector for Sqlite {
         )
         .map_err(e)?;
         migrate(&conn)?;
-        Ok(Box::new(SqliteConn(conn)))
+        Ok(Box::new(SqliteConn(conn, Default::default())))
     }
 }
 
@@ -155,9 +155,13 @@ fn migrate(conn: &Connection) -> Result<(), String> {
     Ok(())
 }
 
-struct SqliteConn(Connection);
+/// A connection, with the trigram probe counts its searches took (`links::list`).
+struct SqliteConn(Connection, super::links::ProbeCache);
 
 impl Conn for SqliteConn {
+    fn probe_cache(&mut self) -> Option<&mut super::links::ProbeCache> {
+        Some(&mut self.1)
+    }
     fn search_index(&self, param: &str) -> Option<String> {
         Some(format!("code IN (SELECT code FROM short_url_codes_search WHERE short_url_codes_search MATCH {param})"))
     }
