@@ -44,30 +44,27 @@ async fn call(
     tls: Arc<rustls::ClientConfig>,
     mut req: http::Request<BodyWrapper<Bytes>>,
 ) -> Result<BytesResponse, instant_acme::Error> {
-    {
-        let uri = req.uri().clone();
-        if uri.scheme_str() != Some("https") {
-            return Err(other(format!("{uri}: the ACME directory must be https")));
-        }
-        let host = uri.host().ok_or_else(|| other(format!("{uri}: no host")))?.to_owned();
-        let port = uri.port_u16().unwrap_or(443);
-        let tcp = tokio::net::TcpStream::connect((host.as_str(), port)).await.map_err(other)?;
-        let name =
-            ServerName::try_from(host.trim_start_matches('[').trim_end_matches(']').to_owned()).map_err(other)?;
-        let stream = tokio_rustls::TlsConnector::from(tls).connect(name, tcp).await.map_err(other)?;
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(other)?;
-        tokio::spawn(async move {
-            let _ = conn.await;
-        });
-        // Origin form and a Host header, as HTTP/1.1 asks.
-        let authority = uri.authority().map(|a| a.as_str().to_owned()).unwrap_or(host);
-        let path = uri.path_and_query().map_or("/", |p| p.as_str());
-        *req.uri_mut() = path.parse().map_err(other)?;
-        let host_value = http::HeaderValue::from_str(&authority).map_err(other)?;
-        req.headers_mut().insert(http::header::HOST, host_value);
-        let resp = sender.send_request(req).await.map_err(other)?;
-        let (parts, body) = resp.into_parts();
-        let body = body.collect().await.map_err(other)?.to_bytes();
-        Ok(BytesResponse::from(http::Response::from_parts(parts, Full::new(body))))
+    let uri = req.uri().clone();
+    if uri.scheme_str() != Some("https") {
+        return Err(other(format!("{uri}: the ACME directory must be https")));
     }
+    let host = uri.host().ok_or_else(|| other(format!("{uri}: no host")))?.to_owned();
+    let port = uri.port_u16().unwrap_or(443);
+    let tcp = tokio::net::TcpStream::connect((host.as_str(), port)).await.map_err(other)?;
+    let name = ServerName::try_from(host.trim_start_matches('[').trim_end_matches(']').to_owned()).map_err(other)?;
+    let stream = tokio_rustls::TlsConnector::from(tls).connect(name, tcp).await.map_err(other)?;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(other)?;
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    // Origin form and a Host header, as HTTP/1.1 asks.
+    let authority = uri.authority().map(|a| a.as_str().to_owned()).unwrap_or(host);
+    let path = uri.path_and_query().map_or("/", |p| p.as_str());
+    *req.uri_mut() = path.parse().map_err(other)?;
+    let host_value = http::HeaderValue::from_str(&authority).map_err(other)?;
+    req.headers_mut().insert(http::header::HOST, host_value);
+    let resp = sender.send_request(req).await.map_err(other)?;
+    let (parts, body) = resp.into_parts();
+    let body = body.collect().await.map_err(other)?.to_bytes();
+    Ok(BytesResponse::from(http::Response::from_parts(parts, Full::new(body))))
 }

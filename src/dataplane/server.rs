@@ -633,14 +633,7 @@ where
         let (gateway, worker, info) = (gateway.clone(), worker.clone(), info.clone());
         // Boxed: the request's future is several KiB, and HTTP/2 moves it into a task of its own
         // (spawn, then stage changes); a box moves as one pointer.
-        async move {
-            let tls = info.tls.clone();
-            let mut resp = Box::pin(proxy::handle(req, info, &gateway, &worker)).await;
-            if let Some(v) = tls.as_ref().and_then(|t| t.alt_svc.as_ref()) {
-                resp.headers_mut().insert(http::header::ALT_SVC, v.clone());
-            }
-            Ok::<_, Infallible>(resp)
-        }
+        async move { Ok::<_, Infallible>(Box::pin(proxy::handle(req, info, &gateway, &worker)).await) }
     });
     let mut builder = http2::Builder::new(super::client::LocalExec);
     builder
@@ -780,11 +773,7 @@ async fn serve_h1<S>(
         let busy = activity.begin();
         let (gateway, worker, info) = (gateway.clone(), worker.clone(), info.clone());
         async move {
-            let tls = info.tls.clone();
             let mut resp = proxy::handle(req, info, &gateway, &worker).await;
-            if let Some(v) = tls.as_ref().and_then(|t| t.alt_svc.as_ref()) {
-                resp.headers_mut().insert(http::header::ALT_SVC, v.clone());
-            }
             if worker.draining.get() && resp.status() != http::StatusCode::SWITCHING_PROTOCOLS {
                 // Stopping: this client's next request goes to a new connection (and process).
                 resp.headers_mut().insert(http::header::CONNECTION, http::HeaderValue::from_static("close"));

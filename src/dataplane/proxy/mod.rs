@@ -181,7 +181,12 @@ pub async fn handle<B: Into<ClientBody>>(
     bump(&worker.stats.requests, 1);
     // `writing` until the response head is made, also when the client goes away first.
     let _writing = Raised::new(&worker.stats.writing);
+    // Every answer on a TLS port that also serves HTTP/3 says so (HTTP/1.1 and HTTP/2 alike).
+    let alt_svc = conn.tls.as_ref().and_then(|t| t.alt_svc.clone());
     let mut resp = serve(parts, body.into(), conn, gw, worker, upgrade_asked).await;
+    if let Some(v) = alt_svc {
+        resp.headers_mut().insert(http::header::ALT_SVC, v);
+    }
     if upgrade_asked && resp.status() != StatusCode::SWITCHING_PROTOCOLS {
         // The framer stopped judging this connection's bytes at the upgrade request (`framing`):
         // whatever the client sent after it is never served as a request.
