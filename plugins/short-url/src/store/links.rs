@@ -229,9 +229,9 @@ impl Default for ListQuery {
 /// A search of 3 characters or more can go three ways. First each of the term's trigrams is
 /// probed in the trigram index, counting at most [`PROBE`] links: when one is rarer than that,
 /// the index on that trigram alone gives few candidates and the `ILIKE` test picks the matches
-/// among them (`site7.example` at 1M links: 771 candidates, 5 ms, where the phrase of its 11
+/// among them (`site7.example` at 1M links: 771 candidates, 5 ms, where the AND of its 11
 /// trigrams, most of them in every URL, took 24-40 ms inside FTS5). When every trigram is
-/// common, neither remaining way's cost is known in advance: the index on the whole phrase goes
+/// common, neither remaining way's cost is known in advance: the index on all its trigrams goes
 /// first within [`INDEX_FIRST`] steps, then a walk of the list's order that tests each link and
 /// stops at the page's end within [`WALK`], then the index without a limit. The `ILIKE` test
 /// decides in every case: the answer is the same whichever way it came.
@@ -246,7 +246,7 @@ pub enum Way {
     Plain,
     /// The trigram index on the term's rarest trigram (in fewer than [`PROBE`] links).
     Rare,
-    /// The trigram index on the whole term, within its first budget.
+    /// The trigram index on all the term's trigrams, within its first budget.
     Index,
     /// The walk of the list's order.
     Walk,
@@ -271,8 +271,8 @@ pub fn list_within(
                 (conn.query(&sql, &params)?, Way::Rare)
             }
             None => {
-                let phrase = super::fts_phrase(term);
-                let (by_index, params) = list_sql(conn, q, scope, Some(&phrase));
+                let all = super::fts_all_trigrams(term);
+                let (by_index, params) = list_sql(conn, q, scope, Some(&all));
                 match conn.query_within(&by_index, &params, index_first)? {
                     Some(rows) => (rows, Way::Index),
                     None => {
@@ -299,22 +299,19 @@ pub fn list_within(
 /// Links a trigram is counted in at most by [`rarest_trigram`]'s probe (about 0.1 ms each).
 pub const PROBE: i64 = 1000;
 
-/// Distinct trigrams of a term probed at most (a long term's first ones).
-const PROBED_TRIGRAMS: usize = 32;
-
 /// How long a probe's count is reused. Counts only steer the choice of a way (the `ILIKE` test
 /// decides the answer), and the trigrams most terms share (`htt`, `exa`, `.co`...) stay common:
 /// without the cache a term of 9 common trigrams spent 1 ms probing per search.
 const PROBE_TTL: std::time::Duration = std::time::Duration::from_secs(60);
 
-/// Probe counts by (trigram phrase, limit), with when they were taken: one per connection (so
+/// Probe counts by (trigram query, limit), with when they were taken: one per connection (so
 /// per database), cleared when it reaches 4,096 entries.
 pub type ProbeCache = std::collections::HashMap<(String, i64), (i64, std::time::Instant)>;
 
-/// In how many links (at most `probe`) the FTS5 `phrase` of one trigram is, from the
+/// In how many links (at most `probe`) the FTS5 `query` of one trigram is, from the
 /// connection's cache when it was counted less than [`PROBE_TTL`] ago.
-fn probe_count(conn: &mut dyn Conn, phrase: &str, probe: i64) -> Result<i64, String> {
-    let key = (phrase.to_owned(), probe);
+fn probe_count(conn: &mut dyn Conn, query: &str, probe: i64) -> Result<i64, String> {
+    let key = (query.to_owned(), probe);
     if let Some((n, at)) = conn.probe_cache().and_then(|m| m.get(&key).copied()) {
         if at.elapsed() < PROBE_TTL {
             return Ok(n);
@@ -322,7 +319,7 @@ fn probe_count(conn: &mut dyn Conn, phrase: &str, probe: i64) -> Result<i64, Str
     }
     let rows = conn.query(
         "SELECT count(*) FROM (SELECT rowid FROM short_url_codes_search WHERE short_url_codes_search MATCH $1 LIMIT $2)",
-        &[phrase.into(), probe.into()],
+        &[query.into(), probe.into()],
     )?;
     let n = rows.first().and_then(|r| r.first()).and_then(Val::int).unwrap_or(probe);
     if let Some(cache) = conn.probe_cache() {
@@ -334,36 +331,24 @@ fn probe_count(conn: &mut dyn Conn, phrase: &str, probe: i64) -> Result<i64, Str
     Ok(n)
 }
 
-/// The FTS5 phrase of `term`'s rarest trigram, when some trigram is in fewer than `probe`
+/// The FTS5 query of `term`'s rarest trigram, when some trigram is in fewer than `probe`
 /// links (a trigram in none: the term is in no link).
 fn rarest_trigram(conn: &mut dyn Conn, term: &str, probe: i64) -> Result<Option<String>, String> {
     if probe <= 0 {
         return Ok(None);
     }
-    let chars: Vec<char> = term.chars().collect();
-    let mut seen: Vec<String> = Vec::new();
     let mut best: Option<(i64, String)> = None;
-    for w in chars.windows(3) {
-        // As typed: FTS5 folds case the way its index did (Rust's lowercasing differs, e.g. for
-        // `İ`, and would probe trigrams the index never held).
-        let trigram: String = w.iter().collect();
-        if seen.contains(&trigram) {
-            continue;
-        }
-        if seen.len() == PROBED_TRIGRAMS {
-            break;
-        }
-        let phrase = super::fts_phrase(&trigram);
-        seen.push(trigram);
-        let n = probe_count(conn, &phrase, probe)?;
+    for trigram in super::trigrams(term) {
+        let query = super::fts_trigram(&trigram);
+        let n = probe_count(conn, &query, probe)?;
         if n < probe && best.as_ref().is_none_or(|(b, _)| n < *b) {
-            best = Some((n, phrase));
+            best = Some((n, query));
             if n == 0 {
                 break;
             }
         }
     }
-    Ok(best.map(|(_, phrase)| phrase))
+    Ok(best.map(|(_, query)| query))
 }
 
 /// Thousands of SQLite program steps a search spends on the trigram index before it tries the

@@ -275,7 +275,7 @@ pub trait Conn: Send {
     /// Like [`Conn::query`], for a statement without rows: the rows it changed.
     fn execute(&mut self, sql: &str, params: &[Val]) -> Result<u64, String>;
     /// A condition that narrows a search to the codes whose origin_url, title or tags may contain
-    /// the term bound at `param` (as an FTS5 phrase, see [`fts_phrase`]) through a full-text
+    /// the term bound at `param` (as an FTS5 query, see [`fts_all_trigrams`]) through a full-text
     /// index, when this backend has one (SQLite: FTS5 trigram; PostgreSQL uses its `pg_trgm`
     /// index for `ILIKE` by itself). The `ILIKE` test still decides.
     fn search_index(&self, _param: &str) -> Option<String> {
@@ -295,9 +295,37 @@ pub trait Conn: Send {
     }
 }
 
-/// `term` as an FTS5 phrase (a substring with the trigram tokenizer).
-pub fn fts_phrase(term: &str) -> String {
-    format!("\"{}\"", term.replace('"', "\"\""))
+/// Distinct trigrams of a term used at most (a long term's first ones): any of them narrows the
+/// candidates, and the `ILIKE` test decides.
+pub const MAX_TRIGRAMS: usize = 32;
+
+/// The distinct trigrams of `term` (its first [`MAX_TRIGRAMS`]), as typed: FTS5 folds their
+/// case the way its index did (Rust's lowercasing differs, e.g. for `İ`, and would look up
+/// trigrams the index never held).
+pub fn trigrams(term: &str) -> Vec<String> {
+    let chars: Vec<char> = term.chars().collect();
+    let mut out: Vec<String> = Vec::new();
+    for w in chars.windows(3) {
+        let t: String = w.iter().collect();
+        if !out.contains(&t) {
+            if out.len() == MAX_TRIGRAMS {
+                break;
+            }
+            out.push(t);
+        }
+    }
+    out
+}
+
+/// An FTS5 query of one trigram (a quoted token of the trigram tokenizer).
+pub fn fts_trigram(trigram: &str) -> String {
+    format!("\"{}\"", trigram.replace('"', "\"\""))
+}
+
+/// An FTS5 query every link holding `term` matches: the AND of its trigrams. The index keeps no
+/// positions (`detail=none`), so this is not the phrase; the `ILIKE` test decides.
+pub fn fts_all_trigrams(term: &str) -> String {
+    trigrams(term).iter().map(|t| fts_trigram(t)).collect::<Vec<_>>().join(" AND ")
 }
 
 /// Opens connections of one backend.

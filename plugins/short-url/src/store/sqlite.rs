@@ -92,6 +92,35 @@ const MIGRATIONS: &[&str] = &[
     // 1M links went from 55.7k to 71.4k URLs/s, searches stayed within 10% (more segments to read).
     "INSERT INTO codes_search (codes_search, rank) VALUES ('automerge', 16);
     INSERT INTO codes_search (codes_search, rank) VALUES ('crisismerge', 64);",
+    // The search index at half the cost per link (creation at 1M links: see
+    // docs/plugins/short-url.md): contentless (the texts live in `codes` only), without positions
+    // (`detail=none`: a term is looked up as the AND of its trigrams, not as a phrase) or column
+    // sizes. A contentless entry can only be deleted by giving its old texts again, so none is:
+    // each indexed version of a link gets a new `search_ids` row (appended, never rewritten) and
+    // the index entry of that id. Entries of changed or purged links stay behind as stale
+    // candidates, which the `ILIKE` test of every search already rejects.
+    "DROP TRIGGER codes_search_insert;
+    DROP TRIGGER codes_search_update;
+    DROP TABLE codes_search;
+    CREATE TABLE search_ids (id INTEGER PRIMARY KEY, code TEXT NOT NULL);
+    CREATE VIRTUAL TABLE codes_search USING fts5(
+        origin_url, title, tags, tokenize = 'trigram', detail = none, columnsize = 0, content = '');
+    INSERT INTO codes_search (codes_search, rank) VALUES ('automerge', 16);
+    INSERT INTO codes_search (codes_search, rank) VALUES ('crisismerge', 64);
+    INSERT INTO search_ids (code) SELECT code FROM codes;
+    INSERT INTO codes_search (rowid, origin_url, title, tags)
+        SELECT s.id, c.origin_url, c.title, c.tags FROM search_ids s CROSS JOIN codes c ON c.code = s.code;
+    CREATE TRIGGER codes_search_insert AFTER INSERT ON codes BEGIN
+        INSERT INTO search_ids (code) VALUES (new.code);
+        INSERT INTO codes_search (rowid, origin_url, title, tags)
+            VALUES (last_insert_rowid(), new.origin_url, new.title, new.tags);
+    END;
+    CREATE TRIGGER codes_search_update AFTER UPDATE OF origin_url, title, tags ON codes
+    WHEN old.origin_url IS NOT new.origin_url OR old.title IS NOT new.title OR old.tags IS NOT new.tags BEGIN
+        INSERT INTO search_ids (code) VALUES (new.code);
+        INSERT INTO codes_search (rowid, origin_url, title, tags)
+            VALUES (last_insert_rowid(), new.origin_url, new.title, new.tags);
+    END;",
 ];
 
 /// Opens connections to one database file.
@@ -163,7 +192,10 @@ impl Conn for SqliteConn {
         Some(&mut self.1)
     }
     fn search_index(&self, param: &str) -> Option<String> {
-        Some(format!("code IN (SELECT code FROM short_url_codes_search WHERE short_url_codes_search MATCH {param})"))
+        Some(format!(
+            "code IN (SELECT code FROM short_url_search_ids WHERE id IN
+                (SELECT rowid FROM short_url_codes_search WHERE short_url_codes_search MATCH {param}))"
+        ))
     }
     fn exec(&mut self, sql: &str) -> Result<(), String> {
         // Prepared once: the writer runs the same few statements (BEGIN, SAVEPOINT...) per batch.
@@ -345,5 +377,74 @@ impl rusqlite::ToSql for Val {
             Val::Int(i) => ToSqlOutput::Owned(Value::Integer(*i)),
             Val::Text(s) => ToSqlOutput::Borrowed(ValueRef::Text(s.as_bytes())),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::links::{self, ListQuery, Scope};
+
+    fn found(conn: &mut dyn Conn, term: &str, probe: i64) -> Vec<String> {
+        let q = ListQuery { search: Some(term.into()), page_size: 100, ..ListQuery::default() };
+        let (links, _, _) = links::list_within(conn, &q, &Scope::All, probe, u32::MAX, u32::MAX)
+            .unwrap_or_else(|e| panic!("{term}: {e}"));
+        let mut codes: Vec<String> = links.into_iter().map(|l| l.code).collect();
+        codes.sort();
+        codes
+    }
+
+    #[test]
+    fn a_store_indexed_before_migration_6_is_reindexed_and_a_changed_link_is_found_by_its_new_text() {
+        let dir = std::env::temp_dir().join(format!("weir-short-url-m6-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let _ = std::fs::create_dir_all(&dir);
+        let path = dir.join("t.db");
+        {
+            // A store as migration 5 left it, links indexed by the old trigger.
+            let old = Connection::open(&path).unwrap_or_else(|e| panic!("{e}"));
+            for (i, sql) in MIGRATIONS.iter().take(5).enumerate() {
+                old.execute_batch(&format!("{sql}; PRAGMA user_version = {};", i + 1))
+                    .unwrap_or_else(|e| panic!("{e}"));
+            }
+            old.execute_batch(
+                "INSERT INTO codes (code, origin_url, created_at, title) VALUES
+                    ('aaaa', 'https://one.example/x', 1, 'First'),
+                    ('bbbb', 'https://two.example/y', 2, NULL),
+                    ('a-very-long-custom-code', 'https://three.example/z', 3, 'Third');",
+            )
+            .unwrap_or_else(|e| panic!("{e}"));
+        }
+        let mut conn = Sqlite::new(path).connect().unwrap_or_else(|e| panic!("{e}"));
+        for probe in [links::PROBE, 0] {
+            assert_eq!(found(&mut *conn, "one.example", probe), ["aaaa"], "probe {probe}");
+            assert_eq!(found(&mut *conn, "first", probe), ["aaaa"], "probe {probe}");
+            assert_eq!(found(&mut *conn, ".example/", probe), ["a-very-long-custom-code", "aaaa", "bbbb"]);
+        }
+        // A new link is indexed by the new trigger; a changed one by its new text only (its old
+        // entry stays in the index and the ILIKE test rejects it).
+        let e = crate::store::NewEntry { origin_url: "https://four.example/w".into(), ..Default::default() };
+        assert_eq!(links::insert_full(&mut *conn, "cccc", &e, 4), Ok(true));
+        let mut link = links::get(&mut *conn, "bbbb").ok().flatten().unwrap_or_else(|| panic!("bbbb"));
+        link.origin_url = "https://five.example/v".into();
+        link.title = Some("Renamed".into());
+        assert_eq!(links::update(&mut *conn, &link), Ok(true));
+        for probe in [links::PROBE, 0] {
+            assert_eq!(found(&mut *conn, "four.exam", probe), ["cccc"], "probe {probe}");
+            assert_eq!(found(&mut *conn, "five.exam", probe), ["bbbb"], "probe {probe}");
+            assert_eq!(found(&mut *conn, "renamed", probe), ["bbbb"], "probe {probe}");
+            assert!(found(&mut *conn, "two.example", probe).is_empty(), "probe {probe}");
+        }
+        // An update that leaves the texts alone adds no index entry.
+        let ids =
+            |conn: &mut dyn Conn| conn.query("SELECT count(*) FROM short_url_search_ids", &[]).map(|r| r[0][0].clone());
+        let before = ids(&mut *conn);
+        link.max_visits = Some(9);
+        assert_eq!(links::update(&mut *conn, &link), Ok(true));
+        assert_eq!(ids(&mut *conn), before);
+        let check =
+            conn.execute("INSERT INTO short_url_codes_search (short_url_codes_search) VALUES ('integrity-check')", &[]);
+        assert!(check.is_ok(), "{check:?}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
