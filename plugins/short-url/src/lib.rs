@@ -397,7 +397,6 @@ impl Instance {
             return request_error(StatusCode::SERVICE_UNAVAILABLE, "storage is not configured", now);
         };
         let meta = self.meta.clone();
-        let shared = self.shared.clone();
         Flow::wait(async move {
             match store.create_entries(valid.clone(), now).await {
                 Err(e) => {
@@ -417,11 +416,10 @@ impl Instance {
                         .map(|c| match c {
                             Err(r) => item_err(Some(r), now),
                             Ok(_) => match stored.next() {
-                                Some((Stored::New(code), entry)) => {
-                                    shared.cache.put(Arc::new(store::links::Link::of_entry(code, entry, now)), now);
-                                    item_ok(&entry.origin_url, code, meta.base_of(entry.domain.as_deref()), now)
-                                }
-                                Some((Stored::Existing(code), entry)) => {
+                                // Not cached here: a bulk creation would push the hot codes
+                                // out (and putting each new link cost a fifth of creation's
+                                // worker time); a link's first redirect caches it.
+                                Some((Stored::New(code) | Stored::Existing(code), entry)) => {
                                     item_ok(&entry.origin_url, code, meta.base_of(entry.domain.as_deref()), now)
                                 }
                                 Some((Stored::Taken, entry)) => {
