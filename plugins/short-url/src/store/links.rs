@@ -678,6 +678,56 @@ mod tests {
     use crate::store::Connector;
 
     #[test]
+    fn a_large_batch_of_visits_keeps_counts_exact_and_each_codes_newest_visits() {
+        let dir = std::env::temp_dir().join(format!("weir-short-url-flush-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let mut conn = crate::store::sqlite::Sqlite::new(dir.join("t.db")).connect().unwrap_or_else(|e| panic!("{e}"));
+        let singles = 5_000;
+        assert_eq!(conn.exec("BEGIN"), Ok(()));
+        for code in ["hot", "warm"].into_iter().map(String::from).chain((0..singles).map(|i| format!("c{i:05}"))) {
+            let e = NewEntry { origin_url: format!("https://{code}.example/"), ..NewEntry::default() };
+            assert_eq!(insert_full(&mut *conn, &code, &e, 1), Ok(true));
+        }
+        assert_eq!(conn.exec("COMMIT"), Ok(()));
+        // Interleaved arrivals, many codes.
+        let visit = |code: String, at: i64, class: UaClass| Visit {
+            code,
+            at,
+            referer: None,
+            class,
+            country: None,
+            ip_hash: at as u64,
+        };
+        let mut batch = Vec::new();
+        for i in 0..(5_000 + 500) {
+            batch.push(visit("hot".into(), 1_000 + i, if i % 10 == 0 { UaClass::Bot } else { UaClass::Browser }));
+            if i < singles as i64 {
+                batch.push(visit(format!("c{i:05}"), 1_000 + i, UaClass::Other));
+            }
+            if i < 30 {
+                batch.push(visit("warm".into(), 1_000 + i, UaClass::Browser));
+            }
+        }
+        let n = batch.len();
+        assert_eq!(flush_visits(&mut *conn, &batch), Ok(()));
+        let one = |conn: &mut dyn Conn, sql: &str| conn.query(sql, &[]).ok().and_then(|r| r[0][0].int());
+        assert_eq!(one(&mut *conn, "SELECT sum(visits) FROM short_url_codes"), Some(n as i64));
+        assert_eq!(one(&mut *conn, "SELECT sum(n) FROM short_url_visit_stats"), Some(n as i64));
+        let hot = get(&mut *conn, "hot").ok().flatten().unwrap_or_else(|| panic!("hot"));
+        assert_eq!((hot.visits, hot.bot_visits), (5_000 + 500, 550));
+        // The recent sample is each code's newest visits.
+        let report = report(&mut *conn, "hot", 10, 1, 100, 20_000).unwrap_or_else(|e| panic!("{e}"));
+        let ats: Vec<i64> = report.recent.iter().map(|r| r.at).collect();
+        let last = 1_000 + 5_000 + 499;
+        assert_eq!(ats, (last - RECENT_PER_CODE as i64 + 1..=last).rev().collect::<Vec<_>>());
+        assert_eq!(
+            one(&mut *conn, "SELECT count(*) FROM short_url_visits WHERE code = 'warm'"),
+            Some(RECENT_PER_CODE as i64)
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
     fn a_search_finds_the_same_page_whichever_way_it_goes() {
         let dir = std::env::temp_dir().join(format!("weir-short-url-ways-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
