@@ -3,7 +3,7 @@
 # with every request asking Redis (exact) and with `sync_interval` (batched increments; issue 25's
 # target: >= 0.9x local). Weir on one core (worker_processes 1); wrk, the nginx upstream (1 KiB)
 # and redis-server on the other. The limit is never reached: this measures the cost of counting.
-# Runs alternate (local, redis, local, ...) so that drift affects both alike.
+# Runs alternate (local, redis, redis with sync_interval, local, ...) so that drift affects all alike.
 #
 #   benches/limit_redis.sh        # needs: wrk, nginx, redis-server (apt-get install wrk nginx-light redis-server)
 #   DURATION=10 ROUNDS=3 CONNS=16 benches/limit_redis.sh

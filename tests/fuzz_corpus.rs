@@ -46,6 +46,12 @@ fn short_url_manage() {
     each_input("short_url_manage", weir_plugin_short_url::validate::fuzz_manage);
 }
 
+#[cfg(feature = "short-url")]
+#[test]
+fn short_url_search() {
+    each_input("short_url_search", weir_plugin_short_url::store::links::fuzz_search);
+}
+
 #[cfg(feature = "openid-connect")]
 #[test]
 fn oidc_session() {

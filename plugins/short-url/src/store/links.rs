@@ -65,23 +65,6 @@ impl Link {
             deleted_at: int(13),
         }
     }
-
-    /// A new link as the writer stores it.
-    pub fn of_entry(code: &str, e: &NewEntry, now: i64) -> Link {
-        Link {
-            code: code.to_owned(),
-            origin_url: e.origin_url.clone(),
-            created_at: now,
-            expires_at: e.expires_at,
-            valid_since: e.valid_since,
-            max_visits: e.max_visits,
-            title: e.title.clone(),
-            tags: e.tags.clone(),
-            domain: e.domain.clone(),
-            owner: e.owner.clone(),
-            ..Link::default()
-        }
-    }
 }
 
 /// Who asks: everyone's links (no authentication, or an admin consumer) or one owner's.
@@ -229,7 +212,7 @@ impl Default for ListQuery {
 /// A search of 3 characters or more can go three ways. First each of the term's trigrams is
 /// probed in the trigram index, counting at most [`PROBE`] links: when one is rarer than that,
 /// the index on that trigram alone gives few candidates and the `ILIKE` test picks the matches
-/// among them (`site7.example` at 1M links: 771 candidates, 5 ms, where the AND of its 11
+/// among them (`site7.example` at 1M links: 771 candidates, 5 ms, where the phrase of its 11
 /// trigrams, most of them in every URL, took 24-40 ms inside FTS5). When every trigram is
 /// common, neither remaining way's cost is known in advance: the index on all its trigrams goes
 /// first within [`INDEX_FIRST`] steps, then a walk of the list's order that tests each link and
@@ -263,6 +246,10 @@ pub fn list_within(
     index_first: u32,
     walk: u32,
 ) -> Result<(Vec<Link>, bool, Way), String> {
+    if q.search.as_deref().is_some_and(|s| s.chars().any(char::is_control)) {
+        // No stored text holds one (creation and PATCH refuse them), and FTS5 ends a query at NUL.
+        return Ok((Vec::new(), false, Way::Plain));
+    }
     let term = q.search.as_deref().filter(|s| s.chars().count() >= 3 && conn.search_index("$1").is_some());
     let (rows, way) = match term {
         Some(term) => match rarest_trigram(conn, term, probe)? {
@@ -418,6 +405,7 @@ fn list_sql(conn: &dyn Conn, q: &ListQuery, scope: &Scope, index: Option<&str>) 
 pub fn update(conn: &mut dyn Conn, link: &Link) -> Result<bool, String> {
     conn.exec("BEGIN")?;
     let r = (|| {
+        forget_indexed_texts(conn, link)?;
         let n = conn.execute(
             "UPDATE short_url_codes SET origin_url = $2, expires_at = $3, valid_since = $4, max_visits = $5,
                  title = $6, tags = $7
@@ -444,6 +432,57 @@ pub fn update(conn: &mut dyn Conn, link: &Link) -> Result<bool, String> {
             Err(e)
         }
     }
+}
+
+/// Before `link`'s texts (origin_url, title, tags) change, removes their entry from the trigram
+/// index where there is one (SQLite; the update's trigger indexes the new texts). The index is
+/// contentless: an entry is deleted by giving its texts again, and it is found through the index
+/// itself, by the old URL's rarest trigram. A code's current entry is its newest `search_ids`
+/// row; older ones (of a purged link whose code came back) are left alone, since their texts
+/// are not known.
+fn forget_indexed_texts(conn: &mut dyn Conn, link: &Link) -> Result<(), String> {
+    if conn.search_index("$1").is_none() {
+        return Ok(());
+    }
+    let rows = conn.query(
+        "SELECT origin_url, title, tags FROM short_url_codes WHERE code = $1 AND deleted_at IS NULL",
+        &[link.code.as_str().into()],
+    )?;
+    let Some(old) = rows.into_iter().next() else { return Ok(()) };
+    let new = [Val::from(link.origin_url.as_str()), link.title.clone().into(), tags_text(&link.tags).into()];
+    if old[..] == new[..] {
+        // The trigger adds no entry either.
+        return Ok(());
+    }
+    let url = old[0].text().unwrap_or_default();
+    let query = match rarest_trigram(conn, &url, PROBE)? {
+        Some(query) => query,
+        None => super::fts_all_trigrams(&url),
+    };
+    if query.is_empty() {
+        return Ok(());
+    }
+    let newest = conn.query(
+        "SELECT max(id) FROM short_url_search_ids WHERE code = $1 AND id IN
+             (SELECT rowid FROM short_url_codes_search WHERE short_url_codes_search MATCH $2)",
+        &[link.code.as_str().into(), query.into()],
+    )?;
+    let newest_of_code =
+        conn.query("SELECT max(id) FROM short_url_search_ids WHERE code = $1", &[link.code.as_str().into()])?;
+    let newest_of_code = newest_of_code.first().and_then(|r| r.first()).and_then(Val::int);
+    // Only when the entry found is the code's newest: then its texts are the old ones.
+    let Some(id) = newest.first().and_then(|r| r.first()).and_then(Val::int).filter(|id| Some(*id) == newest_of_code)
+    else {
+        return Ok(());
+    };
+    let [url, title, tags] = <[Val; 3]>::try_from(old).map_err(|_| "a link row of 3 columns".to_owned())?;
+    conn.execute(
+        "INSERT INTO short_url_codes_search (short_url_codes_search, rowid, origin_url, title, tags)
+         VALUES ('delete', $1, $2, $3, $4)",
+        &[id.into(), url, title, tags],
+    )?;
+    conn.execute("DELETE FROM short_url_search_ids WHERE id = $1", &[id.into()])?;
+    Ok(())
 }
 
 /// Marks a link deleted (kept as a tombstone, so that its code is never handed out again).
@@ -672,6 +711,54 @@ pub fn report(
     Ok(Report { days, referers, classes, recent })
 }
 
+/// Whether a search for `term` finds `code` (created at `at`, alone in that second), each way a
+/// search can go: the rarest trigram, the AND of all trigrams, the ordered walk. `Err` says
+/// which way missed it or failed.
+fn search_finds(conn: &mut dyn Conn, code: &str, term: &str, at: i64) -> Result<(), String> {
+    let q = ListQuery { search: Some(term.to_owned()), since: Some(at), until: Some(at + 1), ..ListQuery::default() };
+    for (probe, index_first, walk) in [(PROBE, u32::MAX, u32::MAX), (0, u32::MAX, u32::MAX), (0, 0, u32::MAX)] {
+        let (links, _, way) = list_within(conn, &q, &Scope::All, probe, index_first, walk)?;
+        if !links.iter().any(|l| l.code == code) {
+            return Err(format!("{term:?} did not find {code} ({way:?})"));
+        }
+    }
+    Ok(())
+}
+
+/// Fuzzing (target `short_url_search`): a link titled with `data` (after its first byte), then a
+/// search for a piece of that title (where the first byte says). Whatever the characters (FTS5
+/// syntax, quotes, `%` and `_`, any script), the search finds the link every way it can go, and
+/// never fails.
+pub fn fuzz_search(data: &[u8]) {
+    use std::sync::atomic::{AtomicI64, Ordering};
+    static STORE: std::sync::OnceLock<parking_lot::Mutex<Box<dyn Conn>>> = std::sync::OnceLock::new();
+    static NEXT: AtomicI64 = AtomicI64::new(1);
+    let Some((&cut, rest)) = data.split_first() else { return };
+    let title = String::from_utf8_lossy(rest);
+    let chars: Vec<char> = title.chars().collect();
+    if chars.len() < 3 || title.len() > 256 || title.chars().any(char::is_control) {
+        return;
+    }
+    let start = usize::from(cut & 15) % (chars.len() - 2);
+    let end = start + 3 + usize::from(cut >> 4) % (chars.len() - start - 2);
+    let term: String = chars[start..end].iter().collect();
+    let store = STORE.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("weir-fuzz-search-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let conn = super::Connector::connect(&super::sqlite::Sqlite::new(dir.join("t.db")));
+        parking_lot::Mutex::new(conn.unwrap_or_else(|e| panic!("fuzz store: {e}")))
+    });
+    let mut conn = store.lock();
+    let at = NEXT.fetch_add(1, Ordering::Relaxed);
+    let code = format!("f{at}");
+    let e =
+        NewEntry { origin_url: "https://fuzz.example/".into(), title: Some(title.to_string()), ..NewEntry::default() };
+    assert_eq!(insert_full(&mut **conn, &code, &e, at), Ok(true));
+    if let Err(e) = search_finds(&mut **conn, &code, &term, at) {
+        panic!("{e}");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -724,6 +811,41 @@ mod tests {
             one(&mut *conn, "SELECT count(*) FROM short_url_visits WHERE code = 'warm'"),
             Some(RECENT_PER_CODE as i64)
         );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_search_for_text_in_fts5_syntax_or_any_script_finds_its_link() {
+        let dir = std::env::temp_dir().join(format!("weir-short-url-hostile-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let mut conn = crate::store::sqlite::Sqlite::new(dir.join("t.db")).connect().unwrap_or_else(|e| panic!("{e}"));
+        let titles = [
+            ("say \"hi\" now", "\"hi\""),
+            ("\"\"\"\"", "\"\"\""),
+            ("a*b*c NEAR(x y)", "NEAR("),
+            ("col:umn ^start (grp) -neg +pos", "col:umn ^st"),
+            ("x OR y AND z NOT w", "OR y AND"),
+            ("100% of a_b", "0% of a_"),
+            ("back\\slash", "k\\s"),
+            ("İstanbul ĞÜŞ", "STANBUL"),
+            ("日本語のタイトル", "本語の"),
+            ("emoji 🚀🚀🚀 launch", "🚀🚀🚀"),
+            (
+                "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaab",
+                "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaab",
+            ),
+        ];
+        for (i, (title, term)) in titles.iter().enumerate() {
+            let at = 10_000 + i as i64;
+            let code = format!("h{i}");
+            let e = NewEntry {
+                origin_url: "https://x.example/".into(),
+                title: Some((*title).into()),
+                ..NewEntry::default()
+            };
+            assert_eq!(insert_full(&mut *conn, &code, &e, at), Ok(true));
+            assert_eq!(search_finds(&mut *conn, &code, term, at), Ok(()), "{title}");
+        }
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -811,6 +811,17 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_term_is_looked_up_by_its_distinct_trigrams_each_quoted() {
+        assert_eq!(super::fts_all_trigrams("abc"), "\"abc\"");
+        assert_eq!(super::fts_all_trigrams("aaaa"), "\"aaa\"");
+        assert_eq!(super::fts_all_trigrams("a\"bc"), "\"a\"\"b\" AND \"\"\"bc\"");
+        assert_eq!(super::trigrams("ab"), Vec::<String>::new());
+        assert_eq!(super::trigrams("日本語の"), ["日本語", "本語の"]);
+        let long: String = (0..100).filter_map(|i| char::from_u32(0x4e00 + i)).collect();
+        assert_eq!(super::trigrams(&long).len(), super::MAX_TRIGRAMS);
+    }
+
+    #[test]
     fn sqlite_backend_passes_the_suite() {
         let dir = std::env::temp_dir().join(format!("weir-short-url-suite-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);

@@ -95,10 +95,11 @@ const MIGRATIONS: &[&str] = &[
     // The search index at half the cost per link (creation at 1M links: see
     // docs/plugins/short-url.md): contentless (the texts live in `codes` only), without positions
     // (`detail=none`: a term is looked up as the AND of its trigrams, not as a phrase) or column
-    // sizes. A contentless entry can only be deleted by giving its old texts again, so none is:
-    // each indexed version of a link gets a new `search_ids` row (appended, never rewritten) and
-    // the index entry of that id. Entries of changed or purged links stay behind as stale
-    // candidates, which the `ILIKE` test of every search already rejects.
+    // sizes. Its rowids come from `search_ids` (appended to, in order: FTS5 writes rowids in
+    // order cheaply), one per indexed version of a link's texts. A contentless entry is deleted
+    // by giving its texts again: `links::update` does so before a change (the trigger below
+    // indexes the new texts). Entries of purged links stay behind as candidates the `ILIKE`
+    // test of every search rejects (at most one per link ever created).
     "DROP TRIGGER codes_search_insert;
     DROP TRIGGER codes_search_update;
     DROP TABLE codes_search;
@@ -421,8 +422,8 @@ mod tests {
             assert_eq!(found(&mut *conn, "first", probe), ["aaaa"], "probe {probe}");
             assert_eq!(found(&mut *conn, ".example/", probe), ["a-very-long-custom-code", "aaaa", "bbbb"]);
         }
-        // A new link is indexed by the new trigger; a changed one by its new text only (its old
-        // entry stays in the index and the ILIKE test rejects it).
+        // A new link is indexed by the new trigger; a changed one by its new texts, its old
+        // entry deleted from the index.
         let e = crate::store::NewEntry { origin_url: "https://four.example/w".into(), ..Default::default() };
         assert_eq!(links::insert_full(&mut *conn, "cccc", &e, 4), Ok(true));
         let mut link = links::get(&mut *conn, "bbbb").ok().flatten().unwrap_or_else(|| panic!("bbbb"));
@@ -435,13 +436,26 @@ mod tests {
             assert_eq!(found(&mut *conn, "renamed", probe), ["bbbb"], "probe {probe}");
             assert!(found(&mut *conn, "two.example", probe).is_empty(), "probe {probe}");
         }
-        // An update that leaves the texts alone adds no index entry.
-        let ids =
-            |conn: &mut dyn Conn| conn.query("SELECT count(*) FROM short_url_search_ids", &[]).map(|r| r[0][0].clone());
-        let before = ids(&mut *conn);
+        let count = |conn: &mut dyn Conn, sql: &str| conn.query(sql, &[]).ok().and_then(|r| r[0][0].int());
+        let of_two = "SELECT count(*) FROM short_url_codes_search WHERE short_url_codes_search MATCH '\"two\"'";
+        assert_eq!(count(&mut *conn, of_two), Some(0), "the old texts' entry is gone");
+        let of_bbbb = "SELECT count(*) FROM short_url_search_ids WHERE code = 'bbbb'";
+        assert_eq!(count(&mut *conn, of_bbbb), Some(1));
+        // An update that leaves the texts alone neither deletes nor adds an index entry.
+        let all = "SELECT count(*) FROM short_url_search_ids";
+        let before = count(&mut *conn, all);
         link.max_visits = Some(9);
         assert_eq!(links::update(&mut *conn, &link), Ok(true));
-        assert_eq!(ids(&mut *conn), before);
+        assert_eq!(count(&mut *conn, all), before);
+        assert_eq!(found(&mut *conn, "renamed", links::PROBE), ["bbbb"]);
+        // Many changes leave one entry.
+        for i in 0..20 {
+            link.title = Some(format!("Renamed {i}"));
+            assert_eq!(links::update(&mut *conn, &link), Ok(true));
+        }
+        assert_eq!(count(&mut *conn, of_bbbb), Some(1));
+        assert_eq!(found(&mut *conn, "renamed 19", 0), ["bbbb"]);
+        assert!(found(&mut *conn, "renamed 18", 0).is_empty());
         let check =
             conn.execute("INSERT INTO short_url_codes_search (short_url_codes_search) VALUES ('integrity-check')", &[]);
         assert!(check.is_ok(), "{check:?}");
