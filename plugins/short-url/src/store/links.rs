@@ -253,7 +253,7 @@ pub fn list_within(
     let term = q.search.as_deref().filter(|s| s.chars().count() >= 3 && conn.search_index("$1").is_some());
     let (rows, way) = match term {
         Some(term) => match rarest_trigram(conn, term, probe)? {
-            Some(trigram) => {
+            Some((_, trigram)) => {
                 let (sql, params) = list_sql(conn, q, scope, Some(&trigram));
                 (conn.query(&sql, &params)?, Way::Rare)
             }
@@ -318,9 +318,9 @@ fn probe_count(conn: &mut dyn Conn, query: &str, probe: i64) -> Result<i64, Stri
     Ok(n)
 }
 
-/// The FTS5 query of `term`'s rarest trigram, when some trigram is in fewer than `probe`
-/// links (a trigram in none: the term is in no link).
-fn rarest_trigram(conn: &mut dyn Conn, term: &str, probe: i64) -> Result<Option<String>, String> {
+/// How many links hold `term`'s rarest trigram, and its FTS5 query, when some trigram is in
+/// fewer than `probe` links (a trigram in none: the term is in no link).
+fn rarest_trigram(conn: &mut dyn Conn, term: &str, probe: i64) -> Result<Option<(i64, String)>, String> {
     if probe <= 0 {
         return Ok(None);
     }
@@ -335,7 +335,7 @@ fn rarest_trigram(conn: &mut dyn Conn, term: &str, probe: i64) -> Result<Option<
             }
         }
     }
-    Ok(best.map(|(_, query)| query))
+    Ok(best)
 }
 
 /// Thousands of SQLite program steps a search spends on the trigram index before it tries the
@@ -437,7 +437,7 @@ pub fn update(conn: &mut dyn Conn, link: &Link) -> Result<bool, String> {
 /// Before `link`'s texts (origin_url, title, tags) change, removes their entry from the trigram
 /// index where there is one (SQLite; the update's trigger indexes the new texts). The index is
 /// contentless: an entry is deleted by giving its texts again, and it is found through the index
-/// itself, by the old URL's rarest trigram. A code's current entry is its newest `search_ids`
+/// itself, by the rarest trigram of the old texts. A code's current entry is its newest `search_ids`
 /// row; older ones (of a purged link whose code came back) are left alone, since their texts
 /// are not known.
 fn forget_indexed_texts(conn: &mut dyn Conn, link: &Link) -> Result<(), String> {
@@ -454,10 +454,19 @@ fn forget_indexed_texts(conn: &mut dyn Conn, link: &Link) -> Result<(), String> 
         // The trigger adds no entry either.
         return Ok(());
     }
-    let url = old[0].text().unwrap_or_default();
-    let query = match rarest_trigram(conn, &url, PROBE)? {
-        Some(query) => query,
-        None => super::fts_all_trigrams(&url),
+    // The rarest trigram of any of the old texts (a title or tag is often rarer than a URL);
+    // when all are common, the AND of the URL's.
+    let mut rarest: Option<(i64, String)> = None;
+    for text in old.iter().filter_map(Val::text) {
+        if let Some(found) = rarest_trigram(conn, &text, PROBE)? {
+            if rarest.as_ref().is_none_or(|(n, _)| found.0 < *n) {
+                rarest = Some(found);
+            }
+        }
+    }
+    let query = match rarest {
+        Some((_, query)) => query,
+        None => super::fts_all_trigrams(&old[0].text().unwrap_or_default()),
     };
     if query.is_empty() {
         return Ok(());
