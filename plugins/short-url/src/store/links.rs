@@ -471,17 +471,18 @@ fn forget_indexed_texts(conn: &mut dyn Conn, link: &Link) -> Result<(), String> 
     if query.is_empty() {
         return Ok(());
     }
+    // The code's newest entry among the matches. The code's current entry holds every trigram of
+    // the old texts, so it is among them, and it is the newest of its code (a purged link's
+    // entries are older): no scan of `search_ids` by code, which has no index. CROSS JOIN keeps
+    // the FTS matches as the outer loop, each looked up by rowid.
     let newest = conn.query(
-        "SELECT max(id) FROM short_url_search_ids WHERE code = $1 AND id IN
-             (SELECT rowid FROM short_url_codes_search WHERE short_url_codes_search MATCH $2)",
+        "SELECT max(s.id) FROM (SELECT rowid AS id FROM short_url_codes_search
+                                WHERE short_url_codes_search MATCH $2) AS m
+             CROSS JOIN short_url_search_ids AS s ON s.id = m.id
+         WHERE s.code = $1",
         &[link.code.as_str().into(), query.into()],
     )?;
-    let newest_of_code =
-        conn.query("SELECT max(id) FROM short_url_search_ids WHERE code = $1", &[link.code.as_str().into()])?;
-    let newest_of_code = newest_of_code.first().and_then(|r| r.first()).and_then(Val::int);
-    // Only when the entry found is the code's newest: then its texts are the old ones.
-    let Some(id) = newest.first().and_then(|r| r.first()).and_then(Val::int).filter(|id| Some(*id) == newest_of_code)
-    else {
+    let Some(id) = newest.first().and_then(|r| r.first()).and_then(Val::int) else {
         return Ok(());
     };
     let [url, title, tags] = <[Val; 3]>::try_from(old).map_err(|_| "a link row of 3 columns".to_owned())?;
@@ -773,11 +774,18 @@ mod tests {
     use super::*;
     use crate::store::Connector;
 
+    /// A new SQLite store in a fresh directory of its own (`name` and the process id), which the
+    /// test removes when done.
+    fn empty_store(name: &str) -> (std::path::PathBuf, Box<dyn Conn>) {
+        let dir = std::env::temp_dir().join(format!("{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let conn = crate::store::sqlite::Sqlite::new(dir.join("t.db")).connect().unwrap_or_else(|e| panic!("{e}"));
+        (dir, conn)
+    }
+
     #[test]
     fn a_large_batch_of_visits_keeps_counts_exact_and_each_codes_newest_visits() {
-        let dir = std::env::temp_dir().join(format!("weir-short-url-flush-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        let mut conn = crate::store::sqlite::Sqlite::new(dir.join("t.db")).connect().unwrap_or_else(|e| panic!("{e}"));
+        let (dir, mut conn) = empty_store("weir-short-url-flush");
         let singles = 5_000;
         assert_eq!(conn.exec("BEGIN"), Ok(()));
         for code in ["hot", "warm"].into_iter().map(String::from).chain((0..singles).map(|i| format!("c{i:05}"))) {
@@ -825,9 +833,7 @@ mod tests {
 
     #[test]
     fn a_search_for_text_in_fts5_syntax_or_any_script_finds_its_link() {
-        let dir = std::env::temp_dir().join(format!("weir-short-url-hostile-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        let mut conn = crate::store::sqlite::Sqlite::new(dir.join("t.db")).connect().unwrap_or_else(|e| panic!("{e}"));
+        let (dir, mut conn) = empty_store("weir-short-url-hostile");
         let titles = [
             ("say \"hi\" now", "\"hi\""),
             ("\"\"\"\"", "\"\"\""),
@@ -860,9 +866,7 @@ mod tests {
 
     #[test]
     fn a_search_finds_the_same_page_whichever_way_it_goes() {
-        let dir = std::env::temp_dir().join(format!("weir-short-url-ways-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        let mut conn = crate::store::sqlite::Sqlite::new(dir.join("t.db")).connect().unwrap_or_else(|e| panic!("{e}"));
+        let (dir, mut conn) = empty_store("weir-short-url-ways");
         for i in 0..600 {
             let url = if i % 3 == 0 { format!("https://hit.example/{i}") } else { format!("https://miss.example/{i}") };
             let e = NewEntry { origin_url: url, ..NewEntry::default() };

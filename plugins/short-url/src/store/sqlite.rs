@@ -456,6 +456,24 @@ mod tests {
         assert_eq!(count(&mut *conn, of_bbbb), Some(1));
         assert_eq!(found(&mut *conn, "renamed 19", 0), ["bbbb"]);
         assert!(found(&mut *conn, "renamed 18", 0).is_empty());
+        // A purged link leaves its entry behind; when its code comes back with texts sharing its
+        // trigrams, a change deletes the new link's entry, never the stale one.
+        let e = crate::store::NewEntry {
+            origin_url: "https://six.example/u".into(),
+            expires_at: Some(5),
+            ..Default::default()
+        };
+        assert_eq!(links::insert_full(&mut *conn, "dddd", &e, 4), Ok(true));
+        assert_eq!(conn.purge(10), Ok(1));
+        let e = crate::store::NewEntry { origin_url: "https://six.example/u/again".into(), ..Default::default() };
+        assert_eq!(links::insert_full(&mut *conn, "dddd", &e, 11), Ok(true));
+        let mut back = links::get(&mut *conn, "dddd").ok().flatten().unwrap_or_else(|| panic!("dddd"));
+        back.origin_url = "https://seven.example/t".into();
+        assert_eq!(links::update(&mut *conn, &back), Ok(true));
+        assert_eq!(found(&mut *conn, "seven.exam", 0), ["dddd"]);
+        assert!(found(&mut *conn, "u/again", 0).is_empty());
+        let of_dddd = "SELECT count(*) FROM short_url_search_ids WHERE code = 'dddd'";
+        assert_eq!(count(&mut *conn, of_dddd), Some(2), "the stale entry and the current one");
         let check =
             conn.execute("INSERT INTO short_url_codes_search (short_url_codes_search) VALUES ('integrity-check')", &[]);
         assert!(check.is_ok(), "{check:?}");
