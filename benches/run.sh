@@ -10,7 +10,8 @@
 #   - HTTPS keep-alive, full TLS handshakes/s and HTTP/2 (h2load) vs nginx   benches/tls.sh
 #   - the TCP stream proxy vs nginx stream: MB/s, connections/s, RSS per idle connection   benches/stream.sh
 #   - cluster mode (when etcd is installed): cold start, route changes under load, Admin API
-#     propagation   benches/cluster.sh
+#     writes and propagation   benches/cluster.sh
+#   - one route change among 10,000, in process   cargo bench --bench snapshot_churn
 #   - limit-count policy redis vs local (when redis-server is installed)   benches/limit_redis.sh
 #   - the prometheus plugin in a global rule vs without, and scrape time with 1,000 routes and
 #     100 upstream nodes   benches/prometheus.sh
@@ -46,6 +47,7 @@ benches/short_url_manage.sh > "$out/su-manage" 2>&1 || true
 benches/tls.sh > "$out/tls" 2>&1 || true
 benches/stream.sh > "$out/stream" 2>&1 || true
 if command -v etcd >/dev/null; then benches/cluster.sh > "$out/cluster" 2>&1 || true; fi
+cargo bench --bench snapshot_churn > "$out/snapshot_churn" 2>&1 || true
 if command -v redis-server >/dev/null; then benches/limit_redis.sh > "$out/redis" 2>&1 || true; fi
 benches/prometheus.sh > "$out/prometheus" 2>&1 || true
 benches/auth.sh > "$out/auth" 2>&1 || true
@@ -77,8 +79,10 @@ echo "=== TCP stream proxy (medians of $ROUNDS rounds) ==="
 sed -n '/^scenario/,$p' "$out/stream" | sed 's/^/  /'
 if [ -f "$out/cluster" ]; then
   echo "=== cluster (three instances, one etcd) ==="
-  grep -E "^(cold start|propagation|route change|proxy load)" "$out/cluster" | sed 's/^/  /'
+  grep -E "^(cold start|propagation|route change|proxy load|Admin API write)" "$out/cluster" | sed 's/^/  /'
 fi
+echo "=== one route change among 10,000, in process ==="
+grep -E "routes|validation" "$out/snapshot_churn" | sed 's/^/  /'
 if [ -f "$out/redis" ]; then
   echo "=== shared rate limits (limit-count, medians of $ROUNDS rounds) ==="
   grep -E "^limit-count" "$out/redis" | sed 's/^/  /'

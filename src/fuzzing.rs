@@ -16,10 +16,9 @@ fn table() -> &'static RouteTable {
     TABLE.get_or_init(|| {
         let routes = [("api", "/api/*"), ("pub", "/pub/*"), ("user", "/users/:id/posts"), ("exact", "/exact")]
             .into_iter()
-            .enumerate()
-            .filter_map(|(i, (id, uri))| {
+            .filter_map(|(id, uri)| {
                 let route: Route = serde_json::from_value(serde_json::json!({"id": id, "uri": uri})).ok()?;
-                Some(Arc::new(CompiledRoute::new(Arc::new(route), None, Default::default(), None, i)))
+                Some(Arc::new(CompiledRoute::new(Arc::new(route), None, Default::default(), None)))
             })
             .collect();
         RouteTable::build(routes).0

@@ -15,7 +15,7 @@ use crate::health::HealthRegistry;
 use crate::plugins::{Catalog, EnabledSet};
 use crate::resources::etcd::{self, ProviderStatus, Values};
 use crate::resources::yaml;
-use crate::tables::snapshot::Mode;
+use crate::tables::snapshot::{DocPrints, Mode, Prints};
 use crate::tables::Snapshot;
 use crate::validate::Issue;
 
@@ -48,10 +48,26 @@ pub struct Gateway {
     pub provider_status: Mutex<ProviderStatus>,
     /// What the start-up read of etcd found, for the watcher to continue from.
     pub etcd_start: Mutex<Option<(Values, i64)>>,
+    /// The set the etcd watcher follows, while it is connected (the Admin API validates writes
+    /// against it).
+    pub followed: Mutex<Option<Followed>>,
+    /// The revision of [`Gateway::followed`] (0 while there is none), for a write to wait on.
+    pub followed_revision: tokio::sync::watch::Sender<i64>,
     /// The response headers that show who answered (from config.yaml; fixed until restart).
     pub debug: DebugHeaders,
     /// Wakes the etcd watcher to rebuild from the document it holds (DNS answers changed).
     pub rebuild_requested: Arc<tokio::sync::Notify>,
+}
+
+/// The set the etcd watcher follows ([`Gateway::followed`]): every value under the prefix as of
+/// `revision`, with the fingerprints known of them.
+pub struct Followed {
+    /// The values, by key.
+    pub values: Values,
+    /// Their fingerprints known so far.
+    pub prints: Prints,
+    /// The etcd revision they are as of.
+    pub revision: i64,
 }
 
 /// `gateway.debug_header` and `gateway.show_upstream_status_in_response_header`.
@@ -93,8 +109,9 @@ impl Gateway {
                 status = ProviderStatus::new("etcd");
                 match etcd::initial_read(&config.deployment.etcd, &config_prefix) {
                     Ok((values, revision)) => {
-                        let check =
-                            |d: &Value| Snapshot::build_mode(d, &enabled, &prefix.dir, Mode::Validate).map(drop);
+                        let check = |d: &Value, _: &_| {
+                            Snapshot::build_mode(d, &enabled, &prefix.dir, Mode::Validate(None), None).map(drop)
+                        };
                         // (The snapshot is built once more below, with the rest of start-up.)
                         let mut values = values;
                         let (doc, skipped) = etcd::valid_document(check, &mut values, &config_prefix, true);
@@ -153,6 +170,8 @@ impl Gateway {
             reload: Mutex::new(()),
             provider_status: Mutex::new(status),
             etcd_start: Mutex::new(etcd_start),
+            followed: Mutex::new(None),
+            followed_revision: tokio::sync::watch::Sender::new(0),
         });
         if !check_only {
             follow_dns(&gateway)?;
@@ -201,11 +220,40 @@ impl Gateway {
         self.catalog.names().iter().filter_map(|n| self.catalog.get(n).cloned()).collect()
     }
 
+    /// Runs `f` on the set the etcd watcher follows, locked (waiting at most `wait` for the
+    /// lock when given: `None` comes back if it is not had by then). Whoever works on the set
+    /// in place (a build takes its values out and puts them back) may panic half way: the set is
+    /// then dropped, and the watcher reads everything again, rather than anyone building from
+    /// what is left.
+    pub fn with_followed<R>(
+        &self,
+        wait: Option<std::time::Duration>,
+        f: impl FnOnce(&mut Option<Followed>) -> R,
+    ) -> Option<R> {
+        struct DropIfPanicking<'a>(&'a mut Option<Followed>);
+        impl Drop for DropIfPanicking<'_> {
+            fn drop(&mut self) {
+                if std::thread::panicking() {
+                    *self.0 = None;
+                }
+            }
+        }
+        let mut locked = match wait {
+            Some(wait) => self.followed.try_lock_for(wait)?,
+            None => self.followed.lock(),
+        };
+        let guard = DropIfPanicking(&mut locked);
+        Some(f(guard.0))
+    }
+
     /// Validates a resource document against the enabled plugins without publishing it.
     /// Nothing real is built ([`Mode::Validate`]): no plugin opens a file or starts a thread,
-    /// and no cache of the running snapshot is touched.
-    pub fn check_resources(&self, raw: &Value) -> Result<(), Vec<Issue>> {
-        Snapshot::build_mode(raw, &self.enabled.load(), &self.prefix.dir, Mode::Validate).map(drop)
+    /// and no cache of the running snapshot is touched. What the snapshot serving compiled the
+    /// same way is taken from it; `prints` are the fingerprints the provider knows.
+    pub fn check_resources(&self, raw: &Value, prints: Option<&DocPrints>) -> Result<(), Vec<Issue>> {
+        let current = self.resources.load();
+        let mode = Mode::Validate(Some(&current));
+        Snapshot::build_mode(raw, &self.enabled.load(), &self.prefix.dir, mode, prints).map(drop)
     }
 
     /// Validates a new resource document and, if valid, publishes it. Returns a summary.
@@ -225,8 +273,13 @@ impl Gateway {
     /// Validates and builds a snapshot of `raw` against the enabled plugins (publishes nothing).
     /// What is unchanged since the snapshot serving now is reused from it.
     pub fn build_snapshot(&self, raw: &Value) -> Result<Snapshot, Vec<Issue>> {
+        self.build_snapshot_with(raw, None)
+    }
+
+    /// [`Gateway::build_snapshot`], with the fingerprints of entries the provider already knows.
+    pub fn build_snapshot_with(&self, raw: &Value, prints: Option<&DocPrints>) -> Result<Snapshot, Vec<Issue>> {
         let current = self.resources.load();
-        Snapshot::build_mode(raw, &self.enabled.load(), &self.prefix.dir, Mode::Apply(Some(&current)))
+        Snapshot::build_mode(raw, &self.enabled.load(), &self.prefix.dir, Mode::Apply(Some(&current)), prints)
     }
 
     /// Publishes a snapshot built from `raw` (the caller holds [`Gateway::hold_reloads`]); `None`
@@ -276,7 +329,7 @@ impl Gateway {
         let (settings, prefix) = (config.deployment.etcd.clone(), config.deployment.prefix.clone());
         let read = std::thread::spawn(move || etcd::initial_read(&settings, &prefix));
         let (mut values, _) = read.join().map_err(|_| "reading etcd failed".to_owned())??;
-        let check = |d: &Value| Snapshot::build_at(d, enabled, &self.prefix.dir);
+        let check = |d: &Value, _: &_| Snapshot::build_at(d, enabled, &self.prefix.dir);
         let (built, skipped) = etcd::valid_document(check, &mut values, &config.deployment.prefix, false);
         for (key, why) in &skipped {
             log::error!("etcd {key}: {why}; skipped");

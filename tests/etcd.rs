@@ -680,3 +680,56 @@ fn plugin_configs_through_the_admin_api() {
     assert_eq!(call("DELETE", "/apisix/admin/routes/1", "").status, 200);
     assert_eq!(call("DELETE", "/apisix/admin/plugin_configs/1", "").status, 200);
 }
+
+#[test]
+fn admin_writes_are_judged_on_what_etcd_holds_even_right_after_other_writes() {
+    let Some(etcd) = Etcd::start() else {
+        return common::skip("admin_writes_are_judged_on_what_etcd_holds", "etcd/etcdctl are not installed");
+    };
+    let up = Upstream::start("u");
+    let (p, _w, admin) = gateway_with_admin(&etcd);
+    let call = |method: &str, path: &str, body: &str| admin_call(admin, method, path, Some(ADMIN_KEY), body);
+    let upstream = format!("{{\"nodes\": {{\"{}\": 1}}}}", up.node());
+    // Each route names the upstream written just before it: the write is judged once the
+    // watcher has applied that one (never against a set without it).
+    for i in 0..15 {
+        assert_eq!(call("PUT", &format!("/apisix/admin/upstreams/u{i}"), &upstream).status, 201);
+        let r = call(
+            "PUT",
+            &format!("/apisix/admin/routes/r{i}"),
+            &format!("{{\"uri\": \"/r{i}\", \"upstream_id\": \"u{i}\"}}"),
+        );
+        assert_eq!(r.status, 201, "route {i}: {}", r.text());
+    }
+    // Written behind the Admin API's back, then named at once: seen, though the watcher may
+    // not have applied it yet.
+    for i in 0..5 {
+        etcd.put(&format!("/weir/upstreams/side{i}"), &upstream);
+        let r = call(
+            "PUT",
+            &format!("/apisix/admin/routes/s{i}"),
+            &format!("{{\"uri\": \"/s{i}\", \"upstream_id\": \"side{i}\"}}"),
+        );
+        assert_eq!(r.status, 201, "side route {i}: {}", r.text());
+    }
+    // Deleted behind its back, then named at once: refused, though the watcher may not have
+    // applied the deletion yet.
+    etcd.del("/weir/upstreams/side0");
+    let r = call("PUT", "/apisix/admin/routes/gone", "{\"uri\": \"/gone\", \"upstream_id\": \"side0\"}");
+    assert_eq!(r.status, 400, "{}", r.text());
+    // A patch that leaves no object is refused; the set is left alone.
+    let r = call("PATCH", "/apisix/admin/routes/r1", "null");
+    assert_eq!(r.status, 400, "{}", r.text());
+    // A refused write leaves nothing behind in the set writes are judged on: the next change
+    // builds r0 as stored, not as refused.
+    let r = call("PUT", "/apisix/admin/routes/r0", "{\"uri\": \"/refused\", \"upstream_id\": \"missing\"}");
+    assert_eq!(r.status, 400, "{}", r.text());
+    // (s0 is broken since side0 went: a write that moves it in the list still passes.)
+    let r = call("PUT", "/apisix/admin/routes/after", "{\"uri\": \"/after\", \"upstream_id\": \"u1\"}");
+    assert_eq!(r.status, 201, "{}", r.text());
+    assert!(eventually(Duration::from_secs(5), || status(p.node(), "/after") == 200));
+    for path in ["/r0", "/r1", "/r14", "/s4"] {
+        assert_eq!(status(p.node(), path), 200, "{path}");
+    }
+    assert_eq!(status(p.node(), "/refused"), 404);
+}

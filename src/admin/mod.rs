@@ -21,7 +21,8 @@ use crate::config::{AdminRole, AdminSection, EtcdSection};
 use crate::control::typed_response;
 use crate::openapi::bodies::{self as body, Deleted, ErrorBody, KeyNotFound, Node, NodeList};
 use crate::resources::etcd::{valid_document, Values, CREDENTIALS, KINDS};
-use crate::state::Gateway;
+use crate::state::{Followed, Gateway};
+use crate::tables::snapshot::Prints;
 
 /// Largest request body.
 const MAX_BODY: usize = 4 << 20;
@@ -311,25 +312,124 @@ fn marker(admin: &Admin) -> String {
 /// Every resource value under the prefix (for validation with the whole set), and the marker's
 /// revision read before it.
 async fn all_values(client: &mut Client, admin: &Admin) -> Result<(Values, i64), String> {
+    let mark = marker_revision(client, admin).await?;
+    Ok((values_now(client, admin).await?, mark))
+}
+
+/// How long a write waits for the etcd watcher to have seen the Admin API's last write before
+/// it reads the whole set itself instead.
+const CATCH_UP: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// The revision of the last Admin API write ([`marker`]).
+async fn marker_revision(client: &mut Client, admin: &Admin) -> Result<i64, String> {
+    Ok(marks(client, admin).await?.0)
+}
+
+/// The revision of the last Admin API write ([`marker`]), and the store's revision as it was
+/// read.
+async fn marks(client: &mut Client, admin: &Admin) -> Result<(i64, i64), String> {
     let mark = client.get(marker(admin), false).await.map_err(|e| e.to_string())?;
-    let mark = mark.kvs.first().map_or(0, |kv| kv.mod_revision);
+    let now = mark.header.as_ref().map_or(i64::MAX, |h| h.revision);
+    Ok((mark.kvs.first().map_or(0, |kv| kv.mod_revision), now))
+}
+
+/// Why writing `new` at `key` must be refused ([`refusal`]). Judged against the set the etcd
+/// watcher follows (no read of the whole set: 10,000 values are tens of milliseconds to read and
+/// parse) when it has folded in every Admin API write up to `mark`, and no key under the prefix
+/// was written or deleted behind the Admin API's back since (none written after its revision,
+/// as many keys as it holds); else against the set read now.
+async fn refusal_of_write(
+    client: &mut Client,
+    admin: &Admin,
+    (mark, now): (i64, i64),
+    key: &str,
+    new: Value,
+) -> Result<Option<String>, String> {
+    // The watcher applies each write a few milliseconds after it is stored: a write right after
+    // another waits for that rather than reading the whole set. (0: no watch in progress.)
+    let at = {
+        let mut seen = admin.gateway.followed_revision.subscribe();
+        // (The value read is copied out: its guard must not outlive this block.)
+        let waited = tokio::time::timeout(CATCH_UP, seen.wait_for(|r| *r >= mark || *r == 0)).await;
+        let revision = waited.ok().and_then(Result::ok).map(|r| *r);
+        revision.filter(|r| *r >= mark)
+    };
+    // Keys written since (and the number of keys now, which tells a deletion): none when the
+    // store is at the watcher's revision, the common case with an etcd of Weir's own.
+    let since = match at {
+        Some(at) if at >= now => Some((0, None)),
+        Some(at) => {
+            let (written, count) = client.written_since(format!("{}/", admin.prefix), at).await?;
+            Some((written, Some(count)))
+        }
+        None => None,
+    };
+    if let (Some(at), Some((0, count))) = (at, since) {
+        let judged = admin.gateway.with_followed(Some(CATCH_UP), |followed| {
+            let current = |f: &&mut Followed| f.revision >= at && count.is_none_or(|n| n == f.values.len() as i64);
+            let f = followed.as_mut().filter(current)?;
+            Some(judge(admin, &mut f.values, Some(&mut f.prints), key, new.clone()))
+        });
+        if let Some(Some(why)) = judged {
+            return Ok(why);
+        }
+    }
+    let mut values = values_now(client, admin).await?;
+    Ok(judge(admin, &mut values, None, key, new))
+}
+
+/// [`refusal`] of `key` becoming `new` in `values`, which are left as they were.
+fn judge(admin: &Admin, values: &mut Values, mut prints: Option<&mut Prints>, key: &str, new: Value) -> Option<String> {
+    let mut old = Some(values.insert(key.to_owned(), new));
+    if let Some(p) = prints.as_deref_mut() {
+        p.forget(key);
+    }
+    let why = refusal(admin, values, prints.as_deref_mut(), key, |v| {
+        if let Some(o) = old.take() {
+            restore(v, key, o);
+        }
+    });
+    if let Some(o) = old.take() {
+        restore(values, key, o);
+    }
+    if let Some(p) = prints {
+        p.forget(key);
+    }
+    why
+}
+
+/// Every resource value under the prefix, read now.
+async fn values_now(client: &mut Client, admin: &Admin) -> Result<Values, String> {
     let resp = client.get(format!("{}/", admin.prefix), true).await.map_err(|e| e.to_string())?;
     let values = resp
         .kvs
         .iter()
+        // As the watcher takes them: JSON objects only.
         .filter_map(|kv| {
-            let v: Value = serde_json::from_slice(&kv.value).ok()?;
+            let v = crate::resources::etcd::parse(&kv.value).ok()?;
             Some((String::from_utf8_lossy(&kv.key).into_owned(), v))
         })
         .collect();
-    Ok((values, mark))
+    Ok(values)
 }
 
-/// Why the write of `key` (making `after` of `before`) must be refused: the key itself would be
-/// left out of the snapshot, the set could not be built at all, or another entry that builds
-/// today would be left out (a write may not break what others wrote).
-fn refusal(admin: &Admin, before: &mut Values, after: &mut Values, key: &str) -> Option<String> {
-    let check = |d: &Value| admin.gateway.check_resources(d);
+/// Why the write of `key` (which made `after`) must be refused: the key itself would be left out
+/// of the snapshot, the set could not be built at all, or another entry that builds today would
+/// be left out (a write may not break what others wrote). `undo` turns `after` back into the
+/// set before the write, in place, when that set must be built too (not in the common case: no
+/// copy of 10,000 values per write).
+fn refusal(
+    admin: &Admin,
+    after: &mut Values,
+    prints: Option<&mut Prints>,
+    key: &str,
+    undo: impl FnOnce(&mut Values),
+) -> Option<String> {
+    let prints = std::cell::RefCell::new(prints);
+    let check = |d: &Value, keys: &_| {
+        let known = prints.borrow_mut().as_deref_mut().map(|p| p.of_document(d, keys));
+        admin.gateway.check_resources(d, known.as_ref())
+    };
     let (doc, skipped_after) = valid_document(check, after, &admin.prefix, false);
     let own: Vec<&str> = skipped_after.iter().filter(|(k, _)| k == key).map(|(_, why)| why.as_str()).collect();
     if !own.is_empty() {
@@ -340,16 +440,37 @@ fn refusal(admin: &Admin, before: &mut Values, after: &mut Values, key: &str) ->
         // build instead of two).
         return None;
     }
-    let (_, skipped_before) = valid_document(check, before, &admin.prefix, false);
+    undo(after);
+    if let Some(p) = prints.borrow_mut().as_deref_mut() {
+        p.forget(key);
+    }
+    let (_, skipped_before) = valid_document(check, after, &admin.prefix, false);
     let broken: Vec<String> = skipped_after
         .iter()
-        .filter(|s| !skipped_before.contains(s))
+        // An entry by its key (its place in the list, which the messages name, moves when a
+        // write adds a key before it); an issue naming no entry by its message.
+        .filter(|(k, why)| match k.is_empty() {
+            true => !skipped_before.iter().any(|(kb, wb)| kb.is_empty() && wb == why),
+            false => !skipped_before.iter().any(|(kb, _)| kb == k),
+        })
         .map(|(k, why)| if k.is_empty() { why.clone() } else { format!("{k} would become invalid: {why}") })
         .collect();
     if doc.is_none() || !broken.is_empty() {
         return Some(broken.join("; "));
     }
     None
+}
+
+/// Puts `key` back as it was (`old`: its value before the write, if it had one).
+fn restore(values: &mut Values, key: &str, old: Option<Value>) {
+    match old {
+        Some(v) => {
+            values.insert(key.to_owned(), v);
+        }
+        None => {
+            values.remove(key);
+        }
+    }
 }
 
 fn now() -> i64 {
@@ -395,7 +516,7 @@ async fn put(
     }
     value.insert(field.to_owned(), Value::String(own));
     let key = key_of(admin, kind, &id);
-    let (mut values, mark) = all_values(client, admin).await?;
+    let marks = marks(client, admin).await?;
     let existing = client.get(key.clone(), false).await.map_err(|e| e.to_string())?;
     let current = existing.kvs.first().map(|kv| (kv.mod_revision, serde_json::from_slice::<Value>(&kv.value).ok()));
     let created_at = current
@@ -407,9 +528,7 @@ async fn put(
     value.insert("create_time".into(), json!(created_at));
     value.insert("update_time".into(), json!(now()));
     let value = Value::Object(value);
-    let mut before = values.clone();
-    values.insert(key.clone(), value.clone());
-    if let Some(why) = refusal(admin, &mut before, &mut values, &key) {
+    if let Some(why) = refusal_of_write(client, admin, marks, &key, value.clone()).await? {
         return Ok(error(StatusCode::BAD_REQUEST, why));
     }
     let expected = match if_match {
@@ -421,7 +540,7 @@ async fn put(
     };
     let created = current.is_none();
     let status = if created { StatusCode::CREATED } else { StatusCode::OK };
-    Ok(match store(client, admin, &key, Some(&value), expected, mark).await? {
+    Ok(match store(client, admin, &key, Some(&value), expected, marks.0).await? {
         Stored::Yes => typed_response(status, &body::Stored { key, value }),
         Stored::Stale => conflict(),
         Stored::Raced => raced(),
@@ -471,10 +590,8 @@ async fn validate_only(client: &mut Client, admin: &Admin, kind: &str, body: &[u
     };
     value.insert(field.to_owned(), Value::String(id.clone()));
     let key = key_of(admin, kind, &id);
-    let (mut values, _) = all_values(client, admin).await?;
-    let mut before = values.clone();
-    values.insert(key.clone(), Value::Object(value));
-    Ok(match refusal(admin, &mut before, &mut values, &key) {
+    let marks = marks(client, admin).await?;
+    Ok(match refusal_of_write(client, admin, marks, &key, Value::Object(value)).await? {
         Some(why) => error(StatusCode::BAD_REQUEST, why),
         None => typed_response(StatusCode::OK, &json!({ "message": "valid" })),
     })
@@ -586,17 +703,18 @@ async fn patch(
         at = o.entry((*part).to_owned()).or_insert_with(|| json!({}));
     }
     merge(at, &patch);
+    if !value.is_object() {
+        return Ok(error(StatusCode::BAD_REQUEST, "invalid request body: the patched value must be a JSON object"));
+    }
     if let Value::Object(o) = &mut value {
         o.insert("update_time".into(), json!(now()));
     }
-    let (mut values, mark) = all_values(client, admin).await?;
-    let mut before = values.clone();
-    values.insert(key.clone(), value.clone());
-    if let Some(why) = refusal(admin, &mut before, &mut values, &key) {
+    let marks = marks(client, admin).await?;
+    if let Some(why) = refusal_of_write(client, admin, marks, &key, value.clone()).await? {
         return Ok(error(StatusCode::BAD_REQUEST, why));
     }
     // Always against the revision read: a concurrent change is never overwritten.
-    Ok(match store(client, admin, &key, Some(&value), Some(revision), mark).await? {
+    Ok(match store(client, admin, &key, Some(&value), Some(revision), marks.0).await? {
         Stored::Yes => typed_response(StatusCode::OK, &body::Stored { key, value }),
         Stored::Stale => conflict(),
         Stored::Raced => raced(),
@@ -642,15 +760,20 @@ async fn delete(client: &mut Client, admin: &Admin, kind: &str, id: &str) -> Res
     }
     // Nor may a deletion leave another entry invalid: a plugin naming this upstream by id
     // (traffic-split's `upstream_id`, as APISIX checks) or anything else the set needs.
-    let mut before = values.clone();
     let mut after = values;
-    after.remove(&key);
+    let mut removed: Vec<(String, Value)> = after.remove_entry(&key).into_iter().collect();
     if kind == "consumers" {
         // Its credentials go with it (below).
         let credentials = format!("{key}{CREDENTIALS}");
-        after.retain(|k, _| !k.starts_with(&credentials));
+        let theirs: Vec<String> = after
+            .range(credentials.clone()..)
+            .map(|(k, _)| k)
+            .take_while(|k| k.starts_with(&credentials))
+            .cloned()
+            .collect();
+        removed.extend(theirs.into_iter().filter_map(|k| after.remove_entry(&k)));
     }
-    if let Some(why) = refusal(admin, &mut before, &mut after, &key) {
+    if let Some(why) = refusal(admin, &mut after, None, &key, |v| v.extend(removed)) {
         return Ok(error(StatusCode::BAD_REQUEST, format!("can not delete this {what}: {why}")));
     }
     // A consumer goes with its credentials.

@@ -146,10 +146,11 @@ pub fn page(gw: &Gateway) -> HttpResponse {
     let by_id: std::collections::HashMap<&str, &Rates> = stats.routes.iter().map(|r| (r.id.as_str(), r)).collect();
     let all = snap.table.routes();
     let mut routes: Vec<&std::sync::Arc<CompiledRoute>> = all.iter().collect();
+    // Busiest first; a stable sort keeps definition order among equals.
     routes.sort_by(|a, b| {
         let ra = by_id.get(&*a.id).map_or(0, |r| r.requests);
         let rb = by_id.get(&*b.id).map_or(0, |r| r.requests);
-        rb.cmp(&ra).then(a.order.cmp(&b.order))
+        rb.cmp(&ra)
     });
     let _ = write!(
         out,

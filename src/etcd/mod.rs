@@ -143,6 +143,23 @@ impl Client {
         self.unary("/etcdserverpb.KV/Range", proto::RangeRequest { key, range_end, ..Default::default() }).await
     }
 
+    /// How many keys starting with `prefix` were written after `revision` (by their names only:
+    /// a deleted key is not there to count), and how many keys start with `prefix` now (etcd's
+    /// `count` is taken before the revision filter).
+    pub async fn written_since(&mut self, prefix: impl Into<Vec<u8>>, revision: i64) -> Result<(usize, i64), String> {
+        let key = prefix.into();
+        let range_end = prefix_end(&key);
+        let request = proto::RangeRequest {
+            key,
+            range_end,
+            keys_only: true,
+            min_mod_revision: revision + 1,
+            ..Default::default()
+        };
+        let resp: RangeResponse = self.unary("/etcdserverpb.KV/Range", request).await?;
+        Ok((resp.kvs.len(), resp.count))
+    }
+
     /// Writes `value` at `key`.
     pub async fn put(&mut self, key: impl Into<Vec<u8>>, value: impl Into<Vec<u8>>) -> Result<(), String> {
         self.put_leased(key, value, 0).await

@@ -33,7 +33,8 @@ pub struct KeyValue {
     pub lease: i64,
 }
 
-/// `etcdserverpb.RangeRequest` (sorting and revision filters left out: Weir reads in key order).
+/// `etcdserverpb.RangeRequest` (sorting and most revision filters left out: Weir reads in key
+/// order).
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct RangeRequest {
     #[prost(bytes = "vec", tag = "1")]
@@ -44,6 +45,10 @@ pub struct RangeRequest {
     pub limit: i64,
     #[prost(int64, tag = "4")]
     pub revision: i64,
+    #[prost(bool, tag = "8")]
+    pub keys_only: bool,
+    #[prost(int64, tag = "10")]
+    pub min_mod_revision: i64,
 }
 
 /// `etcdserverpb.RangeResponse`.

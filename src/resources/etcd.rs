@@ -97,8 +97,8 @@ pub fn parse(bytes: &[u8]) -> Result<Value, String> {
 /// Keys left out of a snapshot, with the reason (an empty key: an issue naming no entry).
 pub type Skipped = Vec<(String, String)>;
 
-/// The key of each entry of each list of a document.
-type KeysByList = BTreeMap<&'static str, Vec<String>>;
+/// The key of each entry of each list of a document, in the list's order.
+pub type KeysByList = BTreeMap<&'static str, Vec<String>>;
 
 /// The identity field of a kind: `username` for consumers, `id` for the rest.
 fn id_field(kind: &str) -> &'static str {
@@ -113,12 +113,16 @@ fn id_field(kind: &str) -> &'static str {
 /// without the Admin API's `create_time` / `update_time`. In place: doing it again is a no-op.
 fn with_id(kind: &str, id: &str, value: &mut Value) -> Result<(), String> {
     let Value::Object(o) = value else { return Err("the value is not a JSON object".into()) };
-    // Bookkeeping the Admin API (and APISIX) stores with every value, not part of the resource.
-    o.remove("create_time");
-    o.remove("update_time");
+    // Bookkeeping the Admin API (and APISIX) stores with every value, not part of the resource
+    // (looked for among the few keys first: removing is a search per key, on every build).
+    if o.keys().any(|k| k.ends_with("_time")) {
+        o.remove("create_time");
+        o.remove("update_time");
+    }
     let field = id_field(kind);
-    let id = match id.split_once(CREDENTIALS) {
-        Some((consumer, credential)) if kind == "credentials" => {
+    let credential = if kind == "credentials" { id.split_once(CREDENTIALS) } else { None };
+    let id = match credential {
+        Some((consumer, credential)) => {
             match o.get("consumer") {
                 Some(Value::String(c)) if c != consumer => {
                     return Err(format!("`consumer` is `{c}` but the key names `{consumer}`"))
@@ -143,60 +147,72 @@ fn with_id(kind: &str, id: &str, value: &mut Value) -> Result<(), String> {
 /// Moves the entries of `values` (except `left_out`) into the resource document
 /// `{"routes": [...], ...}`, in key order, leaving `null` behind; [`give_back`] moves them back.
 /// Moving instead of copying is what keeps a change to one of 10,000 routes cheap. Returns, per
-/// list, the key of each entry (to name skipped entries), and entries whose id contradicts
-/// their key (left in place).
-fn take_document(
-    values: &mut Values,
-    left_out: &HashSet<String>,
-    prefix: &str,
-) -> (Value, KeysByList, Vec<(String, String)>) {
-    let mut lists: BTreeMap<&'static str, Vec<Value>> = BTreeMap::new();
+/// list, the key of each entry (to name skipped entries), the list of each entry taken in key
+/// order (for [`give_back`]), and entries whose id contradicts their key (left in place).
+fn take_document(values: &mut Values, left_out: &HashSet<String>, prefix: &str) -> Taken {
+    let mut lists: [Vec<Value>; KINDS.len()] = Default::default();
     let mut keys: KeysByList = BTreeMap::new();
+    let mut order = Vec::with_capacity(values.len());
     let mut wrong = Vec::new();
-    for (key, value) in values.iter_mut() {
-        if left_out.contains(key) {
+    let mut foreign = Vec::new();
+    for (at, (key, value)) in values.iter_mut().enumerate() {
+        // (Usually empty: no hashing of every key then.)
+        if !left_out.is_empty() && left_out.contains(key) {
             continue;
         }
-        let Some((kind, id)) = kind_of(prefix, key) else { continue };
+        let Some((kind, id)) = kind_of(prefix, key) else {
+            foreign.push(key.clone());
+            continue;
+        };
         match with_id(kind, id, value) {
             Ok(()) => {
-                lists.entry(kind).or_default().push(std::mem::take(value));
+                let list = KINDS.iter().position(|k| *k == kind).unwrap_or_default();
+                lists[list].push(std::mem::take(value));
                 keys.entry(kind).or_default().push(key.clone());
+                order.push((at as u32, list as u8));
             }
             Err(why) => wrong.push((key.clone(), why)),
         }
     }
-    let doc: Map<String, Value> = lists.into_iter().map(|(k, v)| (k.to_owned(), Value::Array(v))).collect();
-    (Value::Object(doc), keys, wrong)
+    let doc: Map<String, Value> = KINDS
+        .iter()
+        .zip(lists)
+        .filter(|(_, items)| !items.is_empty())
+        .map(|(kind, items)| ((*kind).to_owned(), Value::Array(items)))
+        .collect();
+    Taken { doc: Value::Object(doc), keys, order, wrong, foreign }
+}
+
+/// What [`take_document`] took.
+struct Taken {
+    doc: Value,
+    keys: KeysByList,
+    /// The place (in key order) and list ([`KINDS`] index) of each entry taken.
+    order: Vec<(u32, u8)>,
+    wrong: Vec<(String, String)>,
+    /// Keys that are not resource keys (`<prefix>/<kind>/<id>`).
+    foreign: Vec<String>,
 }
 
 /// Moves the entries of a document made by [`take_document`] back into `values`: the same walk
-/// in the same (key) order, so each entry goes back without a lookup.
-fn give_back(values: &mut Values, doc: Value, keys: &KeysByList) {
-    let Value::Object(lists) = doc else { return };
-    let mut lists: BTreeMap<&str, std::vec::IntoIter<Value>> = lists
-        .into_iter()
-        .filter_map(|(k, v)| match v {
-            Value::Array(items) => KINDS.iter().find(|kind| **kind == k).map(|kind| (*kind, items.into_iter())),
-            _ => None,
-        })
-        .collect();
-    let mut next_key: BTreeMap<&str, std::slice::Iter<'_, String>> =
-        keys.iter().map(|(kind, ks)| (*kind, ks.iter())).collect();
-    for (key, slot) in values.iter_mut() {
-        if !slot.is_null() {
+/// in the same (key) order, each entry to the place it was taken from, without a lookup.
+fn give_back(values: &mut Values, doc: Value, order: &[(u32, u8)]) {
+    let Value::Object(mut lists) = doc else { return };
+    let mut items: [std::vec::IntoIter<Value>; KINDS.len()] = Default::default();
+    for (i, kind) in KINDS.iter().enumerate() {
+        if let Some(Value::Array(list)) = lists.remove(*kind) {
+            items[i] = list.into_iter();
+        }
+    }
+    let mut order = order.iter().peekable();
+    for (at, slot) in values.values_mut().enumerate() {
+        let Some(&&(place, list)) = order.peek() else { return };
+        if place as usize != at {
             continue;
         }
-        // Only taken entries are null (a JSON null is never stored: `parse` wants objects).
-        let Some(kind) = KINDS.iter().find(|k| next_key.get(**k).is_some_and(|it| it.as_slice().first() == Some(key)))
-        else {
-            continue;
-        };
-        if let (Some(it), Some(items)) = (next_key.get_mut(kind), lists.get_mut(kind)) {
-            it.next();
-            if let Some(item) = items.next() {
-                *slot = item;
-            }
+        order.next();
+        if let Some(item) = items.get_mut(usize::from(list)).and_then(Iterator::next) {
+            *slot = item;
         }
     }
 }
@@ -216,7 +232,7 @@ fn located(issue: &Issue) -> Option<(&str, usize)> {
 /// be assembled and the caller keeps what it has (an unnamed issue has an empty key in the list).
 /// `values` comes back as it went in, except that entries carry their ids (see [`with_id`]).
 pub fn valid_document<T>(
-    check: impl Fn(&Value) -> Result<T, Vec<Issue>>,
+    check: impl Fn(&Value, &KeysByList) -> Result<T, Vec<Issue>>,
     values: &mut Values,
     prefix: &str,
     want_document: bool,
@@ -224,21 +240,20 @@ pub fn valid_document<T>(
     // Entries left out so far (instead of a copy of every value without them).
     let mut left_out: HashSet<String> = HashSet::new();
     let mut skipped: Vec<(String, String)> = Vec::new();
-    for key in values.keys() {
-        if kind_of(prefix, key).is_none() {
-            left_out.insert(key.clone());
-            skipped.push((key.clone(), "not a resource key (<prefix>/<kind>/<id>)".into()));
-        }
-    }
     for _ in 0..16 {
-        let (doc, keys, wrong) = take_document(values, &left_out, prefix);
+        let Taken { doc, keys, order, wrong, foreign } = take_document(values, &left_out, prefix);
+        for key in foreign {
+            // (Found on the first pass only: left out of the next ones.)
+            skipped.push((key.clone(), "not a resource key (<prefix>/<kind>/<id>)".into()));
+            left_out.insert(key);
+        }
         for (key, why) in wrong {
             left_out.insert(key.clone());
             skipped.push((key, why));
         }
-        let result = check(&doc);
+        let result = check(&doc, &keys);
         let copy = (want_document && result.is_ok()).then(|| doc.clone());
-        give_back(values, doc, &keys);
+        give_back(values, doc, &order);
         let issues = match result {
             Ok(built) => return (Some((copy, built)), skipped),
             Err(issues) => issues,
@@ -363,19 +378,23 @@ mod tests {
         values.insert("/weir/consumers/jack".into(), serde_json::json!({"plugins": {}}));
         values.insert("/weir/upstreams/u".into(), serde_json::json!({"id": "other"}));
         values.insert("/weir/upstreams/v".into(), serde_json::json!({"nodes": {}}));
+        // Not an object: not taken, and no other entry may land in its place.
+        values.insert("/weir/routes/11".into(), serde_json::Value::Null);
         let left_out: HashSet<String> = ["/weir/upstreams/v".to_owned()].into();
-        let (doc, keys, wrong) = take_document(&mut values, &left_out, "/weir");
-        assert_eq!(wrong.len(), 1, "the id contradicts the key");
+        let Taken { doc, keys, order, wrong, .. } = take_document(&mut values, &left_out, "/weir");
+        assert_eq!(wrong.len(), 2, "the id contradicts the key; null is no object");
+        assert_eq!(keys["routes"], ["/weir/routes/10", "/weir/routes/2"]);
         assert_eq!(doc["routes"][0], serde_json::json!({"id": "10", "uri": "/a"}));
         assert_eq!(doc["routes"][1], serde_json::json!({"id": "2", "uri": "/b"}));
         assert_eq!(doc["consumers"][0]["username"], "jack");
         assert!(doc.get("upstreams").is_none());
-        give_back(&mut values, doc, &keys);
+        give_back(&mut values, doc, &order);
         assert_eq!(values["/weir/routes/2"], serde_json::json!({"id": "2", "uri": "/b"}));
         assert_eq!(values["/weir/routes/10"], serde_json::json!({"id": "10", "uri": "/a"}));
         assert_eq!(values["/weir/consumers/jack"], serde_json::json!({"username": "jack", "plugins": {}}));
         assert_eq!(values["/weir/upstreams/u"], serde_json::json!({"id": "other"}));
         assert_eq!(values["/weir/upstreams/v"], serde_json::json!({"nodes": {}}));
+        assert_eq!(values["/weir/routes/11"], serde_json::Value::Null);
     }
 
     #[test]

@@ -72,8 +72,6 @@ pub struct CompiledRoute {
     pub plugins: PluginChain,
     /// Where requests go (none: the route must be served by a plugin).
     pub upstream: Option<Arc<CompiledUpstream>>,
-    /// Definition order (ties).
-    pub order: usize,
     /// WebSocket handshakes are tunnelled (`enable_websocket` of the route or its service).
     pub websocket: bool,
     /// `vars`, compiled (checked when the snapshot was built).
@@ -114,7 +112,6 @@ impl CompiledRoute {
         service_hosts: Option<&[String]>,
         plugins: PluginChain,
         upstream: Option<Arc<CompiledUpstream>>,
-        order: usize,
     ) -> CompiledRoute {
         let mut names: Vec<&String> = route.hosts().into_iter().flatten().chain(route.host()).collect();
         if names.is_empty() {
@@ -133,7 +130,6 @@ impl CompiledRoute {
             remote_addrs: route.remote_addrs().into_iter().flatten().filter_map(|a| Cidr::parse(a).ok()).collect(),
             plugins,
             upstream,
-            order,
             websocket: route.enable_websocket,
             vars: route.vars().and_then(|v| Expr::compile(v).ok()),
             timeouts: route.timeout().map(|t| Timeouts {
@@ -259,12 +255,17 @@ struct Entry {
     len: u32,
     /// Parameter names by position.
     names: Arc<[Arc<str>]>,
+    /// The route's place in definition order (ties). Kept here rather than in the route, so
+    /// that a route unchanged by a rebuild is the same `CompiledRoute` even when routes before
+    /// it come or go.
+    order: u32,
 }
 
 /// The routing table of one snapshot.
 #[derive(Default)]
 pub struct RouteTable {
-    exact: FastMap<String, Vec<Entry>>,
+    /// Keyed by the route's own `uri_names` entry (shared, not copied).
+    exact: FastMap<Arc<str>, Vec<Entry>>,
     params: matchit::Router<Vec<Entry>>,
     param_patterns: FastMap<String, usize>,
     param_lists: Vec<Vec<Entry>>,
@@ -286,13 +287,13 @@ pub struct Matched {
     pub uri: Option<Arc<str>>,
 }
 
-enum Pattern {
-    Exact(String),
-    Prefix(String),
+enum Pattern<'u> {
+    Exact,
+    Prefix(&'u str),
     Params { pattern: String, names: Vec<Arc<str>> },
 }
 
-fn classify(uri: &str) -> Pattern {
+fn classify(uri: &str) -> Pattern<'_> {
     let (base, prefix) = match uri.strip_suffix('*') {
         Some(b) => (b, true),
         None => (uri, false),
@@ -300,7 +301,7 @@ fn classify(uri: &str) -> Pattern {
     let has_params =
         base.split('/').any(|s| s.starts_with(':') || (s.starts_with('{') && s.ends_with('}') && s.len() > 2));
     if !has_params {
-        return if prefix { Pattern::Prefix(base.to_owned()) } else { Pattern::Exact(base.to_owned()) };
+        return if prefix { Pattern::Prefix(base) } else { Pattern::Exact };
     }
     let mut names = Vec::new();
     let segments: Vec<String> = base
@@ -329,39 +330,46 @@ impl RouteTable {
     /// Builds the table; routes whose parameter pattern matchit refuses are reported.
     pub fn build(routes: Vec<Arc<CompiledRoute>>) -> (RouteTable, Vec<String>) {
         let mut t = RouteTable::default();
+        // Most routes have one exact URI: no rehashing on the way to 10,000.
+        t.exact.reserve(routes.len());
+        t.routes.reserve_exact(routes.len());
         let mut problems = Vec::new();
         // Shared by every exact and prefix entry (an empty `Arc<[_]>` still allocates).
         let no_names: Arc<[Arc<str>]> = Arc::from([]);
-        for route in routes {
+        for (order, route) in routes.into_iter().enumerate() {
+            let order = u32::try_from(order).unwrap_or(u32::MAX);
             t.reads_form |=
                 route.vars.as_ref().is_some_and(|v| v.variables().iter().any(|n| n.starts_with("post_arg_")));
-            for (i, uri) in route.route.uri_list().iter().enumerate() {
+            for (i, uri) in route.uri_names.iter().enumerate() {
                 let ui = u16::try_from(i).unwrap_or(u16::MAX);
                 match classify(uri) {
                     // Most URIs belong to one route: lists start with room for one entry.
-                    Pattern::Exact(p) => t.exact.entry(p).or_insert_with(|| Vec::with_capacity(1)).push(Entry {
+                    Pattern::Exact => t.exact.entry(uri.clone()).or_insert_with(|| Vec::with_capacity(1)).push(Entry {
                         route: route.clone(),
                         rank: 3,
                         uri: ui,
                         len: 0,
                         names: no_names.clone(),
+                        order,
                     }),
                     Pattern::Prefix(p) => {
                         let len = p.len();
                         let entry_len = u32::try_from(len).unwrap_or(u32::MAX);
-                        t.prefix.entry(p).or_insert_with(|| Vec::with_capacity(1)).push(Entry {
+                        t.prefix.entry(p.to_owned()).or_insert_with(|| Vec::with_capacity(1)).push(Entry {
                             route: route.clone(),
                             rank: 1,
                             uri: ui,
                             len: entry_len,
                             names: no_names.clone(),
+                            order,
                         });
                         if !t.prefix_lens.contains(&len) {
                             t.prefix_lens.push(len);
                         }
                     }
                     Pattern::Params { pattern, names } => {
-                        let entry = Entry { route: route.clone(), rank: 2, uri: ui, len: 0, names: names.into() };
+                        let entry =
+                            Entry { route: route.clone(), rank: 2, uri: ui, len: 0, names: names.into(), order };
                         match t.param_patterns.get(&pattern) {
                             Some(&i) => t.param_lists[i].push(entry),
                             None => {
@@ -483,8 +491,8 @@ fn outranks(e: &Entry, best: Option<&Entry>) -> bool {
     match best {
         None => true,
         Some(b) => {
-            (e.route.route.priority, e.rank, e.len, std::cmp::Reverse(e.route.order))
-                > (b.route.route.priority, b.rank, b.len, std::cmp::Reverse(b.route.order))
+            (e.route.route.priority, e.rank, e.len, std::cmp::Reverse(e.order))
+                > (b.route.route.priority, b.rank, b.len, std::cmp::Reverse(b.order))
         }
     }
 }
@@ -509,15 +517,14 @@ mod tests {
             o.extend(e.clone());
         }
         let r: Route = serde_json::from_value(v).unwrap_or_else(|e| panic!("{e}"));
-        Arc::new(CompiledRoute::new(Arc::new(r), None, Default::default(), None, 0))
+        Arc::new(CompiledRoute::new(Arc::new(r), None, Default::default(), None))
     }
 
     fn table(routes: Vec<Arc<CompiledRoute>>) -> RouteTable {
         let routes = routes
             .into_iter()
-            .enumerate()
-            .map(|(i, r)| {
-                let mut c = CompiledRoute::new(r.route.clone(), None, Default::default(), None, i);
+            .map(|r| {
+                let mut c = CompiledRoute::new(r.route.clone(), None, Default::default(), None);
                 c.hosts = r.hosts.clone();
                 Arc::new(c)
             })

@@ -8,6 +8,7 @@
 //! backoff, logs once per state change, and reports its state (`GET /v1/config_status`). A
 //! cancelled or compacted watch, or a reconnection, is followed by a full resync.
 
+use std::cell::RefCell;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -15,8 +16,9 @@ use crate::etcd::{Client, WatchResponse};
 use parking_lot::Mutex;
 
 use crate::config::EtcdSection;
-use crate::resources::etcd::{connect, parse, read_all, valid_document, ProviderStatus, Values};
-use crate::state::Gateway;
+use crate::resources::etcd::{connect, parse, read_all, valid_document, KeysByList, ProviderStatus, Values};
+use crate::state::{Followed, Gateway};
+use crate::tables::snapshot::Prints;
 
 /// Runs the provider on a thread of its own for as long as `gateway` lives. `initial` is what the
 /// start-up read found (values and revision), when it succeeded.
@@ -38,11 +40,17 @@ pub fn watch(gateway: &Arc<Gateway>, settings: EtcdSection, prefix: String, init
 }
 
 /// Applies `values` at `revision` to the gateway (the valid part) and records the status.
-pub fn apply(gateway: &Gateway, values: &mut Values, prefix: &str, revision: i64) {
+/// `prints` holds the fingerprints of `values` known so far (see [`Prints`]).
+pub fn apply(gateway: &Gateway, values: &mut Values, prints: &mut Prints, prefix: &str, revision: i64) {
     // Built once, published as built (no second build), with plugin reloads held off meanwhile.
     let started = std::time::Instant::now();
     let guard = gateway.hold_reloads();
-    let (built, skipped) = valid_document(|d| gateway.build_snapshot(d), values, prefix, false);
+    let prints = RefCell::new(prints);
+    let build = |d: &serde_json::Value, keys: &KeysByList| {
+        let known = prints.borrow_mut().of_document(d, keys);
+        gateway.build_snapshot_with(d, Some(&known))
+    };
+    let (built, skipped) = valid_document(build, values, prefix, false);
     let built_in = started.elapsed();
     for (key, why) in &skipped {
         log::error!("etcd {}: {why}; skipped", if key.is_empty() { "(resources)" } else { key });
@@ -93,7 +101,7 @@ async fn sync_forever(gateway: Weak<Gateway>, settings: EtcdSection, prefix: Str
             // Start-up already read and applied this revision: only connect for the watch.
             Some((values, revision)) => connect(&settings).await.map(|c| (c, values, revision)),
             None => read_all(&settings, &prefix).await.map(|(client, mut values, revision)| {
-                apply(&gw, &mut values, &prefix, revision);
+                apply(&gw, &mut values, &mut Prints::default(), &prefix, revision);
                 (client, values, revision)
             }),
         };
@@ -121,68 +129,101 @@ async fn sync_forever(gateway: Weak<Gateway>, settings: EtcdSection, prefix: Str
     }
 }
 
-/// Watches from `revision + 1`, applying each change; returns why the watch ended.
-async fn follow(
-    gateway: &Weak<Gateway>,
-    mut client: Client,
-    mut values: Values,
-    revision: i64,
-    prefix: &str,
-) -> String {
+/// Watches from `revision + 1`, applying each change; returns why the watch ended. The values
+/// followed live in [`Gateway::followed`] meanwhile, where the Admin API validates its writes
+/// against them (rather than reading the whole set again per write).
+async fn follow(gateway: &Weak<Gateway>, mut client: Client, values: Values, revision: i64, prefix: &str) -> String {
     let (_watcher, mut stream) = match client.watch(format!("{prefix}/"), true, revision + 1).await {
         Ok(pair) => pair,
         Err(e) => return format!("etcd watch: {e}"),
     };
-    let mut at = revision;
     let Some(rebuild) = gateway.upgrade().map(|g| g.rebuild_requested.clone()) else { return "shutting down".into() };
-    loop {
+    if let Some(gw) = gateway.upgrade() {
+        *gw.followed.lock() = Some(Followed { values, prints: Prints::default(), revision });
+        gw.followed_revision.send_replace(revision);
+    }
+    let mut at = revision;
+    let why = loop {
         let message = tokio::select! {
             m = stream.message() => m,
             // DNS answers changed under the resources in force: build them again.
             () = rebuild.notified() => {
-                let Some(gw) = gateway.upgrade() else { return "shutting down".into() };
-                apply(&gw, &mut values, prefix, at);
+                let Some(gw) = gateway.upgrade() else { break "shutting down".into() };
+                gw.with_followed(None, |followed| {
+                    if let Some(f) = followed.as_mut() {
+                        apply(&gw, &mut f.values, &mut f.prints, prefix, at);
+                    }
+                });
                 continue;
             }
         };
         let mut next = match message {
             Ok(Some(r)) => Some(r),
-            Ok(None) => return "etcd closed the watch".into(),
-            Err(e) => return format!("etcd watch: {e}"),
+            Ok(None) => break "etcd closed the watch".into(),
+            Err(e) => break format!("etcd watch: {e}"),
         };
         // Fold every response already received into one rebuild: a burst of writes costs one
         // snapshot build, not one per write.
-        let mut changed = false;
-        while let Some(resp) = next.take() {
+        let mut received = Vec::new();
+        let ended = loop {
+            let Some(resp) = next.take() else { break None };
             if resp.canceled || resp.compact_revision > 0 {
                 // Compacted past our revision (or cancelled): read everything again.
-                return format!("etcd watch cancelled (compacted at {}); resyncing", resp.compact_revision);
+                break Some(format!("etcd watch cancelled (compacted at {}); resyncing", resp.compact_revision));
             }
-            changed |= fold(&mut values, &resp);
-            at = resp.header.as_ref().map_or(at, |h| h.revision);
+            received.push(resp);
             // A zero timeout polls the stream once: what is buffered, never a wait.
             match tokio::time::timeout(Duration::ZERO, stream.message()).await {
                 Ok(Ok(Some(r))) => next = Some(r),
-                Ok(Ok(None)) => return "etcd closed the watch".into(),
-                Ok(Err(e)) => return format!("etcd watch: {e}"),
+                Ok(Ok(None)) => break Some("etcd closed the watch".into()),
+                Ok(Err(e)) => break Some(format!("etcd watch: {e}")),
                 Err(_) => {}
             }
+        };
+        if let Some(why) = ended {
+            break why;
         }
-        let Some(gw) = gateway.upgrade() else { return "shutting down".into() };
-        if changed {
-            apply(&gw, &mut values, prefix, at);
-        } else {
-            gw.provider_status.lock().revision = Some(at);
+        let Some(gw) = gateway.upgrade() else { break "shutting down".into() };
+        // The store's revision as the responses say (what `/v1/config_status` shows); the set
+        // is as of its last event only: a response can name a revision whose events come later
+        // (the watch's first one does), and Admin API writes are judged on what is folded in.
+        for resp in &received {
+            at = resp.header.as_ref().map_or(at, |h| h.revision);
         }
+        let applied = gw.with_followed(None, |followed| {
+            let f = followed.as_mut()?;
+            let mut changed = false;
+            for resp in &received {
+                changed |= fold(&mut f.values, &mut f.prints, resp);
+                let events = resp.events.iter().filter_map(|e| e.kv.as_ref()).map(|kv| kv.mod_revision);
+                f.revision = events.fold(f.revision, i64::max);
+            }
+            if changed {
+                apply(&gw, &mut f.values, &mut f.prints, prefix, at);
+            } else {
+                gw.provider_status.lock().revision = Some(at);
+            }
+            Some(f.revision)
+        });
+        let Some(Some(revision)) = applied else { break "the followed set is gone".into() };
+        gw.followed_revision.send_replace(revision);
+    };
+    // No longer followed: the Admin API reads the set from etcd until the watch is back.
+    if let Some(gw) = gateway.upgrade() {
+        *gw.followed.lock() = None;
+        gw.followed_revision.send_replace(0);
     }
+    why
 }
 
-/// Applies the events of one watch response to `values`; whether anything changed.
-fn fold(values: &mut Values, resp: &WatchResponse) -> bool {
+/// Applies the events of one watch response to `values` (forgetting the fingerprints of the
+/// values it changes); whether anything changed.
+fn fold(values: &mut Values, prints: &mut Prints, resp: &WatchResponse) -> bool {
     let mut changed = false;
     for event in &resp.events {
         let Some(kv) = &event.kv else { continue };
         let key = String::from_utf8_lossy(&kv.key).into_owned();
+        prints.forget(&key);
         match event.is_delete() {
             false => match parse(&kv.value) {
                 Ok(v) => {

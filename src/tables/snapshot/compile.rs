@@ -7,11 +7,13 @@ use std::sync::Arc;
 use super::*;
 
 impl Builder<'_> {
-    /// Every DNS name the upstreams of this build name.
-    fn dns_queries(&self) -> Vec<crate::dns::Query> {
+    /// Every DNS name the upstreams of this build name, but those of routes kept from the
+    /// previous build (`kept`, by place), whose names are being resolved already.
+    fn dns_queries(&self, kept: &[Option<&Arc<CompiledRoute>>]) -> Vec<crate::dns::Query> {
         let snap = &self.snap;
         let inline = snap.services.iter().filter_map(|s| s.upstream.as_deref());
-        let inline = inline.chain(snap.routes.iter().filter_map(|r| r.upstream.as_deref()));
+        let changed = snap.routes.iter().zip(kept).filter(|(_, k)| k.is_none()).map(|(r, _)| r);
+        let inline = inline.chain(changed.filter_map(|r| r.upstream.as_deref()));
         let inline = inline.chain(snap.stream_routes.iter().filter_map(|r| r.upstream.as_deref()));
         let all = snap.upstreams.iter().map(|u| &**u).chain(inline);
         all.flat_map(crate::tables::upstream::dns_queries).collect()
@@ -25,32 +27,61 @@ impl Builder<'_> {
         let empty = Compiled::default();
         let previous = self.previous.map_or(&empty, |p| &p.compiled_by_owner);
         let current = std::cell::RefCell::new(FastMap::with_capacity_and_hasher(previous.len(), Default::default()));
+        // The previous build's compiled route of each route made from the very same parsed
+        // route, by place.
+        let mut reuse = RouteReuse::new(self.previous);
+        let kept: Vec<Option<&Arc<CompiledRoute>>> =
+            self.snap.routes.iter().enumerate().map(|(i, r)| reuse.find(i, r)).collect();
         if let Some(dns) = crate::dns::service().filter(|_| !self.check_only) {
-            dns.prefetch(self.dns_queries(), crate::dns::FIRST_ANSWER_WAIT);
+            dns.prefetch(self.dns_queries(&kept), crate::dns::FIRST_ANSWER_WAIT);
         }
-        let compile = |owner: (&'static str, &str), u: &Upstream| {
-            let key = (owner.0, owner.1.to_owned());
-            // Reused while its configuration and the DNS answers it was built from are the same.
-            let same = |c: &&Arc<CompiledUpstream>| {
-                *c.conf == *u && c.dns_current() && c.identity_current(&self.snap.certs.identities)
-            };
-            let c = match previous.get(&key).filter(same) {
-                Some(c) => c.clone(),
-                None => {
-                    let (c, warnings) = CompiledUpstream::compile(
-                        (owner.0, Arc::from(owner.1)),
-                        Arc::new(u.clone()),
-                        &self.snap.certs.identities,
-                    );
-                    for w in warnings {
-                        log::warn!("{}[{}]: upstream: {w}", owner.0, owner.1);
-                    }
-                    Arc::new(c)
-                }
-            };
-            current.borrow_mut().insert(key, c.clone());
+        // Reused while its configuration and the DNS answers it was built from are the same
+        // (`same_conf`: known to be, the owner being the very entry it was compiled from).
+        let current_of = |c: &Arc<CompiledUpstream>, u: &Upstream, same_conf: bool| {
+            (same_conf || *c.conf == *u) && c.dns_current() && c.identity_current(&self.snap.certs.identities)
+        };
+        let fresh = |owner: (&'static str, &str), u: &Upstream| {
+            let (c, warnings) = CompiledUpstream::compile(
+                (owner.0, Arc::from(owner.1)),
+                Arc::new(u.clone()),
+                &self.snap.certs.identities,
+            );
+            for w in warnings {
+                log::warn!("{}[{}]: upstream: {w}", owner.0, owner.1);
+            }
+            let c = Arc::new(c);
             all.borrow_mut().push(c.clone());
             c
+        };
+        // Upstreams of upstream objects, services and stream routes: found again by owner.
+        let compile = |owner: (&'static str, &str), u: &Upstream| {
+            let key = (owner.0, owner.1.to_owned());
+            let c = match previous.get(&key).filter(|c| current_of(c, u, false)) {
+                Some(c) => {
+                    all.borrow_mut().push(c.clone());
+                    c.clone()
+                }
+                None => fresh(owner, u),
+            };
+            current.borrow_mut().insert(key, c.clone());
+            c
+        };
+        // A route's own upstream: found again through the previous build's route of that id
+        // (no owner map to fill for 10,000 routes).
+        let route_upstream = |r: &Route, u: &Upstream, kept: Option<&Arc<CompiledRoute>>| {
+            let (before, same_conf) = match kept {
+                Some(p) => (Some(p), true),
+                None => (reuse.by_id(&r.id.0), false),
+            };
+            // (The previous route of this id may have used an upstream object or its service's.)
+            let own = before.and_then(|p| p.upstream.as_ref()).filter(|c| c.owner.0 == "routes");
+            match own.filter(|c| current_of(c, u, same_conf)) {
+                Some(c) => {
+                    all.borrow_mut().push(c.clone());
+                    c.clone()
+                }
+                None => fresh(("routes", &r.id.0), u),
+            }
         };
         let objects: HashMap<String, Arc<CompiledUpstream>> = self
             .snap
@@ -69,10 +100,10 @@ impl Builder<'_> {
         }
         let empty: PluginChain = PluginChain::default();
         let mut compiled = Vec::with_capacity(self.snap.routes.len());
-        for (order, r) in self.snap.routes.iter().enumerate() {
+        for (r, &before) in self.snap.routes.iter().zip(&kept) {
             let service = r.service_id.as_ref().and_then(|sid| self.snap.service(&sid.0).cloned());
             let upstream = match (&r.upstream, &r.upstream_id) {
-                (Some(u), _) => Some(compile(("routes", &r.id.0), u)),
+                (Some(u), _) => Some(route_upstream(r, u, before)),
                 (None, Some(id)) => objects.get(&id.0).cloned(),
                 (None, None) => service.as_ref().and_then(|s| service_upstreams.get(&s.id.0).cloned().flatten()),
             };
@@ -89,10 +120,30 @@ impl Builder<'_> {
                     merge_chains(&service_chain, &route_chain)
                 }
             };
-            let hosts = service.as_ref().and_then(|s| s.hosts.clone());
-            let mut c = CompiledRoute::new(r.clone(), hosts.as_deref(), plugins, upstream, order);
-            c.websocket |= service.as_ref().is_some_and(|s| s.enable_websocket);
-            compiled.push(Arc::new(c));
+            // The previous build's route, when nothing it was compiled from changed: the same
+            // parsed route, service, upstream and plugins.
+            let kept = before.filter(|p| {
+                let same_service = match (&service, self.previous) {
+                    (None, _) => true,
+                    (Some(s), Some(prev)) => prev.service(&s.id.0).is_some_and(|ps| Arc::ptr_eq(ps, s)),
+                    (Some(_), None) => false,
+                };
+                let same_upstream = match (&p.upstream, &upstream) {
+                    (None, None) => true,
+                    (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+                    _ => false,
+                };
+                same_service && same_upstream && p.plugins.same_as(&plugins)
+            });
+            match kept {
+                Some(p) => compiled.push(p.clone()),
+                None => {
+                    let hosts = service.as_ref().and_then(|s| s.hosts.clone());
+                    let mut c = CompiledRoute::new(r.clone(), hosts.as_deref(), plugins, upstream);
+                    c.websocket |= service.as_ref().is_some_and(|s| s.enable_websocket);
+                    compiled.push(Arc::new(c));
+                }
+            }
         }
         let mut stream = Vec::with_capacity(self.snap.stream_routes.len());
         for (order, r) in self.snap.stream_routes.iter().enumerate() {
@@ -121,5 +172,42 @@ impl Builder<'_> {
             }
         }
         self.snap.global_chain = Arc::new(Chain::from(global));
+    }
+}
+
+/// Finds, for a route of this build, the previous snapshot's compiled route made from the very
+/// same parsed route (the parse cache hands an unchanged entry back as the same `Arc`). Tried at
+/// the same place first, shifted by as many routes as came or went before it so far, then by id
+/// through the previous snapshot's index (whose routes are in its table's order).
+struct RouteReuse<'p> {
+    previous: Option<&'p Snapshot>,
+    routes: &'p [Arc<CompiledRoute>],
+    /// Where the last route found was in the previous snapshot, relative to its place now.
+    shift: isize,
+}
+
+impl<'p> RouteReuse<'p> {
+    fn new(previous: Option<&'p Snapshot>) -> Self {
+        RouteReuse { previous, routes: previous.map_or(&[], |p| p.table.routes()), shift: 0 }
+    }
+
+    fn find(&mut self, order: usize, r: &Arc<Route>) -> Option<&'p Arc<CompiledRoute>> {
+        let guess = order.checked_add_signed(self.shift).and_then(|i| self.routes.get(i));
+        if let Some(p) = guess.filter(|p| Arc::ptr_eq(&p.route, r)) {
+            return Some(p);
+        }
+        let (at, p) = self.place(&r.id.0)?;
+        self.shift = at as isize - order as isize;
+        Some(p).filter(|p| Arc::ptr_eq(&p.route, r))
+    }
+
+    /// The previous build's route of this id, whatever it was made from.
+    fn by_id(&self, id: &str) -> Option<&'p Arc<CompiledRoute>> {
+        self.place(id).map(|(_, p)| p)
+    }
+
+    fn place(&self, id: &str) -> Option<(usize, &'p Arc<CompiledRoute>)> {
+        let at = *self.previous?.index.get(&("routes", id.to_owned()))?;
+        self.routes.get(at).filter(|p| &*p.id == id).map(|p| (at, p))
     }
 }

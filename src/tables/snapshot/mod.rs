@@ -19,7 +19,8 @@ mod compile;
 mod parse;
 mod plugins;
 
-use parse::{fingerprint, Fingerprint, ParseCache, PARSED};
+use parse::ParseCache;
+pub use parse::{fingerprint, DocPrints, Fingerprint, Prints};
 pub use plugins::merge_chains;
 use plugins::sort_chain;
 
@@ -183,6 +184,25 @@ impl From<Vec<BoundPlugin>> for Chain {
     }
 }
 
+impl Chain {
+    /// Whether `other` runs the same plugin instances, in the same order, the same way: a
+    /// rebuild may then keep the chain (and what holds it) of the previous snapshot.
+    pub fn same_as(&self, other: &Chain) -> bool {
+        self.plugins.len() == other.plugins.len()
+            && self.plugins.iter().zip(other.plugins.iter()).all(|(a, b)| {
+                Arc::ptr_eq(&a.instance, &b.instance)
+                    && a.priority == b.priority
+                    && match (&a.filter, &b.filter) {
+                        (None, None) => true,
+                        (Some(x), Some(y)) => Arc::ptr_eq(x, y),
+                        _ => false,
+                    }
+                    && a.error_response.as_ref().map(|e| (&e.body, e.content_type))
+                        == b.error_response.as_ref().map(|e| (&e.body, e.content_type))
+            })
+    }
+}
+
 /// Plugins of one resource, in priority order.
 pub type PluginChain = Arc<Chain>;
 
@@ -190,8 +210,10 @@ pub type PluginChain = Arc<Chain>;
 #[derive(Clone, Copy)]
 pub enum Mode<'p> {
     /// Checking a document (an Admin API write, `weir -t`): nothing real is built. Plugins
-    /// build instances that open nothing, and no cache of the running snapshot is touched.
-    Validate,
+    /// build instances that open nothing, and no cache of the running snapshot is touched; what
+    /// is compiled the same way in both (upstreams, routes) is taken from the snapshot given, the
+    /// one serving, rather than compiled again (never its plugin instances or consumers).
+    Validate(Option<&'p Snapshot>),
     /// Building the snapshot that will serve, reusing what is unchanged since `previous` (the one
     /// serving now): compiled upstreams with their balancer state, plugin instances, consumers.
     Apply(Option<&'p Snapshot>),
@@ -239,7 +261,8 @@ pub struct Snapshot {
     /// Compiled upstream objects by id (what [`weir_plugin::UpstreamRef::Id`] names).
     pub upstream_objects: FastMap<String, Arc<CompiledUpstream>>,
     index: FastMap<(&'static str, String), usize>,
-    /// Compiled upstreams by owner `(kind, id)`, for the next build to reuse.
+    /// Compiled upstreams of upstream objects, services and stream routes by owner `(kind, id)`,
+    /// for the next build to reuse (a route's own is reused with the route, `compile.rs`).
     compiled_by_owner: Compiled,
     /// Plugin instances by [`InstanceKey`], for the next build to reuse, and whether each named
     /// upstream objects by id (`Services::upstream_by_id`).
@@ -297,18 +320,23 @@ impl Snapshot {
     /// [`Snapshot::build`], with files named by resources (`ssls[].cert_file`) relative to `base`:
     /// a build that reuses nothing of a previous snapshot.
     pub fn build_at(raw: &Value, enabled: &EnabledSet, base: &Path) -> Result<Snapshot, Vec<Issue>> {
-        Self::build_mode(raw, enabled, base, Mode::Apply(None))
+        Self::build_mode(raw, enabled, base, Mode::Apply(None), None)
     }
 
-    /// [`Snapshot::build_at`] for a purpose ([`Mode`]).
-    pub fn build_mode(raw: &Value, enabled: &EnabledSet, base: &Path, mode: Mode<'_>) -> Result<Snapshot, Vec<Issue>> {
-        let previous = PARSED.lock().take().unwrap_or_default();
-        let mut cache =
-            ParseCache { current: FastMap::with_capacity_and_hasher(previous.len(), Default::default()), previous };
-        let check_only = enabled.check_only || matches!(mode, Mode::Validate);
+    /// [`Snapshot::build_at`] for a purpose ([`Mode`]), with the fingerprints of entries the
+    /// provider already knows ([`DocPrints`]; the others are computed).
+    pub fn build_mode(
+        raw: &Value,
+        enabled: &EnabledSet,
+        base: &Path,
+        mode: Mode<'_>,
+        prints: Option<&DocPrints>,
+    ) -> Result<Snapshot, Vec<Issue>> {
+        let mut cache = ParseCache::take();
+        let check_only = enabled.check_only || matches!(mode, Mode::Validate(_));
         let previous = match mode {
             Mode::Apply(p) => p,
-            Mode::Validate => None,
+            Mode::Validate(p) => p,
         };
         let builder = Builder {
             enabled,
@@ -318,13 +346,14 @@ impl Snapshot {
             cache: &mut cache,
             check_only,
             previous,
+            prints,
             together: Default::default(),
         };
         let result = builder.run(raw);
         // What this build parsed is what the next one may reuse (a failed build keeps its valid
         // entries too: the corrected document usually differs in one of them). The parse cache
         // is a memo of pure functions of each entry's JSON: a validation may fill it too.
-        *PARSED.lock() = Some(cache.current);
+        cache.put_back();
         result
     }
 }
@@ -337,10 +366,14 @@ struct Builder<'a> {
     issues: Vec<Issue>,
     snap: Snapshot,
     cache: &'a mut ParseCache,
-    /// Plugins build instances that open nothing ([`Mode::Validate`], `weir -t`).
+    /// Plugins build instances that open nothing ([`Mode::Validate`], `weir -t`). Plugin
+    /// instances of `previous` are then never reused.
     check_only: bool,
-    /// The snapshot serving now, whose unchanged parts this build reuses ([`Mode::Apply`]).
+    /// The snapshot serving now, whose unchanged parts this build reuses ([`Mode::Apply`]; in a
+    /// [`Mode::Validate`], its compiled upstreams and routes only).
     previous: Option<&'a Snapshot>,
+    /// Fingerprints of entries the provider knows ([`DocPrints`]).
+    prints: Option<&'a DocPrints>,
     /// The configurations of plugins that check theirs together (`Plugin::check_together`).
     together: plugins::Together,
 }
@@ -348,26 +381,42 @@ struct Builder<'a> {
 /// `routes[2] (id 7)`: how a resource is named in messages. Built for every entry of every
 /// build, so without the formatting machinery.
 fn owner(list: &str, i: usize, item: &Value) -> String {
-    let id = item.get("id").or_else(|| item.get("username"));
-    let number;
-    let id = match id {
-        Some(Value::String(s)) => Some(s.as_str()),
-        Some(Value::Number(n)) => {
-            number = n.to_string();
-            Some(number.as_str())
+    /// Appends `n` in decimal, without the formatting machinery.
+    fn push_decimal(o: &mut String, mut n: u64) {
+        let mut digits = [0u8; 20];
+        let mut at = digits.len();
+        loop {
+            at -= 1;
+            digits[at] = b'0' + (n % 10) as u8;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
         }
-        _ => None,
-    };
-    let index = i.to_string();
-    let mut o = String::with_capacity(list.len() + index.len() + id.map_or(0, |s| s.len() + 6) + 2);
+        // ASCII digits: always UTF-8.
+        o.push_str(std::str::from_utf8(&digits[at..]).unwrap_or_default());
+    }
+    let id = item.get("id").or_else(|| item.get("username"));
+    let mut o = String::with_capacity(list.len() + 32);
     o.push_str(list);
     o.push('[');
-    o.push_str(&index);
+    push_decimal(&mut o, i as u64);
     o.push(']');
-    if let Some(id) = id {
-        o.push_str(" (id ");
-        o.push_str(id);
-        o.push(')');
+    match id {
+        Some(Value::String(s)) => {
+            o.push_str(" (id ");
+            o.push_str(s);
+            o.push(')');
+        }
+        Some(Value::Number(n)) => {
+            o.push_str(" (id ");
+            match n.as_u64() {
+                Some(u) => push_decimal(&mut o, u),
+                None => o.push_str(&n.to_string()),
+            }
+            o.push(')');
+        }
+        _ => {}
     }
     o
 }
@@ -436,9 +485,7 @@ impl Builder<'_> {
                 let before = self.issues.len();
                 self.check_route_itself(o, r);
                 if self.issues.len() == before {
-                    if let Some(entry) = self.cache.current.get_mut(&print) {
-                        entry.1 = true;
-                    }
+                    self.cache.passed(&print);
                 }
             }
             if r.upstream.is_some() && r.upstream_id.is_some() {

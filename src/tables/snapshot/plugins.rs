@@ -88,7 +88,9 @@ impl Builder<'_> {
             print[0] ^= other[0].rotate_left(i as u32 + 1);
             print[1] ^= other[1].rotate_left(i as u32 + 1);
         }
-        if let Some(previous) = self.previous.and_then(|p| p.consumer_state.as_ref()) {
+        // Not in a validation: a reused state would skip what its consumers' plugins check
+        // together with the routes' (`check_together`).
+        if let Some(previous) = self.previous.filter(|_| !self.check_only).and_then(|p| p.consumer_state.as_ref()) {
             if previous.print == print {
                 return previous.clone();
             }
