@@ -18,6 +18,7 @@ pub mod control;
 pub mod control_routes;
 pub mod dataplane;
 pub mod deadline;
+pub mod decimal;
 pub mod dns;
 pub mod error;
 pub mod error_log;

@@ -312,18 +312,13 @@ fn marker(admin: &Admin) -> String {
 /// Every resource value under the prefix (for validation with the whole set), and the marker's
 /// revision read before it.
 async fn all_values(client: &mut Client, admin: &Admin) -> Result<(Values, i64), String> {
-    let mark = marker_revision(client, admin).await?;
+    let (mark, _) = marks(client, admin).await?;
     Ok((values_now(client, admin).await?, mark))
 }
 
 /// How long a write waits for the etcd watcher to have seen the Admin API's last write before
 /// it reads the whole set itself instead.
 const CATCH_UP: std::time::Duration = std::time::Duration::from_millis(250);
-
-/// The revision of the last Admin API write ([`marker`]).
-async fn marker_revision(client: &mut Client, admin: &Admin) -> Result<i64, String> {
-    Ok(marks(client, admin).await?.0)
-}
 
 /// The revision of the last Admin API write ([`marker`]), and the store's revision as it was
 /// read.

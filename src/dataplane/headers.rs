@@ -157,34 +157,7 @@ pub const LINES_ROOM: usize = 2;
 pub static TRACEPARENT_NAME: HeaderName = weir_plugin::measure::TRACEPARENT;
 pub static TRACESTATE_NAME: HeaderName = weir_plugin::measure::TRACESTATE;
 
-/// A number's decimal digits, on the stack (header values without an allocation).
-#[derive(Clone, Copy)]
-pub struct Decimal {
-    digits: [u8; 20],
-    from: usize,
-}
-
-impl Decimal {
-    /// The digits of `n`.
-    pub fn new(mut n: u64) -> Self {
-        let mut digits = [0u8; 20];
-        let mut from = digits.len();
-        loop {
-            from -= 1;
-            digits[from] = b'0' + (n % 10) as u8;
-            n /= 10;
-            if n == 0 {
-                break;
-            }
-        }
-        Decimal { digits, from }
-    }
-
-    /// Them, as ASCII.
-    pub fn as_bytes(&self) -> &[u8] {
-        &self.digits[self.from..]
-    }
-}
+pub use crate::decimal::Decimal;
 
 #[cfg(test)]
 mod tests {

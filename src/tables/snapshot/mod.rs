@@ -25,6 +25,7 @@ pub use plugins::merge_chains;
 use plugins::sort_chain;
 
 use crate::config::unknown_plugin;
+use crate::decimal::Decimal;
 use crate::fastmap::FastMap;
 use crate::plugins::{EnabledSet, PluginEntry};
 use crate::resources::model::*;
@@ -381,26 +382,11 @@ struct Builder<'a> {
 /// `routes[2] (id 7)`: how a resource is named in messages. Built for every entry of every
 /// build, so without the formatting machinery.
 fn owner(list: &str, i: usize, item: &Value) -> String {
-    /// Appends `n` in decimal, without the formatting machinery.
-    fn push_decimal(o: &mut String, mut n: u64) {
-        let mut digits = [0u8; 20];
-        let mut at = digits.len();
-        loop {
-            at -= 1;
-            digits[at] = b'0' + (n % 10) as u8;
-            n /= 10;
-            if n == 0 {
-                break;
-            }
-        }
-        // ASCII digits: always UTF-8.
-        o.push_str(std::str::from_utf8(&digits[at..]).unwrap_or_default());
-    }
     let id = item.get("id").or_else(|| item.get("username"));
     let mut o = String::with_capacity(list.len() + 32);
     o.push_str(list);
     o.push('[');
-    push_decimal(&mut o, i as u64);
+    o.push_str(Decimal::new(i as u64).as_str());
     o.push(']');
     match id {
         Some(Value::String(s)) => {
@@ -411,7 +397,7 @@ fn owner(list: &str, i: usize, item: &Value) -> String {
         Some(Value::Number(n)) => {
             o.push_str(" (id ");
             match n.as_u64() {
-                Some(u) => push_decimal(&mut o, u),
+                Some(u) => o.push_str(Decimal::new(u).as_str()),
                 None => o.push_str(&n.to_string()),
             }
             o.push(')');
