@@ -122,6 +122,40 @@ pub fn request_stream(data: &[u8]) {
     assert_eq!(frame(data, step), whole, "split into {step}-byte reads");
 }
 
+/// The HTTP/1.1 server's head parse (`h1server`): it agrees with the framer's verdict on the
+/// first request of `data`, and the request it builds says what the bytes say.
+pub fn request_head(data: &[u8]) {
+    use crate::dataplane::framing::{parse_head, skip_empty_lines, MAX_HEADERS};
+    use crate::dataplane::h1server::take_head;
+    let mut buf = bytes::BytesMut::from(data);
+    let taken = take_head(&mut buf);
+    let rest = &data[skip_empty_lines(data)..];
+    let mut fields = [const { std::mem::MaybeUninit::uninit() }; MAX_HEADERS];
+    match (parse_head(rest, &mut fields), taken) {
+        (Err(a), Err(b)) => assert_eq!(a, b),
+        (Ok(None), Ok(None)) => {}
+        (Ok(Some((len, raw, framing))), Ok(Some((req, asks)))) => {
+            assert_eq!(buf.len(), rest.len() - len, "the head's bytes, and only they, were taken");
+            assert_eq!(req.headers().len(), raw.headers.len());
+            for (h, (name, value)) in raw.headers.iter().zip(req.headers().iter()) {
+                assert!(h.name.eq_ignore_ascii_case(name.as_str()));
+                assert_eq!(h.value, value.as_bytes());
+            }
+            assert_eq!(req.method().as_str(), raw.method.unwrap_or_default());
+            assert!(
+                matches!(asks.framing, f if f == framing || framing == crate::dataplane::framing::BodyFraming::Length(0))
+            );
+        }
+        // Beyond the framer's rules, the server refuses what `http` cannot represent.
+        (Ok(Some(_)), Err(r)) => assert!(
+            ["malformed method", "malformed request target"].contains(&r.reason)
+                || r.reason.starts_with("malformed header name"),
+            "{r:?}"
+        ),
+        (a, b) => panic!("framer {:?}, server {:?}", a.map(|h| h.map(|h| h.0)), b.map(|h| h.map(|h| h.1.framing))),
+    }
+}
+
 /// Reads one upstream response from `data` fed in `step`-byte reads: the head's summary and
 /// the body bytes, or the error; `None` when the bytes end first.
 fn read_response(data: &[u8], step: usize) -> Option<Result<(String, Vec<u8>), String>> {

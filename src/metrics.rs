@@ -26,7 +26,7 @@ pub struct WorkerStats {
     pub writing: AtomicU64,
     /// Requests received.
     pub requests: AtomicU64,
-    /// Idle HTTP/1.1 connections parked (holding no server state; `guard`).
+    /// Idle HTTP/1.1 connections parked (holding no server state; `h1server`).
     pub parked: AtomicU64,
     /// Parked connections closed to make room when accept ran out of descriptors.
     pub reclaimed: AtomicU64,

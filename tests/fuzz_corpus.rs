@@ -97,6 +97,11 @@ fn request_stream() {
 }
 
 #[test]
+fn request_head() {
+    each_input("request_head", weir::fuzzing::request_head);
+}
+
+#[test]
 fn client_hello_sni() {
     each_input("client_hello_sni", weir::fuzzing::client_hello_sni);
 }

@@ -439,3 +439,112 @@ fn out_of_descriptors_closes_idle_keep_alive_clients_to_serve_new_ones() {
     let closed = idle.iter_mut().take(64).map(|s| keep_alive_get(s, "/x")).filter(Option::is_none).count();
     assert!(closed > 0, "no idle client was closed");
 }
+
+/// Reads one response head from `s` (byte by byte: what follows stays in the socket).
+fn read_head_of(s: &mut std::net::TcpStream) -> Response {
+    use std::io::Read;
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        assert_eq!(s.read(&mut byte).expect("read head"), 1, "connection closed after {head:?}");
+        head.push(byte[0]);
+    }
+    parse_response(&head)
+}
+
+/// Reads what is left until the gateway closes the connection.
+fn read_to_close(s: &mut std::net::TcpStream) -> Vec<u8> {
+    use std::io::Read;
+    let mut rest = Vec::new();
+    let _ = s.read_to_end(&mut rest);
+    rest
+}
+
+/// The HTTP/1.1 server connection (RFC 9112) as clients meet it: `100 Continue`, pipelining in
+/// order, HTTP/1.0 keep-alive, HEAD, and a request body left unread by a plugin's answer.
+#[test]
+fn the_http11_server_keeps_rfc_9112() {
+    use std::io::{Read, Write};
+    let up = Upstream::start("a");
+    let (p, _w) = start(&format!(
+        "routes:\n  - {{id: 1, uri: /*, upstream: {{nodes: {{\"{n}\": 1}}}}}}\n  - {{id: 2, uri: /locked/*, plugins: {{key-auth: {{}}}}, upstream: {{nodes: {{\"{n}\": 1}}}}}}\n",
+        n = up.node()
+    ));
+    let connect = || {
+        let s = std::net::TcpStream::connect(p.node()).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+        s
+    };
+
+    // Expect: 100-continue: the interim answer comes before the body is sent.
+    let mut s = connect();
+    s.write_all(b"POST /up HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n").expect("write");
+    let interim = read_head_of(&mut s);
+    assert_eq!(interim.status, 100);
+    s.write_all(b"hello").expect("write body");
+    let r = read_head_of(&mut s);
+    assert_eq!(r.status, 200);
+    let mut body = vec![0u8; r.header("content-length").and_then(|v| v.parse().ok()).expect("length")];
+    s.read_exact(&mut body).expect("body");
+    let echo: serde_json::Value = serde_json::from_slice(&body).expect("json");
+    assert_eq!(echo["body"], "hello");
+    assert!(r.header("date").is_some(), "every answer is dated: {:?}", r.headers);
+
+    // Refused before the body was asked for: no 100, and the connection closes (the client
+    // would otherwise send a body the server reads as its next request).
+    let mut s = connect();
+    // (A body this large is not read before the plugins run.)
+    s.write_all(b"POST /locked/x HTTP/1.1\r\nHost: h\r\nContent-Length: 100000\r\nExpect: 100-continue\r\n\r\n")
+        .expect("write");
+    let r = read_head_of(&mut s);
+    assert_eq!(r.status, 401);
+    assert_eq!(r.header("connection"), Some("close"));
+
+    // A small body left unread by a plugin's answer is dropped; the connection goes on.
+    let mut s = connect();
+    let mut unread = b"POST /locked/x HTTP/1.1\r\nHost: h\r\nContent-Length: 100000\r\n\r\n".to_vec();
+    unread.extend_from_slice(&[b'x'; 100000]);
+    unread.extend_from_slice(b"GET /after HTTP/1.1\r\nHost: h\r\n\r\n");
+    s.write_all(&unread).expect("write");
+    assert_eq!(read_one(&mut s).0, 401);
+    assert_eq!(read_one(&mut s).0, 200, "the request after an unread body is served");
+
+    // Pipelined requests are answered in order.
+    let mut s = connect();
+    let three: String = ["/p1", "/p2", "/p3"].iter().map(|t| format!("GET {t} HTTP/1.1\r\nHost: h\r\n\r\n")).collect();
+    s.write_all(three.as_bytes()).expect("write");
+    for want in ["/p1", "/p2", "/p3"] {
+        let r = read_head_of(&mut s);
+        let mut body = vec![0u8; r.header("content-length").and_then(|v| v.parse().ok()).expect("length")];
+        s.read_exact(&mut body).expect("body");
+        let echo: serde_json::Value = serde_json::from_slice(&body).expect("json");
+        assert_eq!(echo["path"], want);
+    }
+
+    // HTTP/1.0: keep-alive only when asked, and said so.
+    let mut s = connect();
+    s.write_all(b"GET /ten HTTP/1.0\r\nConnection: keep-alive\r\n\r\n").expect("write");
+    let (status, _) = read_one(&mut s);
+    assert_eq!(status, 200);
+    s.write_all(b"GET /ten HTTP/1.0\r\n\r\n").expect("write again");
+    let rest = read_to_close(&mut s);
+    let r = parse_response(&rest);
+    assert_eq!(r.status, 200);
+    assert!(r.text().contains("\"path\":\"/ten\""), "{}", r.text());
+
+    // HEAD: the length a GET would have, no body, and the connection goes on.
+    let mut s = connect();
+    s.write_all(b"HEAD /h HTTP/1.1\r\nHost: h\r\n\r\nGET /h HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n")
+        .expect("write");
+    let head = read_head_of(&mut s);
+    assert_eq!(head.status, 200);
+    let rest = read_to_close(&mut s);
+    let get = parse_response(&rest);
+    assert_eq!(get.status, 200, "the GET after a HEAD starts right after its head");
+    assert!(
+        head.header("content-length").and_then(|v| v.parse::<u64>().ok()).is_some_and(|n| n > 0),
+        "{:?}",
+        head.headers
+    );
+    assert_eq!(up.hits(), 9);
+}

@@ -18,9 +18,11 @@ use hyper::body::Incoming;
 
 use super::upstream_conn::H1Body;
 
-/// A client's request body: hyper's (HTTP/1.1, HTTP/2) or an HTTP/3 stream's.
+/// A client's request body: from Weir's HTTP/1.1 server, hyper's HTTP/2 or an HTTP/3 stream.
 pub enum ClientBody {
-    /// HTTP/1.1 and HTTP/2.
+    /// HTTP/1.1, read from the client's connection as it is pulled.
+    H1(super::h1server::RequestBody),
+    /// HTTP/2.
     Hyper(Incoming),
     /// HTTP/3 (boxed: a QUIC stream is large, and HTTP/1.1 requests should not carry its size).
     H3(Box<super::h3::H3Body>),
@@ -38,12 +40,23 @@ impl From<Box<super::h3::H3Body>> for ClientBody {
     }
 }
 
+impl ClientBody {
+    /// The client's side of the connection once a `101` is written (HTTP/1.1 upgrade requests).
+    pub fn take_upgrade(&self) -> Option<super::tunnel::ClientUpgrade> {
+        match self {
+            ClientBody::H1(b) => b.take_upgrade(),
+            _ => None,
+        }
+    }
+}
+
 impl Body for ClientBody {
     type Data = Bytes;
     type Error = BoxError;
 
     fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match self.get_mut() {
+            ClientBody::H1(b) => Pin::new(b).poll_frame(cx).map_err(|e| Box::new(e) as BoxError),
             ClientBody::Hyper(b) => Pin::new(b).poll_frame(cx).map_err(|e| Box::new(e) as BoxError),
             ClientBody::H3(b) => Pin::new(&mut **b).poll_frame(cx),
         }
@@ -51,6 +64,7 @@ impl Body for ClientBody {
 
     fn is_end_stream(&self) -> bool {
         match self {
+            ClientBody::H1(b) => b.is_end_stream(),
             ClientBody::Hyper(b) => b.is_end_stream(),
             ClientBody::H3(b) => b.is_end_stream(),
         }
@@ -58,6 +72,7 @@ impl Body for ClientBody {
 
     fn size_hint(&self) -> SizeHint {
         match self {
+            ClientBody::H1(b) => b.size_hint(),
             ClientBody::Hyper(b) => b.size_hint(),
             ClientBody::H3(b) => b.size_hint(),
         }

@@ -5,13 +5,15 @@
 //! 1.21.1) does: `Content-Length` together with `Transfer-Encoding`, two `Content-Length`
 //! headers (even equal ones), a `Content-Length` that is not plain digits, a `Transfer-Encoding`
 //! other than exactly `chunked`, `Transfer-Encoding` in HTTP/1.0, obs-fold, whitespace before a
-//! colon, and a missing `Host` in HTTP/1.1. hyper alone would accept some of these (it lets
-//! `Transfer-Encoding` win over `Content-Length`), so this parser sits in front of it.
+//! colon, and a missing `Host` in HTTP/1.1. (hyper would have accepted some of these: it lets
+//! `Transfer-Encoding` win over `Content-Length`.)
 //!
-//! [`Framer`] is sans-IO: it is fed the bytes of a connection and says which may go on, keeping
-//! request heads back until they are complete and valid. It follows bodies (by length, or by
-//! chunk sizes) only to know where the next request head starts; a malformed chunked body is
-//! left to the server, which refuses it itself.
+//! [`parse_head`] is the one parse of a request head: Weir's HTTP/1.1 server (`h1server`) builds
+//! the request from it. [`Framer`] is the same rules over a whole byte stream, sans-IO: it is fed
+//! the bytes of a connection and says which may go on, keeping request heads back until they
+//! are complete and valid. It follows bodies (by length, or by chunk sizes) only to know where
+//! the next request head starts; a malformed chunked body is left to the body's decoder. The
+//! `request_stream` fuzz target checks that its verdict never depends on how reads split.
 
 /// A refused request: status and the reason given to the client.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,7 +25,7 @@ pub struct Refusal {
 }
 
 impl Refusal {
-    const fn bad(reason: &'static str) -> Refusal {
+    pub(crate) const fn bad(reason: &'static str) -> Refusal {
         Refusal { status: 400, reason }
     }
 
@@ -114,12 +116,40 @@ impl Default for Framer {
     }
 }
 
-/// A complete head's length and how it frames its body; `None` while the head is incomplete.
-fn check_head(head: &[u8]) -> Result<Option<(usize, State)>, Refusal> {
-    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut req = httparse::Request::new(&mut headers);
-    let len = match req.parse(head) {
+/// How an accepted request head frames what follows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyFraming {
+    /// No body: the next request head follows.
+    None,
+    /// `Content-Length` bytes.
+    Length(u64),
+    /// `Transfer-Encoding: chunked`.
+    Chunked,
+    /// A bodiless upgrade request: what follows may be another protocol (a WebSocket tunnel).
+    /// It passes unjudged, and the connection closes after the response unless it switched
+    /// protocols (`proxy::handle`), so none of it is ever served as a request.
+    Upgrade,
+}
+
+/// Parses the request head at the start of `input` (which must not start with the empty lines
+/// RFC 9112 lets a client send before it: see [`skip_empty_lines`]) and judges its framing.
+/// `Ok(None)` while it is incomplete and within the limits. This is the one parse of a head:
+/// the framer follows the connection with it, and the server builds the request from it.
+pub fn parse_head<'h, 'b>(
+    input: &'b [u8],
+    headers: &'h mut [std::mem::MaybeUninit<httparse::Header<'b>>],
+) -> Result<Option<(usize, httparse::Request<'h, 'b>, BodyFraming)>, Refusal> {
+    let window = &input[..input.len().min(MAX_REQUEST_LINE + 1)];
+    if !window.contains(&b'\n') && input.len() > MAX_REQUEST_LINE {
+        return Err(Refusal { status: 414, reason: "request line longer than 8 KiB" });
+    }
+    let head = &input[..input.len().min(MAX_HEAD + 1)];
+    let mut req = httparse::Request::new(&mut []);
+    let len = match req.parse_with_uninit_headers(head, headers) {
         Ok(httparse::Status::Complete(len)) => len,
+        Ok(httparse::Status::Partial) if input.len() > MAX_HEAD => {
+            return Err(Refusal { status: 431, reason: "request head larger than 32 KiB" });
+        }
         Ok(httparse::Status::Partial) => return Ok(None),
         Err(httparse::Error::TooManyHeaders) => {
             return Err(Refusal { status: 431, reason: "too many header lines" });
@@ -134,6 +164,17 @@ fn check_head(head: &[u8]) -> Result<Option<(usize, State)>, Refusal> {
         Err(httparse::Error::HeaderValue) => return Err(Refusal::bad("malformed header value")),
         Err(_) => return Err(Refusal::bad("malformed request head")),
     };
+    let framing = judge_framing(&req)?;
+    Ok(Some((len, req, framing)))
+}
+
+/// The empty lines before a request line, which are ignored (RFC 9112 section 2.2).
+pub fn skip_empty_lines(input: &[u8]) -> usize {
+    input.iter().take_while(|b| matches!(b, b'\r' | b'\n')).count()
+}
+
+/// The framing rules every accepted head must pass (see the module documentation).
+fn judge_framing(req: &httparse::Request<'_, '_>) -> Result<BodyFraming, Refusal> {
     let http11 = req.version == Some(1);
     let (mut length, mut lengths, mut te, mut host, mut upgrade) = (None, 0, None, false, false);
     for h in req.headers.iter() {
@@ -167,21 +208,17 @@ fn check_head(head: &[u8]) -> Result<Option<(usize, State)>, Refusal> {
     if http11 && !host {
         return Err(Refusal::bad("HTTP/1.1 request without a Host header"));
     }
-    let next = match (te, length) {
+    Ok(match (te, length) {
         (Some(_), Some(_)) => return Err(Refusal::bad("Content-Length and Transfer-Encoding together")),
         (Some(_), None) if !http11 => return Err(Refusal::bad("Transfer-Encoding in an HTTP/1.0 request")),
         (Some(v), None) if !v.eq_ignore_ascii_case(b"chunked") => {
             return Err(Refusal::bad("Transfer-Encoding must be exactly chunked"))
         }
-        (Some(_), None) => State::Chunked(Chunk::Size(0, 0)),
-        // After a bodiless upgrade request the bytes may be another protocol (a WebSocket
-        // tunnel): they pass unjudged, and the proxy closes the connection after its response
-        // unless it switched protocols (`proxy::handle`), so none is ever served as a request.
-        (None, Some(0) | None) if upgrade => State::Passthrough,
-        (None, Some(0) | None) => State::Head,
-        (None, Some(n)) => State::Length(n),
-    };
-    Ok(Some((len, next)))
+        (Some(_), None) => BodyFraming::Chunked,
+        (None, Some(0) | None) if upgrade => BodyFraming::Upgrade,
+        (None, Some(0) | None) => BodyFraming::None,
+        (None, Some(n)) => BodyFraming::Length(n),
+    })
 }
 
 impl Framer {
@@ -214,30 +251,26 @@ impl Framer {
             match self.state {
                 State::Passthrough => return Fed::Pass(input.len()),
                 State::Head => {
-                    let rest = &input[at..];
-                    // Empty lines before a request line are ignored (RFC 9112 section 2.2).
-                    // They pass at once, so that the verdict never depends on how reads split.
-                    at += rest.iter().take_while(|b| matches!(b, b'\r' | b'\n')).count();
+                    // Empty lines pass at once, so that the verdict never depends on how reads
+                    // split.
+                    at += skip_empty_lines(&input[at..]);
                     let rest = &input[at..];
                     if rest.is_empty() {
                         break;
                     }
-                    let refuse = |refusal| Fed::Refuse { pass: at, refusal };
-                    let window = &rest[..rest.len().min(MAX_REQUEST_LINE + 1)];
-                    if !window.contains(&b'\n') && rest.len() > MAX_REQUEST_LINE {
-                        return refuse(Refusal { status: 414, reason: "request line longer than 8 KiB" });
-                    }
-                    let head = &rest[..rest.len().min(MAX_HEAD + 1)];
-                    match check_head(head) {
-                        Ok(Some((end, next))) => {
-                            self.state = next;
+                    let mut headers = [const { std::mem::MaybeUninit::uninit() }; MAX_HEADERS];
+                    match parse_head(rest, &mut headers) {
+                        Ok(Some((end, _, framing))) => {
+                            self.state = match framing {
+                                BodyFraming::None => State::Head,
+                                BodyFraming::Length(n) => State::Length(n),
+                                BodyFraming::Chunked => State::Chunked(Chunk::Size(0, 0)),
+                                BodyFraming::Upgrade => State::Passthrough,
+                            };
                             at += end;
                         }
-                        Ok(None) if rest.len() > MAX_HEAD => {
-                            return refuse(Refusal { status: 431, reason: "request head larger than 32 KiB" });
-                        }
                         Ok(None) => return Fed::Pass(at),
-                        Err(r) => return refuse(r),
+                        Err(refusal) => return Fed::Refuse { pass: at, refusal },
                     }
                 }
                 State::Length(n) => {

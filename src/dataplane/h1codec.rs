@@ -244,7 +244,7 @@ pub fn parse_response_with(
 }
 
 /// A header value httparse accepted, as a slice of the head's bytes.
-fn field_value(bytes: Bytes) -> HeaderValue {
+pub(super) fn field_value(bytes: Bytes) -> HeaderValue {
     debug_assert!(bytes.iter().all(|&b| b == b'\t' || (b >= 0x20 && b != 0x7f)));
     // SAFETY: httparse accepts in a header value exactly the bytes `HeaderValue` allows (HTAB,
     // SP, VCHAR, obs-text: `\t | 0x20..=0x7e | 0x80..=0xff`, its HEADER_VALUE_MAP), so the

@@ -1,6 +1,6 @@
 //! The idle keep-alive connections a worker may close to make room when it runs out of file
 //! descriptors (nginx reuses its idle keep-alive connections the same way): the parked HTTP/1.1
-//! connections (`guard`: idle for a second, holding no server state), oldest first. One set
+//! connections (`h1server`: idle for a second, holding no server state), oldest first. One set
 //! per worker, on its thread: no lock, and nothing on a request's path (a connection joins when
 //! it parks and leaves when its client sends again or goes).
 

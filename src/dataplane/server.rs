@@ -1,13 +1,13 @@
 //! The data-plane listeners: `worker_processes` threads, each a single-threaded tokio runtime
-//! that accepts on every `node_listen` and `gateway.ssl.listen` socket and serves HTTP/1.1 and
-//! HTTP/2 with hyper. A request stays on the worker that accepted its connection from accept to
+//! that accepts on every `node_listen` and `gateway.ssl.listen` socket and serves HTTP/1.1 with
+//! Weir's own server connection ([`super::h1server`]) and HTTP/2 with hyper. A request stays on the worker that accepted its connection from accept to
 //! upstream and back: no locks, no cross-thread hand-off, one `Worker` (upstream pool, path
 //! rules) per thread.
 //!
 //! Protocol per connection: a plain listener serves HTTP/1.1, and with `enable_http2` also
 //! cleartext HTTP/2 when the connection opens with the HTTP/2 preface (prior knowledge). A TLS
 //! listener terminates TLS with the `ssls` certificates ([`crate::tables::certs`]) and serves what ALPN
-//! chose. HTTP/1.1 always passes the strict framer ([`super::guard`]); HTTP/2 has its own binary
+//! chose. HTTP/1.1 heads are parsed once, by the strict framer ([`super::framing`]); HTTP/2 has its own binary
 //! framing, bounded by the limits below.
 //!
 //! Stop: accept loops end, every connection is told to finish its in-flight request and close,
@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use hyper::server::conn::{http1, http2};
+use hyper::server::conn::http2;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use rustls::ServerConfig;
@@ -31,7 +31,6 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
 
-use super::guard::{Activity, Busy, Guarded, PARK_AFTER};
 use super::normalize::PathRules;
 use super::proxy::{self, ConnInfo, TlsConn, Worker};
 use super::resolver::SniResolver;
@@ -560,14 +559,14 @@ async fn serve(
     // state: HTTP/2, TLS and h2c detection are boxed, so an idle HTTP/1.1 connection keeps a
     // small task.
     match kind {
-        Kind::Plain { h2c: false } => serve_h1(stream, info, gateway, worker, stopped).await,
+        Kind::Plain { h2c: false } => super::h1server::serve(stream, info, gateway, worker, stopped).await,
         Kind::Plain { h2c: true } => {
             // Boxed, like HTTP/2 and TLS: 1.5 KB of detection state would otherwise be part of
             // every HTTP/1.1 connection's task.
             let detected = within(HEADER_TIMEOUT, "protocol detection", opens_with_h2_preface(&stream));
             match Box::pin(reading(&worker.stats, detected)).await {
                 Ok(true) => Box::pin(serve_h2(stream, info, gateway, worker, stopped)).await,
-                Ok(false) => serve_h1(stream, info, gateway, worker, stopped).await,
+                Ok(false) => super::h1server::serve(stream, info, gateway, worker, stopped).await,
                 Err(why) => log::debug!("client {peer}: {why}"),
             }
         }
@@ -617,7 +616,7 @@ async fn serve_tls(
     if alpn == Some(b"h2") {
         serve_h2(tls, info, gateway, worker, stopped).await;
     } else {
-        serve_h1(tls, info, gateway, worker, stopped).await;
+        super::h1server::serve(tls, info, gateway, worker, stopped).await;
     }
 }
 
@@ -651,27 +650,14 @@ where
     tokio::pin!(conn);
     // A connection with no new stream for HEADER_TIMEOUT is closed (GOAWAY; streams in flight
     // finish), as nginx's keepalive_timeout does: idle clients do not hold memory forever.
-    if let Err(e) = until_stopped(conn.as_mut(), stopped, Some(last_request), Duration::ZERO).await {
+    if let Err(e) = until_stopped(conn.as_mut(), stopped, Some(last_request)).await {
         log::debug!("client {peer} (HTTP/2): {e}");
     }
 }
 
-/// A hyper connection that can be told to finish its in-flight requests and close.
+/// A hyper (HTTP/2) connection that can be told to finish its in-flight requests and close.
 trait Graceful: std::future::Future<Output = hyper::Result<()>> {
     fn shut_down(self: std::pin::Pin<&mut Self>);
-}
-
-impl<I, S> Graceful for http1::UpgradeableConnection<I, S>
-where
-    Self: std::future::Future<Output = hyper::Result<()>>,
-    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
-    S: hyper::service::HttpService<hyper::body::Incoming>,
-    S::ResBody: 'static,
-    <S::ResBody as http_body::Body>::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-{
-    fn shut_down(self: std::pin::Pin<&mut Self>) {
-        self.graceful_shutdown();
-    }
 }
 
 impl<I, S, E> Graceful for http2::Connection<I, S, E>
@@ -694,7 +680,6 @@ async fn until_stopped<C: Graceful>(
     mut conn: std::pin::Pin<&mut C>,
     mut stopped: watch::Receiver<bool>,
     last_request: Option<Rc<Cell<tokio::time::Instant>>>,
-    linger: Duration,
 ) -> hyper::Result<()> {
     let idle_deadline = || last_request.as_ref().map(|l| l.get() + HEADER_TIMEOUT);
     loop {
@@ -714,123 +699,6 @@ async fn until_stopped<C: Graceful>(
             }
         }
     }
-    // Stopping: a busy HTTP/1.1 client gets its next answer with `Connection: close` within
-    // `linger` and leaves by itself; closing its connection between two of its requests could
-    // lose one already on the wire. What is still there then is shut down.
-    if !linger.is_zero() {
-        if let Ok(r) = tokio::time::timeout(linger, conn.as_mut()).await {
-            return r;
-        }
-    }
     conn.as_mut().shut_down();
     conn.await
-}
-
-/// A response body that keeps its request counted in flight (`guard::Activity`) until hyper
-/// has taken its last byte, or dropped it.
-struct Tracked<B> {
-    body: B,
-    _busy: Busy,
-}
-
-impl<B: http_body::Body + Unpin> http_body::Body for Tracked<B> {
-    type Data = B::Data;
-    type Error = B::Error;
-
-    fn poll_frame(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<http_body::Frame<B::Data>, B::Error>>> {
-        std::pin::Pin::new(&mut self.get_mut().body).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        self.body.size_hint()
-    }
-}
-
-async fn serve_h1<S>(
-    stream: S,
-    info: ConnInfo,
-    gateway: Arc<Gateway>,
-    worker: Rc<Worker>,
-    stopped: watch::Receiver<bool>,
-) where
-    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-{
-    let peer = info.peer;
-    let stats = worker.stats.clone();
-    let activity = Arc::new(Activity::default());
-    let mut io = Guarded::new(stream, peer, activity.clone());
-    let idle = worker.clone();
-    let mut service = service_fn(move |req| {
-        // Counted here, as hyper hands the request over: the socket never looks idle between
-        // a request's head and its response.
-        let busy = activity.begin();
-        let (gateway, worker, info) = (gateway.clone(), worker.clone(), info.clone());
-        async move {
-            let mut resp = proxy::handle(req, info, &gateway, &worker).await;
-            if worker.draining.get() && resp.status() != http::StatusCode::SWITCHING_PROTOCOLS {
-                // Stopping: this client's next request goes to a new connection (and process).
-                resp.headers_mut().insert(http::header::CONNECTION, http::HeaderValue::from_static("close"));
-            }
-            Ok::<_, Infallible>(resp.map(|body| Tracked { body, _busy: busy }))
-        }
-    });
-    // What lives across the parked wait is the task's size for as long as the client stays:
-    // no builder is kept, and hyper's `Parts` are taken apart at once.
-    loop {
-        // Upgrades: a WebSocket route hands the connection over to a tunnel (`tunnel`). Boxed:
-        // the server's state is freed while the connection is parked. The builder is a
-        // temporary of this statement.
-        let mut conn = Box::new(
-            http1::Builder::new()
-                // The head timeout is the guard's (`guard::HEAD_TIMEOUT`), without a timer per
-                // request.
-                .header_read_timeout(None)
-                .max_buf_size(64 << 10)
-                .serve_connection(TokioIo::new(io), service)
-                .with_upgrades(),
-        );
-        if let Err(e) = until_stopped(std::pin::Pin::new(&mut *conn), stopped.clone(), None, PARK_AFTER).await {
-            // The client's doing (reset, timeout, malformed input): never at error level.
-            log::debug!("client {peer}: {e}");
-            return;
-        }
-        // `None`: the connection was upgraded and belongs to its tunnel. hyper parks only with
-        // an empty read buffer (bytes of a partial head would have been its error); it is
-        // dropped here, with its allocation.
-        (io, service) = match conn.into_parts() {
-            Some(parts) => (parts.io.into_inner(), parts.service),
-            None => return,
-        };
-        if !io.parked() {
-            return;
-        }
-        // Parked: no server state and no buffer until the client sends again. The whole idle
-        // time stays bounded by HEADER_TIMEOUT (nginx's keepalive_timeout).
-        let _parked = Raised::new(&stats.parked);
-        let place = idle.idle.park();
-        let mut stop = stopped.clone();
-        let wait = within(HEADER_TIMEOUT.saturating_sub(PARK_AFTER), "waiting for the next request", io.wait_parked());
-        tokio::select! {
-            r = wait => match r {
-                Ok(true) => {}
-                Ok(false) => return,
-                Err(why) => {
-                    log::debug!("client {peer}: {why}");
-                    return;
-                }
-            },
-            _ = stop.wait_for(|s| *s) => return,
-            _ = place.reclaimed() => {
-                log::debug!("client {peer}: idle connection closed to make room for new clients");
-                return;
-            }
-        }
-    }
 }

@@ -2,12 +2,17 @@
 //! 101 it is no longer HTTP), then a byte copy both ways until either side closes or nothing
 //! moves for the route's `timeout.read`.
 
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
+use bytes::{Buf, Bytes};
 use hyper::body::Incoming;
 use hyper::client::conn::http1;
 use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use super::body::ProxyBody;
 use super::client::{Pool, SendError};
@@ -52,10 +57,52 @@ pub async fn handshake(
     }
 }
 
+/// The client's side of a switched connection: its socket, and the bytes it sent after the
+/// handshake (already read by the server).
+pub struct Upgraded {
+    /// The socket (plain or TLS).
+    pub io: Box<dyn ClientIo>,
+    /// Bytes read past the handshake's head.
+    pub prefix: Bytes,
+}
+
+/// A client socket, whatever its type.
+pub trait ClientIo: AsyncRead + AsyncWrite + Unpin {}
+impl<T: AsyncRead + AsyncWrite + Unpin> ClientIo for T {}
+
+/// Where the client's side arrives once the server has written the `101`.
+pub type ClientUpgrade = tokio::sync::oneshot::Receiver<Upgraded>;
+
+impl AsyncRead for Upgraded {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        if !self.prefix.is_empty() {
+            let n = self.prefix.len().min(buf.remaining());
+            buf.put_slice(&self.prefix[..n]);
+            self.prefix.advance(n);
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut *self.io).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Upgraded {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut *self.io).poll_write(cx, buf)
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut *self.io).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut *self.io).poll_shutdown(cx)
+    }
+}
+
 /// Waits for both sides of the upgrade, then copies until one side closes (the close is passed
 /// on as a half-close) or the tunnel idles for `idle`. Returns how it ended.
-pub async fn run(client: OnUpgrade, upstream: OnUpgrade, idle: Duration) -> Result<String, String> {
-    let (client, upstream) = tokio::try_join!(client, upstream).map_err(|e| format!("upgrade failed: {e}"))?;
-    let done = crate::stream::copy::copy_idle(TokioIo::new(client), TokioIo::new(upstream), idle).await;
+pub async fn run(client: ClientUpgrade, upstream: OnUpgrade, idle: Duration) -> Result<String, String> {
+    let client = async { client.await.map_err(|_| "the client's connection was not handed over".to_owned()) };
+    let upstream = async { upstream.await.map_err(|e| format!("upgrade failed: {e}")) };
+    let (client, upstream) = tokio::try_join!(client, upstream)?;
+    let done = crate::stream::copy::copy_idle(client, TokioIo::new(upstream), idle).await;
     Ok(format!("{}: {} bytes to the upstream, {} to the client", done.reason, done.up, done.down))
 }

@@ -382,7 +382,7 @@ pub(super) fn grpc_status(status: StatusCode, msg: &str) -> PluginResponse {
 /// tunnel idles for `timeout.read`. The log phase runs when the tunnel ends.
 pub(super) fn upgraded(
     mut resp: http::Response<Inbound>,
-    client: hyper::upgrade::OnUpgrade,
+    client: crate::dataplane::tunnel::ClientUpgrade,
     mut finish: Box<Finish>,
     inflight: Option<InFlight>,
     idle: std::time::Duration,

@@ -131,7 +131,8 @@ async fn read_body(
         let frame = frame.map_err(|e| {
             // A client-side protocol error: one short line, never at error level.
             log::debug!("client {remote}: invalid request body: {e}");
-            let incomplete = e.downcast_ref::<hyper::Error>().is_some_and(|h| h.is_incomplete_message());
+            let incomplete = e.downcast_ref::<hyper::Error>().is_some_and(|h| h.is_incomplete_message())
+                || e.downcast_ref::<std::io::Error>().is_some_and(|e| e.kind() == std::io::ErrorKind::UnexpectedEof);
             let why = if incomplete {
                 "it ended before it was complete"
             } else {
@@ -267,7 +268,7 @@ async fn serve(
         }
     }
     let websocket = upgrade_asked && is_websocket(&parts.headers);
-    let on_upgrade = if websocket { parts.extensions.remove::<hyper::upgrade::OnUpgrade>() } else { None };
+    let on_upgrade = if websocket { payload.take_upgrade() } else { None };
     // One normalized path for routing, plugins and the upstream (docs/data-plane.md).
     let path = match normalize(parts.uri.path(), worker.rules) {
         Ok(p) => p.into_owned(),
@@ -436,6 +437,6 @@ async fn serve(
 
 /// A WebSocket handshake to pass on: the client side of the upgrade, and its `Upgrade` value.
 struct Tunnel {
-    client: hyper::upgrade::OnUpgrade,
+    client: crate::dataplane::tunnel::ClientUpgrade,
     token: HeaderValue,
 }

@@ -1,0 +1,322 @@
+//! Responses onto the client connection. The head is encoded straight into the connection's
+//! write buffer; the body is framed by its length when it is known (also for HEAD, whose body is
+//! never sent), chunked otherwise (HTTP/1.0 clients: until the connection closes). Small pieces
+//! are gathered behind the head, so a whole small response leaves in one write; the buffer goes
+//! out whenever the body has nothing ready.
+
+use std::cell::{Cell, RefCell};
+use std::future::poll_fn;
+use std::io::{self, IoSlice};
+use std::pin::Pin;
+use std::task::{Context, Poll, Waker};
+
+use bytes::Bytes;
+use http::header::{CONNECTION, CONTENT_LENGTH, DATE};
+use http::{HeaderMap, StatusCode};
+use http_body::Body;
+use tokio::io::{AsyncRead, AsyncWrite};
+
+use super::super::body::ResponseBody;
+use super::super::h1codec::chunk_line;
+use super::super::headers::Decimal;
+use super::super::proxy::Response;
+use super::conn::Conn;
+use super::head::Asks;
+
+/// Body pieces up to this size are copied behind what is buffered; larger ones are written
+/// with it in one vectored write.
+const GATHER: usize = 16 * 1024;
+
+/// How a response left.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Sent {
+    /// Whole; the connection may carry the next request when `true`.
+    Done(bool),
+    /// `101 Switching Protocols`: the connection belongs to the tunnel now.
+    Upgraded,
+}
+
+/// How the body is framed on the wire.
+enum Mode {
+    /// No body follows the head.
+    None,
+    /// This many bytes are still owed.
+    Length(u64),
+    Chunked,
+    /// Until the connection closes (an HTTP/1.0 client and a body of unknown length).
+    Eof,
+}
+
+/// Writes `resp` to the client: the head, then its body as the body yields it.
+pub(super) async fn respond<S: AsyncRead + AsyncWrite + Unpin>(
+    conn: &RefCell<Conn<S>>,
+    out: &mut Vec<u8>,
+    resp: Response,
+    asks: &Asks,
+) -> io::Result<Sent> {
+    let (parts, mut body) = resp.into_parts();
+    let status = parts.status;
+    let mut headers = parts.headers;
+    let upgraded = status == StatusCode::SWITCHING_PROTOCOLS;
+    let mut keep_alive = asks.keep_alive;
+    if !upgraded {
+        // The response's own `Connection` (a draining worker's `close`) decides with the
+        // client's; the field itself is written below, once.
+        if let Some(v) = headers.remove(CONNECTION) {
+            keep_alive &= !v.as_bytes().split(|b| *b == b',').any(|t| t.trim_ascii().eq_ignore_ascii_case(b"close"));
+        }
+    }
+    let bodiless = status.is_informational() || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED;
+    // A head without a body keeps the length its map names (an upstream's answer to HEAD, a
+    // 304's); a body that is sent is framed by what it yields, never by a field it carries.
+    let named_length = if bodiless || asks.head {
+        headers.contains_key(CONTENT_LENGTH)
+    } else {
+        headers.remove(CONTENT_LENGTH);
+        false
+    };
+    let mut mode = match body.size_hint().exact() {
+        _ if bodiless || named_length => Mode::None,
+        Some(n) => Mode::Length(n),
+        None if asks.head => Mode::None,
+        None if !asks.http10 => Mode::Chunked,
+        None => {
+            keep_alive = false;
+            Mode::Eof
+        }
+    };
+    encode_head(out, status, &headers, &mode, keep_alive, asks.http10, upgraded);
+    if bodiless || asks.head {
+        // Dropped before the head goes out: the log phase runs now, as it does for a body sent.
+        body = ResponseBody::Full(None);
+        mode = Mode::None;
+    }
+    let mut trailers: Option<HeaderMap> = None;
+    loop {
+        match mode {
+            Mode::None | Mode::Length(0) => break,
+            _ => {}
+        }
+        let Some(frame) = next_frame(conn, out, &mut body).await? else { break };
+        let frame = frame.map_err(io::Error::other)?;
+        let data = match frame.into_data() {
+            Ok(data) => data,
+            Err(frame) => {
+                // Trailers go to a client that said it takes them, after the last chunk.
+                if matches!(mode, Mode::Chunked) && asks.trailers {
+                    trailers = frame.into_trailers().ok();
+                }
+                continue;
+            }
+        };
+        if data.is_empty() {
+            continue;
+        }
+        match &mut mode {
+            Mode::Length(left) => {
+                if data.len() as u64 > *left {
+                    return Err(io::Error::other("the body is longer than its announced length"));
+                }
+                *left -= data.len() as u64;
+                put(conn, out, data).await?;
+            }
+            Mode::Chunked => {
+                out.extend_from_slice(chunk_line(data.len()).as_bytes());
+                put(conn, out, data).await?;
+                out.extend_from_slice(b"\r\n");
+            }
+            Mode::Eof => put(conn, out, data).await?,
+            Mode::None => {}
+        }
+    }
+    match mode {
+        Mode::Length(left) if left > 0 => {
+            // The client sees a body shorter than announced: the connection must close.
+            write_all(conn, out, None).await?;
+            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the body ended before its announced length"));
+        }
+        Mode::Chunked => {
+            out.extend_from_slice(b"0\r\n");
+            for (name, value) in trailers.iter().flatten() {
+                push_field(out, name.as_str().as_bytes(), value.as_bytes());
+            }
+            out.extend_from_slice(b"\r\n");
+        }
+        _ => {}
+    }
+    drop(body);
+    write_all(conn, out, None).await?;
+    Ok(if upgraded { Sent::Upgraded } else { Sent::Done(keep_alive && !matches!(mode, Mode::Eof)) })
+}
+
+/// The status line and fields (`Date` when the response has none, framing, `Connection`).
+fn encode_head(
+    out: &mut Vec<u8>,
+    status: StatusCode,
+    headers: &HeaderMap,
+    mode: &Mode,
+    keep_alive: bool,
+    http10: bool,
+    upgraded: bool,
+) {
+    out.extend_from_slice(b"HTTP/1.1 ");
+    out.extend_from_slice(status.as_str().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
+    out.extend_from_slice(b"\r\n");
+    if !headers.contains_key(DATE) {
+        out.extend_from_slice(b"date: ");
+        with_date(|d| out.extend_from_slice(d));
+        out.extend_from_slice(b"\r\n");
+    }
+    for (name, value) in headers {
+        push_field(out, name.as_str().as_bytes(), value.as_bytes());
+    }
+    match mode {
+        Mode::Length(n) => {
+            out.extend_from_slice(b"content-length: ");
+            out.extend_from_slice(Decimal::new(*n).as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
+        Mode::Chunked => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
+        Mode::None | Mode::Eof => {}
+    }
+    if !upgraded {
+        if !keep_alive && !http10 {
+            out.extend_from_slice(b"connection: close\r\n");
+        } else if keep_alive && http10 {
+            out.extend_from_slice(b"connection: keep-alive\r\n");
+        }
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+fn push_field(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
+    out.reserve(name.len() + value.len() + 4);
+    out.extend_from_slice(name);
+    out.extend_from_slice(b": ");
+    out.extend_from_slice(value);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// The body's next frame. When it has nothing ready, what is buffered goes out first.
+async fn next_frame<S: AsyncRead + AsyncWrite + Unpin, B: Body + Unpin>(
+    conn: &RefCell<Conn<S>>,
+    out: &mut Vec<u8>,
+    body: &mut B,
+) -> io::Result<Option<Result<http_body::Frame<B::Data>, B::Error>>> {
+    if !out.is_empty() {
+        // A look without a waker: when the body has nothing yet, the buffer is written and the
+        // body is polled again below, with this task's waker.
+        let mut cx = Context::from_waker(Waker::noop());
+        if let Poll::Ready(frame) = Pin::new(&mut *body).poll_frame(&mut cx) {
+            return Ok(frame);
+        }
+        write_all(conn, out, None).await?;
+    }
+    Ok(poll_fn(|cx| Pin::new(&mut *body).poll_frame(cx)).await)
+}
+
+/// Adds `data` to what goes out: copied behind the buffer when small, else written with it.
+async fn put<S: AsyncRead + AsyncWrite + Unpin>(
+    conn: &RefCell<Conn<S>>,
+    out: &mut Vec<u8>,
+    data: Bytes,
+) -> io::Result<()> {
+    if out.len() + data.len() <= GATHER {
+        out.extend_from_slice(&data);
+        return Ok(());
+    }
+    write_all(conn, out, Some(&data)).await
+}
+
+/// Writes `out` (then clears it) and `extra` whole, and flushes.
+pub(super) async fn write_all<S: AsyncRead + AsyncWrite + Unpin>(
+    conn: &RefCell<Conn<S>>,
+    out: &mut Vec<u8>,
+    extra: Option<&Bytes>,
+) -> io::Result<()> {
+    let extra: &[u8] = extra.map_or(&[], |b| &b[..]);
+    let total = out.len() + extra.len();
+    let mut at = 0;
+    poll_fn(|cx| {
+        let mut conn = conn.borrow_mut();
+        let Some(io) = conn.io.as_mut() else { return Poll::Ready(Err(io::ErrorKind::NotConnected.into())) };
+        while at < total {
+            let n = if at < out.len() {
+                let bufs = [IoSlice::new(&out[at..]), IoSlice::new(extra)];
+                std::task::ready!(Pin::new(&mut *io).poll_write_vectored(cx, &bufs))?
+            } else {
+                std::task::ready!(Pin::new(&mut *io).poll_write(cx, &extra[at - out.len()..]))?
+            };
+            if n == 0 {
+                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+            }
+            at += n;
+        }
+        Pin::new(io).poll_flush(cx)
+    })
+    .await?;
+    out.clear();
+    Ok(())
+}
+
+thread_local! {
+    /// The `Date` value, rebuilt when the second changes (`(unix second, text)`).
+    static DATE_CACHE: (Cell<u64>, RefCell<[u8; 29]>) = const { (Cell::new(0), RefCell::new([0; 29])) };
+}
+
+/// Calls `f` with the current `Date` value (IMF-fixdate, as RFC 9110 asks).
+fn with_date(f: impl FnOnce(&[u8])) {
+    let now = std::time::SystemTime::now();
+    let secs = now.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    DATE_CACHE.with(|(at, text)| {
+        if at.get() != secs {
+            let fresh = httpdate::fmt_http_date(now);
+            if fresh.len() == 29 {
+                text.borrow_mut().copy_from_slice(fresh.as_bytes());
+            }
+            at.set(secs);
+        }
+        f(&text.borrow()[..]);
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn head(status: StatusCode, mode: Mode, keep_alive: bool, http10: bool) -> String {
+        let mut out = Vec::new();
+        let mut headers = HeaderMap::new();
+        headers.insert(DATE, http::HeaderValue::from_static("x"));
+        encode_head(&mut out, status, &headers, &mode, keep_alive, http10, false);
+        String::from_utf8(out).expect("text")
+    }
+
+    #[test]
+    fn heads_say_their_framing_and_connection() {
+        assert_eq!(
+            head(StatusCode::OK, Mode::Length(5), true, false),
+            "HTTP/1.1 200 OK\r\ndate: x\r\ncontent-length: 5\r\n\r\n"
+        );
+        assert_eq!(
+            head(StatusCode::NOT_FOUND, Mode::Chunked, false, false),
+            "HTTP/1.1 404 Not Found\r\ndate: x\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n"
+        );
+        assert_eq!(head(StatusCode::OK, Mode::Eof, false, true), "HTTP/1.1 200 OK\r\ndate: x\r\n\r\n");
+        assert_eq!(
+            head(StatusCode::NO_CONTENT, Mode::None, true, true),
+            "HTTP/1.1 204 No Content\r\ndate: x\r\nconnection: keep-alive\r\n\r\n"
+        );
+    }
+
+    #[test]
+    fn the_date_is_an_imf_fixdate() {
+        let mut d = Vec::new();
+        with_date(|v| d.extend_from_slice(v));
+        let text = String::from_utf8(d).expect("ascii");
+        assert!(httpdate::parse_http_date(&text).is_ok(), "{text}");
+        assert!(text.ends_with(" GMT"), "{text}");
+    }
+}
