@@ -154,6 +154,79 @@ pub fn request_head(data: &[u8]) {
         ),
         (a, b) => panic!("framer {:?}, server {:?}", a.map(|h| h.map(|h| h.0)), b.map(|h| h.map(|h| h.1.framing))),
     }
+    let step = 1 + usize::from(data.first().copied().unwrap_or(0) % 13);
+    assert_eq!(server_reads(data, step), server_reads(data, data.len()), "split into {step}-byte reads");
+}
+
+/// What the server reads from `data` arriving in `step`-byte reads: each request (method,
+/// target, body bytes) until the bytes end, or the first refusal or malformed body.
+fn server_reads(data: &[u8], step: usize) -> Vec<String> {
+    use crate::dataplane::framing::BodyFraming;
+    use crate::dataplane::h1codec::{Chunked, Decoded};
+    use crate::dataplane::h1server::take_head;
+    enum Body {
+        Head,
+        Length(u64, Vec<u8>),
+        Chunked(Chunked, Vec<u8>),
+    }
+    let mut out = Vec::new();
+    let mut buf = bytes::BytesMut::new();
+    let mut state = Body::Head;
+    let mut chunks = data.chunks(step.max(1));
+    loop {
+        let progressed = match &mut state {
+            Body::Head => match take_head(&mut buf) {
+                Err(r) => {
+                    out.push(format!("refused {}", r.reason));
+                    return out;
+                }
+                Ok(None) => false,
+                Ok(Some((req, asks))) => {
+                    out.push(format!("{} {}", req.method(), req.uri()));
+                    state = match asks.framing {
+                        BodyFraming::Length(n) => Body::Length(n, Vec::new()),
+                        BodyFraming::Chunked => Body::Chunked(Chunked::default(), Vec::new()),
+                        // What follows an upgrade is another protocol.
+                        BodyFraming::Upgrade => return out,
+                        BodyFraming::None => Body::Head,
+                    };
+                    true
+                }
+            },
+            Body::Length(left, got) => {
+                let n = usize::try_from(*left).unwrap_or(usize::MAX).min(buf.len());
+                got.extend_from_slice(&buf.split_to(n));
+                *left -= n as u64;
+                if *left == 0 {
+                    out.push(format!("body {:?}", String::from_utf8_lossy(got)));
+                    state = Body::Head;
+                }
+                n > 0 || matches!(state, Body::Head)
+            }
+            Body::Chunked(decoder, got) => match decoder.decode(&mut buf) {
+                Ok(Decoded::Data(d)) => {
+                    got.extend_from_slice(&d);
+                    true
+                }
+                Ok(Decoded::Done) => {
+                    out.push(format!("body {:?}", String::from_utf8_lossy(got)));
+                    state = Body::Head;
+                    true
+                }
+                Ok(Decoded::NeedMore) => false,
+                Err(e) => {
+                    out.push(format!("malformed body: {}", e.0));
+                    return out;
+                }
+            },
+        };
+        if !progressed {
+            match chunks.next() {
+                Some(c) => buf.extend_from_slice(c),
+                None => return out,
+            }
+        }
+    }
 }
 
 /// Reads one upstream response from `data` fed in `step`-byte reads: the head's summary and

@@ -9,11 +9,11 @@
 //! `Transfer-Encoding` win over `Content-Length`.)
 //!
 //! [`parse_head`] is the one parse of a request head: Weir's HTTP/1.1 server (`h1server`) builds
-//! the request from it. [`Framer`] is the same rules over a whole byte stream, sans-IO: it is fed
-//! the bytes of a connection and says which may go on, keeping request heads back until they
-//! are complete and valid. It follows bodies (by length, or by chunk sizes) only to know where
-//! the next request head starts; a malformed chunked body is left to the body's decoder. The
-//! `request_stream` fuzz target checks that its verdict never depends on how reads split.
+//! the request from it, and reads bodies with `h1codec`'s decoder. [`Framer`] states the same
+//! rules over a whole byte stream, sans-IO (fed the bytes of a connection, it says which may go
+//! on); the server does not run it. It is the reference the `request_stream` fuzz target holds
+//! to one verdict however reads split, and the `request_head` target checks the server's head
+//! parse, over pipelined requests and split reads, against the same rules.
 
 /// A refused request: status and the reason given to the client.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

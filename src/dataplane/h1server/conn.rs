@@ -54,6 +54,9 @@ pub(super) struct Conn<S> {
     pub continue_left: usize,
     /// Whether `100 Continue` was written for the current request.
     pub continued: bool,
+    /// The current request's response head has begun to go out: a `100 Continue` owed and not
+    /// begun is dropped (it would land inside the response).
+    responded: bool,
     /// The client ended its side of the connection.
     pub eof: bool,
     /// A bodiless upgrade request: the server hands the socket over through `upgrade_tx` after
@@ -71,6 +74,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             body: Framing::Done,
             continue_left: 0,
             continued: false,
+            responded: false,
             eof: false,
             upgrade_tx: None,
             upgrade_rx: None,
@@ -88,6 +92,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         let owed = expect_continue && !matches!(self.body, Framing::Done);
         self.continue_left = if owed { CONTINUE.len() } else { 0 };
         self.continued = false;
+        self.responded = false;
         (self.upgrade_tx, self.upgrade_rx) = match upgrade {
             true => {
                 let (tx, rx) = oneshot::channel();
@@ -136,8 +141,25 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         Poll::Ready(Ok(n))
     }
 
+    /// The response head is about to be written: what is owed of `100 Continue` is settled.
+    /// Returns the bytes of one begun and not finished, which must go out first; one not begun
+    /// is dropped (the connection then ends after the response: the client may still send the
+    /// body, or wait for a go-ahead that never comes).
+    pub fn start_response(&mut self) -> &'static [u8] {
+        self.responded = true;
+        let left = std::mem::take(&mut self.continue_left);
+        if left == 0 || left == CONTINUE.len() {
+            return &[];
+        }
+        self.continued = true;
+        &CONTINUE[CONTINUE.len() - left..]
+    }
+
     /// Writes what is left of `100 Continue`.
     fn poll_continue(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if self.responded {
+            return Poll::Ready(Ok(()));
+        }
         while self.continue_left > 0 {
             let Some(io) = self.io.as_mut() else { return Poll::Ready(Err(io::ErrorKind::NotConnected.into())) };
             let at = CONTINUE.len() - self.continue_left;
@@ -214,7 +236,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             Framing::Broken => false,
             _ if self.continue_left > 0 => false,
             Framing::Length(left) => left <= limit,
-            Framing::Chunked(_) => true,
+            // Its length is unknown: the answer could not say beforehand that the connection
+            // survives it.
+            Framing::Chunked(_) => false,
         }
     }
 

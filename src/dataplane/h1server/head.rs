@@ -42,7 +42,7 @@ pub fn take_head(buf: &mut BytesMut) -> Result<Option<(http::Request<()>, Asks)>
     }
     // Offsets of the target and of each field, taken before the buffer is split: the values
     // become slices of the frozen head.
-    let mut spans = [[0u32; 4]; MAX_HEADERS];
+    let mut spans = [const { std::mem::MaybeUninit::<[u32; 4]>::uninit() }; MAX_HEADERS];
     let mut fields = [const { std::mem::MaybeUninit::uninit() }; MAX_HEADERS];
     let base = buf.as_ptr() as usize;
     let offset = |s: &[u8]| (s.as_ptr() as usize - base) as u32;
@@ -57,7 +57,7 @@ pub fn take_head(buf: &mut BytesMut) -> Result<Option<(http::Request<()>, Asks)>
         for (span, h) in spans.iter_mut().zip(req.headers.iter()) {
             let name = offset(h.name.as_bytes());
             let value = offset(h.value);
-            *span = [name, name + h.name.len() as u32, value, value + h.value.len() as u32];
+            span.write([name, name + h.name.len() as u32, value, value + h.value.len() as u32]);
             if h.name.eq_ignore_ascii_case("connection") {
                 for token in tokens(h.value) {
                     close |= token.eq_ignore_ascii_case(b"close");
@@ -84,7 +84,10 @@ pub fn take_head(buf: &mut BytesMut) -> Result<Option<(http::Request<()>, Asks)>
     let uri = Uri::from_maybe_shared(bytes.slice(target.0 as usize..target.1 as usize))
         .map_err(|_| Refusal::bad("malformed request target"))?;
     let mut headers = HeaderMap::with_capacity(count + ROOM_FOR_PLUGINS);
-    for &[ns, ne, vs, ve] in &spans[..count] {
+    for span in &spans[..count] {
+        // SAFETY: the loop above wrote the first `count` spans, one per field.
+        #[allow(unsafe_code)]
+        let [ns, ne, vs, ve] = unsafe { span.assume_init() };
         let name = HeaderName::from_bytes(&bytes[ns as usize..ne as usize])
             .map_err(|_| Refusal::bad("malformed header name (no whitespace before the colon, no obs-fold)"))?;
         headers.append(name, field_value(bytes.slice(vs as usize..ve as usize)));

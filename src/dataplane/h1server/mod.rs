@@ -33,7 +33,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::BytesMut;
+use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::watch;
 use tokio::time::Sleep;
@@ -44,7 +44,7 @@ pub use head::{take_head, Asks};
 use respond::{respond, write_all, Sent};
 
 use super::body::ClientBody;
-use super::framing::{BodyFraming, Refusal};
+use super::framing::{skip_empty_lines, BodyFraming, Refusal};
 use super::proxy::{self, ConnInfo, Worker};
 use super::tunnel::Upgraded;
 use crate::deadline::within;
@@ -64,6 +64,8 @@ const HEAD_WAIT_PERIODS: u32 = (HEAD_TIMEOUT.as_secs() / PARK_AFTER.as_secs()) a
 /// Most bytes of an unread request body (a plugin answered without it) read and dropped to keep
 /// the connection for the next request; a longer rest closes it (nginx discards bodies too).
 const DISCARD_LIMIT: u64 = 1 << 20;
+/// How long dropping that rest may take (nginx's `lingering_timeout`).
+const DISCARD_TIME: Duration = Duration::from_secs(5);
 
 /// Serves HTTP/1.1 on `stream` until the client leaves, idles out, or the worker stops.
 pub async fn serve<S>(
@@ -164,7 +166,9 @@ where
                 return false;
             }
         }
-        if !Conn::discard_body(conn, DISCARD_LIMIT).await {
+        // Bounded in time too: a client that stops sending its body is let go.
+        let drained = tokio::time::timeout(DISCARD_TIME, Conn::discard_body(conn, DISCARD_LIMIT)).await;
+        if !drained.unwrap_or(false) {
             close(conn).await;
             return false;
         }
@@ -231,6 +235,8 @@ struct Clock {
     head_wait: u32,
     /// The worker is stopping: the client has this period to send a request already on its way.
     stopping: bool,
+    /// Empty lines came since the last request head.
+    blank: bool,
 }
 
 /// What the timer says.
@@ -293,8 +299,18 @@ where
 {
     poll_fn(|cx| loop {
         let mut c = conn.borrow_mut();
+        // Empty lines before a request line are ignored, but they are no request: a client
+        // sending only them still owes a head within the head timeout (it never parks).
+        let blank = skip_empty_lines(&c.buf);
+        if blank > 0 {
+            c.buf.advance(blank);
+            clock.blank = true;
+        }
         match take_head(&mut c.buf) {
-            Ok(Some((req, asks))) => return Poll::Ready(Next::Head(req, asks)),
+            Ok(Some((req, asks))) => {
+                clock.blank = false;
+                return Poll::Ready(Next::Head(req, asks));
+            }
             Ok(None) => {}
             Err(refusal) => return Poll::Ready(Next::Refused(refusal)),
         }
@@ -307,7 +323,7 @@ where
             Poll::Ready(Err(e)) => return Poll::Ready(Next::End(Some(e.to_string()))),
             Poll::Pending => {}
         }
-        let nothing_read = c.buf.is_empty();
+        let nothing_read = c.buf.is_empty() && !clock.blank;
         drop(c);
         if !clock.stopping && stop.as_mut().poll(cx).is_ready() {
             if nothing_read {
@@ -408,6 +424,24 @@ mod tests {
         let (how, _, waited) = wait_for_end(&c).await;
         assert_eq!(how, "park");
         assert!(waited >= PARK_AFTER && waited <= 3 * PARK_AFTER, "{waited:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn empty_lines_alone_do_not_keep_a_connection_open() {
+        let (mut client, server) = tokio::io::duplex(4096);
+        let c = conn(server);
+        let sender = tokio::spawn(async move {
+            for _ in 0..100 {
+                if client.write_all(b"\r\n").await.is_err() {
+                    return;
+                }
+                tokio::time::sleep(PARK_AFTER * 3 / 2).await;
+            }
+        });
+        let (how, why, waited) = wait_for_end(&c).await;
+        assert_eq!(how, "end", "{why:?}");
+        assert!(waited <= HEAD_TIMEOUT + 3 * PARK_AFTER, "{waited:?}");
+        sender.abort();
     }
 
     #[tokio::test(start_paused = true)]

@@ -5,16 +5,18 @@
 //! out whenever the body has nothing ready.
 
 use std::cell::{Cell, RefCell};
-use std::future::poll_fn;
+use std::future::{poll_fn, Future};
 use std::io::{self, IoSlice};
 use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{CONNECTION, CONTENT_LENGTH, DATE};
 use http::{HeaderMap, StatusCode};
 use http_body::Body;
 use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::time::Sleep;
 
 use super::super::body::ResponseBody;
 use super::super::h1codec::chunk_line;
@@ -68,15 +70,19 @@ pub(super) async fn respond<S: AsyncRead + AsyncWrite + Unpin>(
     }
     let bodiless = status.is_informational() || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED;
     // A head without a body keeps the length its map names (an upstream's answer to HEAD, a
-    // 304's); a body that is sent is framed by what it yields, never by a field it carries.
-    let named_length = if bodiless || asks.head {
-        headers.contains_key(CONTENT_LENGTH)
-    } else {
+    // 304's; never a 1xx's or 204's, RFC 9110 section 8.6); a body that is sent is framed by
+    // what it yields, never by a field it carries.
+    let named_length = if (bodiless && status != StatusCode::NOT_MODIFIED) || !(bodiless || asks.head) {
         headers.remove(CONTENT_LENGTH);
         false
+    } else {
+        headers.contains_key(CONTENT_LENGTH)
     };
     let mut mode = match body.size_hint().exact() {
         _ if bodiless || named_length => Mode::None,
+        // HEAD: the length of a body that has bytes (a plugin's answer); an empty one says
+        // nothing (an upstream's chunked answer to HEAD is no empty resource).
+        Some(0) if asks.head => Mode::None,
         Some(n) => Mode::Length(n),
         None if asks.head => Mode::None,
         None if !asks.http10 => Mode::Chunked,
@@ -85,6 +91,9 @@ pub(super) async fn respond<S: AsyncRead + AsyncWrite + Unpin>(
             Mode::Eof
         }
     };
+    // What is owed of `100 Continue` is settled before the head: finished if begun, else
+    // dropped (`body_discardable` has made the connection end after this response).
+    out.extend_from_slice(conn.borrow_mut().start_response());
     encode_head(out, status, &headers, &mode, keep_alive, asks.http10, upgraded);
     if bodiless || asks.head {
         // Dropped before the head goes out: the log phase runs now, as it does for a body sent.
@@ -239,26 +248,56 @@ pub(super) async fn write_all<S: AsyncRead + AsyncWrite + Unpin>(
     let extra: &[u8] = extra.map_or(&[], |b| &b[..]);
     let total = out.len() + extra.len();
     let mut at = 0;
+    // Armed only when the socket makes the write wait, and moved on with every bit of progress.
+    let mut stalled: Option<(Pin<Box<Sleep>>, usize)> = None;
     poll_fn(|cx| {
         let mut conn = conn.borrow_mut();
         let Some(io) = conn.io.as_mut() else { return Poll::Ready(Err(io::ErrorKind::NotConnected.into())) };
         while at < total {
-            let n = if at < out.len() {
+            let polled = if at < out.len() {
                 let bufs = [IoSlice::new(&out[at..]), IoSlice::new(extra)];
-                std::task::ready!(Pin::new(&mut *io).poll_write_vectored(cx, &bufs))?
+                Pin::new(&mut *io).poll_write_vectored(cx, &bufs)
             } else {
-                std::task::ready!(Pin::new(&mut *io).poll_write(cx, &extra[at - out.len()..]))?
+                Pin::new(&mut *io).poll_write(cx, &extra[at - out.len()..])
+            };
+            let n = match polled {
+                Poll::Ready(n) => n?,
+                Poll::Pending => return poll_stall(&mut stalled, at, cx),
             };
             if n == 0 {
                 return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
             }
             at += n;
         }
-        Pin::new(io).poll_flush(cx)
+        match Pin::new(io).poll_flush(cx) {
+            Poll::Pending => poll_stall(&mut stalled, at, cx),
+            ready => ready,
+        }
     })
     .await?;
     out.clear();
     Ok(())
+}
+
+/// How long a write may make no progress (nginx's `send_timeout`): a client that stops reading
+/// is let go, with the upstream connection its response holds.
+pub(super) const SEND_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A write that waits: `Pending` until [`SEND_TIMEOUT`] passes with no progress since `at`.
+fn poll_stall(stalled: &mut Option<(Pin<Box<Sleep>>, usize)>, at: usize, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+    match stalled {
+        Some((sleep, since)) if *since == at => {
+            if sleep.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(Err(io::Error::new(io::ErrorKind::TimedOut, "the client read nothing for 60 s")));
+            }
+        }
+        _ => {
+            let mut sleep = Box::pin(tokio::time::sleep(SEND_TIMEOUT));
+            let _ = sleep.as_mut().poll(cx);
+            *stalled = Some((sleep, at));
+        }
+    }
+    Poll::Pending
 }
 
 thread_local! {
