@@ -365,9 +365,13 @@ fn run_worker(
                 Err(e) => log::error!("data-plane listener: {e}"),
             }
         }
+        let sweeper = worker.clone();
+        tokio::task::spawn_local(async move { super::idle::sweep(&sweeper.idle).await });
         let mut stop = stopped.clone();
         let _ = stop.wait_for(|s| *s).await;
         worker.draining.set(true);
+        // Parked keep-alive connections close now; busy ones say `Connection: close`.
+        worker.idle.stop();
         // Connections finish their in-flight request and close, and long-lived ones (WebSocket,
         // stream TCP) run until they end; wait for them, within the shutdown timeout.
         let deadline = tokio::time::Instant::now() + settings.shutdown;

@@ -47,7 +47,6 @@ use super::body::ClientBody;
 use super::framing::{skip_empty_lines, BodyFraming, Refusal};
 use super::proxy::{self, ConnInfo, Worker};
 use super::tunnel::Upgraded;
-use crate::deadline::within;
 use crate::metrics::Raised;
 use crate::state::Gateway;
 
@@ -78,15 +77,16 @@ pub async fn serve<S>(
     S: AsyncRead + AsyncWrite + Unpin + 'static,
 {
     let conn = Rc::new(RefCell::new(Conn::new(stream)));
-    let mut stop = pin!(stopped.wait_for(|s| *s));
     loop {
-        // Boxed: awake, a connection holds its request's future (several KiB), its timer and
-        // its write buffer; parked, none of them. The box is made once per wake, not per request.
-        if !Box::pin(awake(&conn, &info, &gateway, &worker, stop.as_mut())).await {
+        // Boxed: awake, a connection holds its request's future (several KiB), its timer, its
+        // write buffer and its watch on the stop signal; parked, none of them (the worker's idle
+        // set closes it on a stop or at its idle limit). The box is made once per wake, not
+        // per request.
+        if !Box::pin(awake(&conn, &info, &gateway, &worker, &mut stopped)).await {
             return;
         }
         conn.borrow_mut().buf = BytesMut::new();
-        if let Err(why) = park(&conn, &worker, stop.as_mut()).await {
+        if let Err(why) = park(&conn, &worker).await {
             log::debug!("client {}: {why}", info.peer);
             return;
         }
@@ -94,18 +94,18 @@ pub async fn serve<S>(
 }
 
 /// Serves requests until the connection idles for a period (`true`: park it) or ends.
-async fn awake<S, F>(
+async fn awake<S>(
     conn: &Rc<RefCell<Conn<S>>>,
     info: &ConnInfo,
     gateway: &Gateway,
     worker: &Worker,
-    mut stop: Pin<&mut F>,
+    stopped: &mut watch::Receiver<bool>,
 ) -> bool
 where
     S: AsyncRead + AsyncWrite + Unpin + 'static,
-    F: Future,
 {
     let peer = info.peer;
+    let mut stop = pin!(stopped.wait_for(|s| *s));
     let mut out = Vec::new();
     let mut clock = Clock::default();
     loop {
@@ -342,24 +342,21 @@ where
     .await
 }
 
-/// Waits, parked, for the client's next bytes (`Ok`), within what is left of
-/// [`super::HEADER_TIMEOUT`]; ends on a stop, or when the worker reclaims the descriptor.
-async fn park<S, F>(conn: &RefCell<Conn<S>>, worker: &Worker, stop: Pin<&mut F>) -> Result<(), String>
-where
-    S: AsyncRead + AsyncWrite + Unpin,
-    F: Future,
-{
+/// Waits, parked, for the client's next bytes (`Ok`), until the worker's idle set closes the
+/// connection: at its idle limit (what is left of [`super::HEADER_TIMEOUT`]), on a stop, or to
+/// make room when descriptors run out.
+async fn park<S: AsyncRead + AsyncWrite + Unpin>(conn: &RefCell<Conn<S>>, worker: &Worker) -> Result<(), String> {
     let _parked = Raised::new(&worker.stats.parked);
-    let place = worker.idle.park();
+    let until = tokio::time::Instant::now() + super::HEADER_TIMEOUT.saturating_sub(PARK_AFTER);
+    let place = worker.idle.park(until);
     let woken = poll_fn(|cx| conn.borrow_mut().poll_wake(cx));
-    let wait = within(super::HEADER_TIMEOUT.saturating_sub(PARK_AFTER), "waiting for the next request", woken);
     tokio::select! {
-        r = wait => match r? {
-            true => Ok(()),
-            false => Err("closed while idle".to_owned()),
+        r = woken => match r {
+            Ok(true) => Ok(()),
+            Ok(false) => Err("closed while idle".to_owned()),
+            Err(e) => Err(format!("waiting for the next request failed: {e}")),
         },
-        _ = stop => Err("stopping".to_owned()),
-        _ = place.reclaimed() => Err("idle connection closed to make room for new clients".to_owned()),
+        why = place.closed() => Err(why.why().to_owned()),
     }
 }
 
