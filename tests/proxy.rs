@@ -330,13 +330,7 @@ fn sigterm_lets_in_flight_requests_finish() {
 /// body length).
 fn read_one(s: &mut std::net::TcpStream) -> (u16, usize) {
     use std::io::Read;
-    let mut head = Vec::new();
-    let mut byte = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        assert_eq!(s.read(&mut byte).expect("read head"), 1, "connection closed after {head:?}");
-        head.push(byte[0]);
-    }
-    let r = parse_response(&head);
+    let r = read_head_of(s);
     let len: usize = r.header("content-length").and_then(|v| v.parse().ok()).expect("content-length");
     let mut body = vec![0u8; len];
     s.read_exact(&mut body).expect("read body");

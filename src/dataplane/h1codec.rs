@@ -83,7 +83,7 @@ pub fn encode_request(
     out.extend_from_slice(b"\r\n");
 }
 
-fn push_field(out: &mut Vec<u8>, name: &HeaderName, value: &[u8]) {
+pub(super) fn push_field(out: &mut Vec<u8>, name: &HeaderName, value: &[u8]) {
     let name = name.as_str().as_bytes();
     out.reserve(name.len() + value.len() + 4);
     out.extend_from_slice(name);

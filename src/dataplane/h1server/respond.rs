@@ -19,7 +19,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::time::Sleep;
 
 use super::super::body::ResponseBody;
-use super::super::h1codec::chunk_line;
+use super::super::h1codec::{chunk_line, push_field};
 use super::super::headers::Decimal;
 use super::super::proxy::Response;
 use super::conn::Conn;
@@ -147,7 +147,7 @@ pub(super) async fn respond<S: AsyncRead + AsyncWrite + Unpin>(
         Mode::Chunked => {
             out.extend_from_slice(b"0\r\n");
             for (name, value) in trailers.iter().flatten() {
-                push_field(out, name.as_str().as_bytes(), value.as_bytes());
+                push_field(out, name, value.as_bytes());
             }
             out.extend_from_slice(b"\r\n");
         }
@@ -179,7 +179,7 @@ fn encode_head(
         out.extend_from_slice(b"\r\n");
     }
     for (name, value) in headers {
-        push_field(out, name.as_str().as_bytes(), value.as_bytes());
+        push_field(out, name, value.as_bytes());
     }
     match mode {
         Mode::Length(n) => {
@@ -197,14 +197,6 @@ fn encode_head(
             out.extend_from_slice(b"connection: keep-alive\r\n");
         }
     }
-    out.extend_from_slice(b"\r\n");
-}
-
-fn push_field(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
-    out.reserve(name.len() + value.len() + 4);
-    out.extend_from_slice(name);
-    out.extend_from_slice(b": ");
-    out.extend_from_slice(value);
     out.extend_from_slice(b"\r\n");
 }
 
