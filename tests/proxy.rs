@@ -380,6 +380,66 @@ fn idle_keepalive_connections_park_and_keep_serving() {
     }
 }
 
+/// Parked keep-alive connections live outside any task, in the worker's readiness set: a client
+/// that sends again is served (also when its head arrives in pieces), one that leaves is
+/// forgotten (the gauges come back down: nothing leaks), and a stop closes the rest at once
+/// instead of waiting out the shutdown timeout for them.
+#[test]
+#[cfg(feature = "prometheus")]
+fn parked_connections_wake_leave_and_close_on_stop() {
+    use std::io::{Read, Write};
+    let up = Upstream::start("a");
+    let (p, w) = start(&format!("routes:\n  - {{id: 1, uri: /*, upstream: {{nodes: {{\"{}\": 1}}}}}}\n", up.node()));
+    let gauge = |name: &str| -> Option<u64> {
+        let m = common::get(p.metrics(), "/weir/prometheus/metrics").text();
+        m.lines().find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+    };
+    let mut clients: Vec<std::net::TcpStream> = (0..20)
+        .map(|_| {
+            let mut s = std::net::TcpStream::connect(p.node()).expect("connect");
+            s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+            assert_eq!(keep_alive_get(&mut s, "/first"), Some(200));
+            s
+        })
+        .collect();
+    let parked = "weir_http_parked_connections ";
+    let active = "weir_nginx_http_current_connections{state=\"active\"} ";
+    assert!(common::eventually(Duration::from_secs(5), || gauge(parked) == Some(20)), "{:?}", gauge(parked));
+    // Ten leave while parked.
+    let stay = clients.split_off(10);
+    drop(clients);
+    assert!(
+        common::eventually(Duration::from_secs(5), || gauge(parked) == Some(10) && gauge(active) == Some(10)),
+        "parked {:?}, active {:?}",
+        gauge(parked),
+        gauge(active)
+    );
+    // The others send again: half of them a head in two pieces, the rest after the first piece.
+    let mut stay = stay;
+    for (i, s) in stay.iter_mut().enumerate() {
+        if i % 2 == 0 {
+            s.write_all(b"GET /again HTTP/1.1\r\nHo").expect("write");
+            std::thread::sleep(Duration::from_millis(50));
+            s.write_all(b"st: h\r\n\r\n").expect("write");
+            assert_eq!(read_one_response(s), Ok(200), "client {i}, head in pieces");
+        } else {
+            assert_eq!(keep_alive_get(s, "/again"), Some(200), "client {i}");
+        }
+    }
+    assert_eq!(up.hits(), 30);
+    // Parked again, then a stop: they are closed at once (the shutdown timeout is 30 s).
+    assert!(common::eventually(Duration::from_secs(5), || gauge(parked) == Some(10)), "{:?}", gauge(parked));
+    let asked = std::time::Instant::now();
+    let status = w.terminate();
+    assert!(status.success(), "{status:?}");
+    assert!(asked.elapsed() < Duration::from_secs(5), "the stop waited {:?} for parked connections", asked.elapsed());
+    for s in &mut stay {
+        let mut rest = Vec::new();
+        let _ = s.read_to_end(&mut rest);
+        assert!(rest.is_empty(), "a parked connection closes without a word: {rest:?}");
+    }
+}
+
 /// One request on an open keep-alive connection: its status, `None` when the connection ended.
 fn keep_alive_get(s: &mut std::net::TcpStream, path: &str) -> Option<u16> {
     use std::io::Write;

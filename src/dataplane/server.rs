@@ -555,28 +555,31 @@ async fn serve(
     stopped: watch::Receiver<bool>,
     counted: OpenConn,
 ) {
-    // Counted open until the task ends, however it ends (the future is the task: no wrapper
-    // holding a second copy of every argument).
-    let _counted = counted;
+    // Counted open until the connection ends, however it ends (the future is the task: no
+    // wrapper holding a second copy of every argument). An HTTP/1.1 connection takes the count
+    // along when it parks outside this task.
     let peer = info.peer;
     // The task lives as long as its connection, idle or not, and is as large as its largest
     // state: HTTP/2, TLS and h2c detection are boxed, so an idle HTTP/1.1 connection keeps a
     // small task.
     match kind {
-        Kind::Plain { h2c: false } => super::h1server::serve(stream, info, gateway, worker, stopped).await,
+        Kind::Plain { h2c: false } => super::h1server::serve(stream, info, gateway, worker, stopped, counted).await,
         Kind::Plain { h2c: true } => {
             // Boxed, like HTTP/2 and TLS: 1.5 KB of detection state would otherwise be part of
             // every HTTP/1.1 connection's task.
             let detected = within(HEADER_TIMEOUT, "protocol detection", opens_with_h2_preface(&stream));
             match Box::pin(reading(&worker.stats, detected)).await {
-                Ok(true) => Box::pin(serve_h2(stream, info, gateway, worker, stopped)).await,
-                Ok(false) => super::h1server::serve(stream, info, gateway, worker, stopped).await,
+                Ok(true) => {
+                    let _counted = counted;
+                    Box::pin(serve_h2(stream, info, gateway, worker, stopped)).await
+                }
+                Ok(false) => super::h1server::serve(stream, info, gateway, worker, stopped, counted).await,
                 Err(why) => log::debug!("client {peer}: {why}"),
             }
         }
         // Served by `accept_loop` directly.
         Kind::Stream(_) => {}
-        Kind::Tls(config, _) => Box::pin(serve_tls(stream, config, info, gateway, worker, stopped)).await,
+        Kind::Tls(config, _) => Box::pin(serve_tls(stream, config, info, gateway, worker, stopped, counted)).await,
     }
 }
 
@@ -587,7 +590,9 @@ async fn serve_tls(
     gateway: Arc<Gateway>,
     worker: Rc<Worker>,
     stopped: watch::Receiver<bool>,
+    counted: OpenConn,
 ) {
+    let _counted = counted;
     let peer = info.peer;
     let handshake = async {
         // Only while some server name asks for client certificates is the SNI read first.
@@ -620,7 +625,7 @@ async fn serve_tls(
     if alpn == Some(b"h2") {
         serve_h2(tls, info, gateway, worker, stopped).await;
     } else {
-        super::h1server::serve(tls, info, gateway, worker, stopped).await;
+        super::h1server::serve(tls, info, gateway, worker, stopped, ()).await;
     }
 }
 

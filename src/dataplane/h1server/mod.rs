@@ -35,6 +35,7 @@ use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio::time::Sleep;
 
@@ -66,16 +67,39 @@ const DISCARD_LIMIT: u64 = 1 << 20;
 /// How long dropping that rest may take (nginx's `lingering_timeout`).
 const DISCARD_TIME: Duration = Duration::from_secs(5);
 
+/// A client connection's transport, as the server parks it.
+pub trait Io: AsyncRead + AsyncWrite + Unpin + 'static {
+    /// The plain TCP socket under it, which parks outside any task
+    /// ([`super::idle::IdleSet::park_socket`]); otherwise itself back (TLS keeps its session in
+    /// the task).
+    fn detach(self) -> Result<TcpStream, Self>
+    where
+        Self: Sized,
+    {
+        Err(self)
+    }
+}
+
+impl Io for TcpStream {
+    fn detach(self) -> Result<TcpStream, Self> {
+        Ok(self)
+    }
+}
+
+impl Io for tokio_rustls::server::TlsStream<TcpStream> {}
+
+impl Io for tokio::io::DuplexStream {}
+
 /// Serves HTTP/1.1 on `stream` until the client leaves, idles out, or the worker stops.
-pub async fn serve<S>(
+/// `keep` lives as long as the connection, parked or not (the worker's count of open ones).
+pub async fn serve<S: Io, K: 'static>(
     stream: S,
     info: ConnInfo,
     gateway: Arc<Gateway>,
     worker: Rc<Worker>,
     mut stopped: watch::Receiver<bool>,
-) where
-    S: AsyncRead + AsyncWrite + Unpin + 'static,
-{
+    keep: K,
+) {
     let conn = Rc::new(RefCell::new(Conn::new(stream)));
     loop {
         // Boxed: awake, a connection holds its request's future (several KiB), its timer, its
@@ -86,10 +110,69 @@ pub async fn serve<S>(
             return;
         }
         conn.borrow_mut().buf = BytesMut::new();
+        // A plain TCP connection leaves its task, which ends here: the idle set keeps the
+        // socket and starts a new task when the client sends again.
+        if worker.idle.takes_sockets() {
+            let io = conn.borrow_mut().io.take();
+            match io.map(S::detach) {
+                Some(Ok(tcp)) => return park_socket(tcp, info, gateway, worker, stopped, keep),
+                Some(Err(io)) => conn.borrow_mut().io = Some(io),
+                None => return,
+            }
+        }
         if let Err(why) = park(&conn, &worker).await {
             log::debug!("client {}: {why}", info.peer);
             return;
         }
+    }
+}
+
+/// Hands an idle plain TCP connection to the worker's idle set, with what starts its task
+/// again ([`serve`]) when its client sends.
+fn park_socket<K: 'static>(
+    tcp: TcpStream,
+    info: ConnInfo,
+    gateway: Arc<Gateway>,
+    worker: Rc<Worker>,
+    stopped: watch::Receiver<bool>,
+    keep: K,
+) {
+    let socket = match tcp.into_std() {
+        Ok(socket) => socket,
+        Err(e) => {
+            log::debug!("client {}: parking failed: {e}", info.peer);
+            return;
+        }
+    };
+    let until = tokio::time::Instant::now() + super::HEADER_TIMEOUT.saturating_sub(PARK_AFTER);
+    let idle = ParkedGauge::new(worker);
+    let worker = idle.0.clone();
+    let resume = Box::new(move |socket: std::net::TcpStream| {
+        let worker = idle.0.clone();
+        drop(idle);
+        match TcpStream::from_std(socket) {
+            Ok(tcp) => {
+                tokio::task::spawn_local(serve(tcp, info, gateway, worker, stopped, keep));
+            }
+            Err(e) => log::debug!("client {}: resuming failed: {e}", info.peer),
+        }
+    });
+    worker.idle.park_socket(socket, until, resume);
+}
+
+/// Counts a connection parked outside its task in the worker's `parked` gauge while it lives.
+struct ParkedGauge(Rc<Worker>);
+
+impl ParkedGauge {
+    fn new(worker: Rc<Worker>) -> Self {
+        crate::metrics::bump(&worker.stats.parked, 1);
+        ParkedGauge(worker)
+    }
+}
+
+impl Drop for ParkedGauge {
+    fn drop(&mut self) {
+        crate::metrics::bump(&self.0.stats.parked, -1);
     }
 }
 
