@@ -269,14 +269,25 @@ pub async fn sweep(set: &IdleSet) {
                 set.expire(now);
             }
             guard = woken => {
-                let Ok(Some(mut guard)) = guard else { continue };
+                let mut guard = match guard {
+                    Ok(Some(guard)) => guard,
+                    Ok(None) => continue,
+                    Err(e) => {
+                        // Without its readiness set no parked socket would ever wake: close
+                        // them (their clients reconnect) and park inside tasks from now on.
+                        log::warn!("idle keep-alive connections park inside their tasks: {e}");
+                        set.registry.borrow_mut().take();
+                        set.reclaim(usize::MAX);
+                        ready = None;
+                        continue;
+                    }
+                };
                 events.clear();
-                if let Err(e) = guard.get_inner_mut().poll(&mut events, Some(Duration::ZERO)) {
-                    log::warn!("idle keep-alive connections: {e}");
-                }
-                // All taken: the set is empty until it signals again.
-                if events.iter().count() < EVENTS {
-                    guard.clear_ready();
+                match guard.get_inner_mut().poll(&mut events, Some(Duration::ZERO)) {
+                    // All taken: the set stays quiet until it signals again.
+                    Ok(()) if events.iter().count() < EVENTS => guard.clear_ready(),
+                    Ok(()) => {}
+                    Err(e) => log::debug!("idle keep-alive connections: {e}"),
                 }
                 drop(guard);
                 for event in events.iter() {
