@@ -106,7 +106,7 @@ max2=$(printf '%s\n' "${RSS[@]:$half}" | sort -n | tail -1)
 growth=$(awk -v a="$mid" -v b="$max2" 'BEGIN {printf "%.2f", (b - a) * 100 / a}')
 fd1=$(printf '%s\n' "${FDS[@]:0:$half}" | sort -n | tail -1)
 fd2=${FDS[-1]}
-dropped=$(curl -s "127.0.0.1:$PROM_PORT/apisix/prometheus/metrics" | awk '/^[a-z_]*access_log_dropped_total/ {print $2}' | head -1)
+dropped=$(curl -s "127.0.0.1:$PROM_PORT/weir/prometheus/metrics" | awk '/^[a-z_]*access_log_dropped_total/ {print $2}' | head -1)
 generations=$(grep -c . "$WORK/weir.log" || true)
 echo "RSS: ${RSS[0]} kB at the first sample, $mid kB at half time, $last kB at the end (max of the second half $max2): growth over the second half $growth %"
 echo "descriptors: at most $fd1 in the first half, $fd2 at the end"
