@@ -6,6 +6,7 @@
 #   benches/tls.sh                    # needs: wrk, h2load, nginx, openssl
 #                                     #   (apt-get install wrk nghttp2-client nginx-light openssl)
 #   DURATION=10 ROUNDS=3 benches/tls.sh
+#   SCENARIOS=handshake BIN=... benches/tls.sh   # some scenarios only (e.g. to compare builds)
 #
 # Scenarios, alternating weir / nginx each round:
 #   https      wrk, 16 keep-alive connections over TLS 1.3 (HTTP/1.1)
@@ -137,7 +138,7 @@ RESULTS="$WORK/results"
 [ "$(curl -skf "https://127.0.0.1:$NGINX_PORT/bench" | wc -c)" = 1024 ] || { echo "nginx peer does not answer 200 with 1 KiB"; cat "$WORK/peer/error.log"; exit 1; }
 start_weir
 for round in $(seq 1 "$ROUNDS"); do
-  for scenario in https handshake h2; do
+  for scenario in ${SCENARIOS:-https handshake h2}; do
     run weir "$WEIR_PORT" "$scenario" | tee -a "$RESULTS"
     run nginx "$NGINX_PORT" "$scenario" | tee -a "$RESULTS"
   done

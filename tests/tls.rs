@@ -245,7 +245,7 @@ mod client {
     use super::*;
     use rustls::pki_types::ServerName;
 
-    pub use common::tls_client::config;
+    pub use common::tls_client::{config, config_preferring};
 
     /// An open TLS connection to the gateway.
     pub struct Conn {
@@ -391,6 +391,30 @@ fn a_session_resumes_on_every_tls_listener() {
     let mut again = client::Conn::open(&resuming, other, "resume.example.com").expect("second listener");
     assert_eq!(again.tls.conn.handshake_kind(), Some(rustls::HandshakeKind::Resumed));
     assert_eq!(again.get("resume.example.com"), Ok(200));
+}
+
+/// The listener's suite order decides: AES-128-GCM-SHA256 even for a client that prefers
+/// AES-256-GCM-SHA384 (as OpenSSL, curl and wrk do), and a client offering only other suites is
+/// still served.
+#[test]
+fn the_listener_prefers_aes_128_gcm_over_the_clients_order() {
+    use rustls::CipherSuite as S;
+    let up = Upstream::start("u");
+    let pair = cert("suites", &["suites.example.com"]);
+    let p = Prefix::new("", "", "");
+    p.write_resources(&format!("{}ssls:\n{}", route_to(&up), ssl_entry("1", &["suites.example.com"], &pair)));
+    let w = Weir::start(&p);
+    w.wait_ready(p.node());
+    let chosen = |offer: &[S]| {
+        let config = client::config_preferring(offer);
+        let mut conn = client::Conn::open(&config, p.tls(), "suites.example.com").expect("handshake");
+        assert_eq!(conn.get("suites.example.com"), Ok(200));
+        conn.tls.conn.negotiated_cipher_suite().map(|s| s.suite())
+    };
+    let openssl_order = [S::TLS13_AES_256_GCM_SHA384, S::TLS13_CHACHA20_POLY1305_SHA256, S::TLS13_AES_128_GCM_SHA256];
+    assert_eq!(chosen(&openssl_order), Some(S::TLS13_AES_128_GCM_SHA256));
+    assert_eq!(chosen(&[S::TLS13_AES_256_GCM_SHA384]), Some(S::TLS13_AES_256_GCM_SHA384));
+    assert_eq!(chosen(&[S::TLS13_CHACHA20_POLY1305_SHA256]), Some(S::TLS13_CHACHA20_POLY1305_SHA256));
 }
 
 // ---- HTTP/2 attacks, with raw frames on the cleartext HTTP/2 listener ----

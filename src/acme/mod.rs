@@ -458,7 +458,7 @@ fn alpn_challenge_cert(domain: &str, digest: &[u8]) -> Result<Arc<CertifiedKey>,
     let key = rcgen::KeyPair::generate().map_err(|e| e.to_string())?;
     let cert = params.self_signed(&key).map_err(|e| e.to_string())?;
     let der = rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into());
-    let signing = rustls::crypto::ring::sign::any_supported_type(&der).map_err(|e| e.to_string())?;
+    let signing = crate::tls::backend::sign::any_supported_type(&der).map_err(|e| e.to_string())?;
     Ok(Arc::new(CertifiedKey::new(vec![cert.der().clone()], signing)))
 }
 

@@ -99,7 +99,7 @@ impl<'a> TlsConfigs<'a> {
                 let sessions: Arc<dyn rustls::server::StoresServerSessions> =
                     rustls::server::ServerSessionMemoryCache::new(32 << 10);
                 let ticketer =
-                    rustls::crypto::ring::Ticketer::new().map_err(|e| format!("gateway.ssl: session tickets: {e}"))?;
+                    crate::tls::backend::Ticketer::new().map_err(|e| format!("gateway.ssl: session tickets: {e}"))?;
                 self.resumption.insert((sessions, ticketer)).clone()
             }
         };
@@ -120,7 +120,7 @@ fn listener_config(
     sessions: Arc<dyn rustls::server::StoresServerSessions>,
     ticketer: Arc<dyn rustls::server::ProducesTickets>,
 ) -> Result<ServerConfig, String> {
-    let builder = ServerConfig::builder_with_provider(crate::tls::provider())
+    let builder = ServerConfig::builder_with_provider(crate::tls::listener_provider())
         .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
         .map_err(|e| format!("gateway.ssl: {e}"))?;
     let builder = match clients {
@@ -133,6 +133,8 @@ fn listener_config(
     config.alpn_protocols.push(super::resolver::ACME_TLS_ALPN.to_vec());
     config.session_storage = sessions;
     config.ticketer = ticketer;
+    // The listener's suite order decides (`crate::tls::listener_provider`: AES-128-GCM first).
+    config.ignore_client_order = true;
     Ok(config)
 }
 
@@ -144,7 +146,7 @@ fn mtls_config(gateway: &Arc<Gateway>, auth: &ClientAuth, h2: bool) -> Result<Ar
         return Ok(c.clone());
     }
     let fallback = gateway.config.load().gateway.ssl.fallback_sni.clone();
-    let ticketer = rustls::crypto::ring::Ticketer::new().map_err(|e| format!("session tickets: {e}"))?;
+    let ticketer = crate::tls::backend::Ticketer::new().map_err(|e| format!("session tickets: {e}"))?;
     let sessions = rustls::server::ServerSessionMemoryCache::new(4 << 10);
     let config =
         listener_config(SniResolver::new(gateway, fallback), h2, Some(auth.verifier.clone()), sessions, ticketer)?;

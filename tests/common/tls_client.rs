@@ -58,6 +58,23 @@ pub fn config(resume: bool) -> Arc<rustls::ClientConfig> {
     Arc::new(config)
 }
 
+/// A client configuration (no resumption) offering TLS 1.3 `suites` only, in that order of
+/// preference.
+pub fn config_preferring(suites: &[rustls::CipherSuite]) -> Arc<rustls::ClientConfig> {
+    let mut provider = rustls::crypto::ring::default_provider();
+    provider.cipher_suites =
+        suites.iter().filter_map(|want| provider.cipher_suites.iter().find(|s| s.suite() == *want).copied()).collect();
+    let provider = Arc::new(provider);
+    let mut config = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .expect("versions")
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(AnyCert(provider)))
+        .with_no_client_auth();
+    config.resumption = rustls::client::Resumption::disabled();
+    Arc::new(config)
+}
+
 /// The subject CN of a DER certificate.
 pub fn common_name(der: &[u8]) -> String {
     let (_, parsed) = x509_parser::parse_x509_certificate(der).expect("parse certificate");
