@@ -28,6 +28,9 @@ pub struct WorkerStats {
     pub requests: AtomicU64,
     /// Idle HTTP/1.1 connections parked (holding no server state; `h1server`).
     pub parked: AtomicU64,
+    /// Of those, the ones parked outside any task (plain TCP: the worker's idle set holds the
+    /// socket).
+    pub parked_sockets: AtomicU64,
     /// Parked connections closed to make room when accept ran out of descriptors.
     pub reclaimed: AtomicU64,
 }
@@ -75,6 +78,8 @@ pub struct Totals {
     pub requests: u64,
     /// Connections parked.
     pub parked: u64,
+    /// Of those, parked outside any task.
+    pub parked_sockets: u64,
     /// Idle connections closed for want of descriptors.
     pub reclaimed: u64,
 }
@@ -90,6 +95,7 @@ pub fn totals() -> Totals {
         t.writing += get(&w.writing);
         t.requests += get(&w.requests);
         t.parked += get(&w.parked);
+        t.parked_sockets += get(&w.parked_sockets);
         t.reclaimed += get(&w.reclaimed);
     }
     t
@@ -186,6 +192,12 @@ pub fn write_connections(e: &mut Exposition, t: Totals) {
     );
     e.sample("http_parked_connections", &[], t.parked);
     e.family(
+        "http_parked_sockets",
+        "gauge",
+        "Parked connections held as a bare socket in the worker's readiness set, outside any task (plain HTTP/1.1).",
+    );
+    e.sample("http_parked_sockets", &[], t.parked_sockets);
+    e.family(
         "http_idle_connections_reclaimed_total",
         "counter",
         "Idle keep-alive connections closed to make room when accept ran out of file descriptors.",
@@ -222,7 +234,16 @@ mod tests {
         let mut e = Exposition::new("weir_");
         write_connections(
             &mut e,
-            Totals { accepted: 9, active: 5, reading: 1, writing: 3, requests: 40, parked: 0, reclaimed: 0 },
+            Totals {
+                accepted: 9,
+                active: 5,
+                reading: 1,
+                writing: 3,
+                requests: 40,
+                parked: 0,
+                parked_sockets: 0,
+                reclaimed: 0,
+            },
         );
         let text = e.into_text();
         assert!(text.contains("weir_http_requests_total 40\n"), "{text}");

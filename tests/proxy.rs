@@ -403,8 +403,10 @@ fn parked_connections_wake_leave_and_close_on_stop() {
         })
         .collect();
     let parked = "weir_http_parked_connections ";
+    let sockets = "weir_http_parked_sockets ";
     let active = "weir_nginx_http_current_connections{state=\"active\"} ";
     assert!(common::eventually(Duration::from_secs(5), || gauge(parked) == Some(20)), "{:?}", gauge(parked));
+    assert_eq!(gauge(sockets), Some(20), "parked as bare sockets, outside any task");
     // Ten leave while parked.
     let stay = clients.split_off(10);
     drop(clients);
@@ -429,6 +431,7 @@ fn parked_connections_wake_leave_and_close_on_stop() {
     assert_eq!(up.hits(), 30);
     // Parked again, then a stop: they are closed at once (the shutdown timeout is 30 s).
     assert!(common::eventually(Duration::from_secs(5), || gauge(parked) == Some(10)), "{:?}", gauge(parked));
+    assert_eq!(gauge(sockets), Some(10));
     let asked = std::time::Instant::now();
     let status = w.terminate();
     assert!(status.success(), "{status:?}");

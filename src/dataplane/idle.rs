@@ -195,6 +195,19 @@ impl IdleSet {
         }
     }
 
+    /// Closes the sockets parked outside their tasks (those inside theirs stay).
+    fn close_sockets(&self) {
+        let sockets: Vec<Entry> = {
+            let mut parked = self.parked.borrow_mut();
+            let ids: Vec<u64> =
+                parked.iter().filter(|(_, e)| matches!(e, Entry::Socket { .. })).map(|(id, _)| *id).collect();
+            ids.iter().filter_map(|id| parked.remove(id)).collect()
+        };
+        for entry in sockets {
+            entry.close(Closed::Stopping);
+        }
+    }
+
     /// Closes up to `n` of the oldest parked connections; returns how many.
     pub fn reclaim(&self, n: usize) -> usize {
         let mut closed = 0;
@@ -277,7 +290,7 @@ pub async fn sweep(set: &IdleSet) {
                         // them (their clients reconnect) and park inside tasks from now on.
                         log::warn!("idle keep-alive connections park inside their tasks: {e}");
                         set.registry.borrow_mut().take();
-                        set.reclaim(usize::MAX);
+                        set.close_sockets();
                         ready = None;
                         continue;
                     }
@@ -287,7 +300,14 @@ pub async fn sweep(set: &IdleSet) {
                     // All taken: the set stays quiet until it signals again.
                     Ok(()) if events.iter().count() < EVENTS => guard.clear_ready(),
                     Ok(()) => {}
-                    Err(e) => log::debug!("idle keep-alive connections: {e}"),
+                    Err(e) => {
+                        // (EINTR at most, with no wait.) Still ready: looked at again after a
+                        // pause, so that nothing is lost and nothing spins.
+                        log::debug!("idle keep-alive connections: {e}");
+                        drop(guard);
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                        continue;
+                    }
                 }
                 drop(guard);
                 for event in events.iter() {

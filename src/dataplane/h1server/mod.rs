@@ -160,12 +160,14 @@ fn park_socket<K: 'static>(
     worker.idle.park_socket(socket, until, resume);
 }
 
-/// Counts a connection parked outside its task in the worker's `parked` gauge while it lives.
+/// Counts a connection parked outside its task in the worker's `parked` and `parked_sockets`
+/// gauges while it lives.
 struct ParkedGauge(Rc<Worker>);
 
 impl ParkedGauge {
     fn new(worker: Rc<Worker>) -> Self {
         crate::metrics::bump(&worker.stats.parked, 1);
+        crate::metrics::bump(&worker.stats.parked_sockets, 1);
         ParkedGauge(worker)
     }
 }
@@ -173,6 +175,7 @@ impl ParkedGauge {
 impl Drop for ParkedGauge {
     fn drop(&mut self) {
         crate::metrics::bump(&self.0.stats.parked, -1);
+        crate::metrics::bump(&self.0.stats.parked_sockets, -1);
     }
 }
 
