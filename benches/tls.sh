@@ -71,6 +71,9 @@ http {
     ssl_certificate $WORK/bench.crt;
     ssl_certificate_key $WORK/bench.key;
     ssl_protocols TLSv1.2 TLSv1.3;
+    # Like for like: the suite order Weir's listeners use (AES-128-GCM first, theirs decides).
+    ssl_prefer_server_ciphers on;
+    ssl_conf_command Ciphersuites TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384:TLS_CHACHA20_POLY1305_SHA256;
     ssl_session_cache shared:SSL:10m;
     http2_max_concurrent_streams 128;
     location / {

@@ -34,6 +34,7 @@ fn main() -> ExitCode {
         .target(env_logger::Target::Pipe(Box::new(weir::error_log::Writer)))
         .init();
     weir::silence_tracing();
+    weir::tls::install_default_provider();
     // Before any thread starts: what the binary upgrade's previous process handed over.
     weir::handover::init();
     let command = match cli::parse(std::env::args_os().skip(1)) {

@@ -26,11 +26,13 @@ pub fn provider() -> Arc<CryptoProvider> {
 }
 
 /// The TLS listeners' provider: the [`backend`]'s, with the AES-128-GCM suites first. A
-/// listener picks by this order, not the client's (`ignore_client_order`), as BoringSSL and Go
-/// do for TLS 1.3 and Mozilla's intermediate profile orders TLS 1.2. Why: most clients (OpenSSL,
-/// curl, wrk) list AES-256-GCM-SHA384 first, and its key schedule runs SHA-384, which ring and
-/// aws-lc compute without SIMD on AMD CPUs: 11-15 % of a full handshake's CPU on this machine,
-/// where SHA-256 uses the CPU's SHA extensions (docs/data-plane.md, TLS termination).
+/// listener picks by this order, not the client's (`ignore_client_order`), except for a client
+/// that lists ChaCha20-Poly1305 first ([`prefers_chacha`]: one without AES hardware), which gets
+/// its own order; BoringSSL and Go choose among AES-GCM suites and honour such clients the same
+/// way. Why: most clients (OpenSSL, curl, wrk) list AES-256-GCM-SHA384 first, and its key
+/// schedule runs SHA-384, which ring and aws-lc compute without SIMD on AMD CPUs: 11-15 % of a
+/// full handshake's CPU on this machine, where SHA-256 uses the CPU's SHA extensions
+/// (docs/data-plane.md, TLS termination).
 pub fn listener_provider() -> Arc<CryptoProvider> {
     static PROVIDER: OnceLock<Arc<CryptoProvider>> = OnceLock::new();
     PROVIDER
@@ -50,6 +52,29 @@ pub fn listener_provider() -> Arc<CryptoProvider> {
             Arc::new(provider)
         })
         .clone()
+}
+
+/// Whether a ClientHello's cipher suites put ChaCha20-Poly1305 before any AES suite this side
+/// supports (GREASE and unknown values skipped): a client without AES hardware says so.
+pub fn prefers_chacha(suites: &[rustls::CipherSuite]) -> bool {
+    use rustls::CipherSuite as S;
+    let provider = listener_provider();
+    let first = suites.iter().find(|s| provider.cipher_suites.iter().any(|ours| ours.suite() == **s));
+    matches!(
+        first,
+        Some(
+            S::TLS13_CHACHA20_POLY1305_SHA256
+                | S::TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256
+                | S::TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256
+        )
+    )
+}
+
+/// Makes the [`backend`] rustls' process-wide default, for TLS users that build their
+/// configuration without naming a provider (tonic's etcd client): with the `aws-lc` feature
+/// both providers are built in, and rustls would otherwise refuse to guess (a panic).
+pub fn install_default_provider() {
+    let _ = backend::default_provider().install_default();
 }
 
 /// The system's root certificates, loaded once.
@@ -149,5 +174,19 @@ impl ServerCertVerifier for NoChainCheck {
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
         self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rustls::CipherSuite as S;
+
+    #[test]
+    fn a_client_prefers_chacha20_when_it_lists_it_before_any_aes_suite() {
+        let grease = S::Unknown(0x0a0a);
+        assert!(super::prefers_chacha(&[grease, S::TLS13_CHACHA20_POLY1305_SHA256, S::TLS13_AES_128_GCM_SHA256]));
+        assert!(!super::prefers_chacha(&[grease, S::TLS13_AES_256_GCM_SHA384, S::TLS13_CHACHA20_POLY1305_SHA256]));
+        assert!(super::prefers_chacha(&[S::TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256]));
+        assert!(!super::prefers_chacha(&[]));
     }
 }

@@ -394,10 +394,10 @@ fn a_session_resumes_on_every_tls_listener() {
 }
 
 /// The listener's suite order decides: AES-128-GCM-SHA256 even for a client that prefers
-/// AES-256-GCM-SHA384 (as OpenSSL, curl and wrk do), and a client offering only other suites is
-/// still served.
+/// AES-256-GCM-SHA384 (as OpenSSL, curl and wrk do); a client that lists ChaCha20 first (one
+/// without AES hardware) gets ChaCha20; a client offering only other suites is still served.
 #[test]
-fn the_listener_prefers_aes_128_gcm_over_the_clients_order() {
+fn the_listener_prefers_aes_128_gcm_unless_the_client_prefers_chacha20() {
     use rustls::CipherSuite as S;
     let up = Upstream::start("u");
     let pair = cert("suites", &["suites.example.com"]);
@@ -413,6 +413,8 @@ fn the_listener_prefers_aes_128_gcm_over_the_clients_order() {
     };
     let openssl_order = [S::TLS13_AES_256_GCM_SHA384, S::TLS13_CHACHA20_POLY1305_SHA256, S::TLS13_AES_128_GCM_SHA256];
     assert_eq!(chosen(&openssl_order), Some(S::TLS13_AES_128_GCM_SHA256));
+    let no_aes_hardware = [S::TLS13_CHACHA20_POLY1305_SHA256, S::TLS13_AES_128_GCM_SHA256, S::TLS13_AES_256_GCM_SHA384];
+    assert_eq!(chosen(&no_aes_hardware), Some(S::TLS13_CHACHA20_POLY1305_SHA256));
     assert_eq!(chosen(&[S::TLS13_AES_256_GCM_SHA384]), Some(S::TLS13_AES_256_GCM_SHA384));
     assert_eq!(chosen(&[S::TLS13_CHACHA20_POLY1305_SHA256]), Some(S::TLS13_CHACHA20_POLY1305_SHA256));
 }

@@ -29,7 +29,6 @@ use rustls::ServerConfig;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
-use tokio_rustls::TlsAcceptor;
 
 use super::normalize::PathRules;
 use super::proxy::{self, ConnInfo, TlsConn, Worker};
@@ -68,9 +67,28 @@ enum Kind {
     Plain { h2c: bool },
     /// TLS, then what ALPN chose; what its connections add (the `Alt-Svc` value when the port
     /// also serves HTTP/3).
-    Tls(Arc<ServerConfig>, Option<Arc<TlsConn>>),
+    Tls(TlsListen, Option<Arc<TlsConn>>),
     /// The stream proxy's TCP (`stream_routes`); with TLS (SNI routing) when set.
     Stream(Option<Arc<ServerConfig>>),
+}
+
+/// A TLS listener's two configurations, alike but for whose cipher suite order decides: the
+/// listener's (`crate::tls::listener_provider`: AES-128-GCM first), or, for a client that lists
+/// ChaCha20-Poly1305 first (one without AES hardware, as BoringSSL and Go read it), the client's.
+#[derive(Clone)]
+struct TlsListen {
+    ours: Arc<ServerConfig>,
+    theirs: Arc<ServerConfig>,
+}
+
+impl TlsListen {
+    /// The configuration for a client that says `hello`.
+    fn for_hello(&self, hello: &rustls::server::ClientHello<'_>) -> Arc<ServerConfig> {
+        match crate::tls::prefers_chacha(hello.cipher_suites()) {
+            true => self.theirs.clone(),
+            false => self.ours.clone(),
+        }
+    }
 }
 
 /// The TLS listeners' configurations: Weir's SNI resolver, TLS 1.2 and 1.3, session resumption,
@@ -80,7 +98,7 @@ struct TlsConfigs<'a> {
     gateway: &'a Arc<Gateway>,
     ssl: &'a SslSection,
     resumption: Option<(Arc<dyn rustls::server::StoresServerSessions>, Arc<dyn rustls::server::ProducesTickets>)>,
-    built: [Option<Arc<ServerConfig>>; 2],
+    built: [Option<TlsListen>; 2],
 }
 
 impl<'a> TlsConfigs<'a> {
@@ -88,8 +106,8 @@ impl<'a> TlsConfigs<'a> {
         TlsConfigs { gateway, ssl, resumption: None, built: [None, None] }
     }
 
-    /// The configuration offering `h2` by ALPN when `h2`, HTTP/1.1 only otherwise.
-    fn get(&mut self, h2: bool) -> Result<Arc<ServerConfig>, String> {
+    /// The configurations offering `h2` by ALPN when `h2`, HTTP/1.1 only otherwise.
+    fn get(&mut self, h2: bool) -> Result<TlsListen, String> {
         if let Some(c) = &self.built[usize::from(h2)] {
             return Ok(c.clone());
         }
@@ -105,9 +123,11 @@ impl<'a> TlsConfigs<'a> {
         };
         let resolver = SniResolver::new(self.gateway, self.ssl.fallback_sni.clone());
         let config = listener_config(resolver, h2, None, sessions, ticketer)?;
-        let config = Arc::new(config);
-        self.built[usize::from(h2)] = Some(config.clone());
-        Ok(config)
+        let mut theirs = config.clone();
+        theirs.ignore_client_order = false;
+        let listen = TlsListen { ours: Arc::new(config), theirs: Arc::new(theirs) };
+        self.built[usize::from(h2)] = Some(listen.clone());
+        Ok(listen)
     }
 }
 
@@ -148,8 +168,10 @@ fn mtls_config(gateway: &Arc<Gateway>, auth: &ClientAuth, h2: bool) -> Result<Ar
     let fallback = gateway.config.load().gateway.ssl.fallback_sni.clone();
     let ticketer = crate::tls::backend::Ticketer::new().map_err(|e| format!("session tickets: {e}"))?;
     let sessions = rustls::server::ServerSessionMemoryCache::new(4 << 10);
-    let config =
+    let mut config =
         listener_config(SniResolver::new(gateway, fallback), h2, Some(auth.verifier.clone()), sessions, ticketer)?;
+    // The client's suite order (one configuration per entry, not two: see `TlsListen`).
+    config.ignore_client_order = false;
     Ok(auth.configs[usize::from(h2)].get_or_init(|| Arc::new(config)).clone())
 }
 
@@ -158,7 +180,7 @@ fn mtls_config(gateway: &Arc<Gateway>, auth: &ClientAuth, h2: bool) -> Result<Ar
 /// client presented.
 async fn mtls_handshake(
     stream: TcpStream,
-    base: Arc<ServerConfig>,
+    listen: TlsListen,
     gateway: &Arc<Gateway>,
 ) -> std::io::Result<(tokio_rustls::server::TlsStream<TcpStream>, Option<Arc<ConnAuth>>)> {
     let start = tokio_rustls::LazyConfigAcceptor::new(rustls::server::Acceptor::default(), stream).await?;
@@ -172,9 +194,10 @@ async fn mtls_handshake(
         })
     };
     let Some((entry, auth)) = entry.and_then(|e| e.client.clone().map(|a| (e, a))) else {
-        return Ok((start.into_stream(base).await?, None));
+        let config = listen.for_hello(&start.client_hello());
+        return Ok((start.into_stream(config).await?, None));
     };
-    let h2 = base.alpn_protocols.iter().any(|p| p == b"h2");
+    let h2 = listen.ours.alpn_protocols.iter().any(|p| p == b"h2");
     let config = mtls_config(gateway, &auth, h2).map_err(std::io::Error::other)?;
     let tls = start.into_stream(config).await?;
     let cert = tls.get_ref().1.peer_certificates().and_then(|c| c.first()).map(|leaf| Arc::new(client_cert(leaf)));
@@ -211,7 +234,7 @@ impl DataPlane {
                 let addr = listen.addr();
                 let l = crate::handover::tcp(addr)
                     .map_err(|e| format!("cannot listen on {addr} (gateway.stream_proxy.tcp): {e}"))?;
-                let config = if listen.tls() { Some(tls.get(false)?) } else { None };
+                let config = if listen.tls() { Some(tls.get(false)?.theirs) } else { None };
                 listeners.push((l, Kind::Stream(config), pp.enable_tcp_pp));
             }
         }
@@ -587,7 +610,7 @@ async fn serve(
 
 async fn serve_tls(
     stream: TcpStream,
-    config: Arc<ServerConfig>,
+    listen: TlsListen,
     info: ConnInfo,
     gateway: Arc<Gateway>,
     worker: Rc<Worker>,
@@ -599,9 +622,12 @@ async fn serve_tls(
     let handshake = async {
         // Only while some server name asks for client certificates is the SNI read first.
         if gateway.resources.load().certs.client_auth {
-            return mtls_handshake(stream, config, &gateway).await;
+            return mtls_handshake(stream, listen, &gateway).await;
         }
-        TlsAcceptor::from(config).accept(stream).await.map(|tls| (tls, None))
+        // The ClientHello first: its suites choose the configuration (`TlsListen`).
+        let start = tokio_rustls::LazyConfigAcceptor::new(rustls::server::Acceptor::default(), stream).await?;
+        let config = listen.for_hello(&start.client_hello());
+        start.into_stream(config).await.map(|tls| (tls, None))
     };
     let handshake = within(HANDSHAKE_TIMEOUT, "TLS handshake", handshake);
     let mut info = info;
