@@ -34,31 +34,34 @@ pub fn provider() -> Arc<CryptoProvider> {
 /// full handshake's CPU on this machine, where SHA-256 uses the CPU's SHA extensions
 /// (docs/data-plane.md, TLS termination).
 pub fn listener_provider() -> Arc<CryptoProvider> {
+    listener_suites().clone()
+}
+
+/// [`listener_provider`], borrowed (no reference count taken per handshake).
+fn listener_suites() -> &'static Arc<CryptoProvider> {
     static PROVIDER: OnceLock<Arc<CryptoProvider>> = OnceLock::new();
-    PROVIDER
-        .get_or_init(|| {
-            use rustls::CipherSuite as S;
-            let mut provider = backend::default_provider();
-            let aes128 = |s: &rustls::SupportedCipherSuite| {
-                matches!(
-                    s.suite(),
-                    S::TLS13_AES_128_GCM_SHA256
-                        | S::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256
-                        | S::TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256
-                )
-            };
-            // Stable: the other suites keep the backend's order.
-            provider.cipher_suites.sort_by_key(|s| !aes128(s));
-            Arc::new(provider)
-        })
-        .clone()
+    PROVIDER.get_or_init(|| {
+        use rustls::CipherSuite as S;
+        let mut provider = backend::default_provider();
+        let aes128 = |s: &rustls::SupportedCipherSuite| {
+            matches!(
+                s.suite(),
+                S::TLS13_AES_128_GCM_SHA256
+                    | S::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256
+                    | S::TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256
+            )
+        };
+        // Stable: the other suites keep the backend's order.
+        provider.cipher_suites.sort_by_key(|s| !aes128(s));
+        Arc::new(provider)
+    })
 }
 
 /// Whether a ClientHello's cipher suites put ChaCha20-Poly1305 before any AES suite this side
 /// supports (GREASE and unknown values skipped): a client without AES hardware says so.
 pub fn prefers_chacha(suites: &[rustls::CipherSuite]) -> bool {
     use rustls::CipherSuite as S;
-    let provider = listener_provider();
+    let provider = listener_suites();
     let first = suites.iter().find(|s| provider.cipher_suites.iter().any(|ours| ours.suite() == **s));
     matches!(
         first,

@@ -197,13 +197,11 @@ impl IdleSet {
 
     /// Closes the sockets parked outside their tasks (those inside theirs stay).
     fn close_sockets(&self) {
-        let sockets: Vec<Entry> = {
-            let mut parked = self.parked.borrow_mut();
-            let ids: Vec<u64> =
-                parked.iter().filter(|(_, e)| matches!(e, Entry::Socket { .. })).map(|(id, _)| *id).collect();
-            ids.iter().filter_map(|id| parked.remove(id)).collect()
-        };
-        for entry in sockets {
+        let all = std::mem::take(&mut *self.parked.borrow_mut());
+        let (sockets, tasks): (BTreeMap<_, _>, _) =
+            all.into_iter().partition(|(_, e)| matches!(e, Entry::Socket { .. }));
+        *self.parked.borrow_mut() = tasks;
+        for (_, entry) in sockets {
             entry.close(Closed::Stopping);
         }
     }

@@ -122,10 +122,11 @@ impl<'a> TlsConfigs<'a> {
             }
         };
         let resolver = SniResolver::new(self.gateway, self.ssl.fallback_sni.clone());
-        let config = listener_config(resolver, h2, None, sessions, ticketer)?;
-        let mut theirs = config.clone();
-        theirs.ignore_client_order = false;
-        let listen = TlsListen { ours: Arc::new(config), theirs: Arc::new(theirs) };
+        let theirs = listener_config(resolver, h2, None, sessions, ticketer)?;
+        let mut ours = theirs.clone();
+        // The listener's suite order decides (`crate::tls::listener_provider`: AES-128-GCM first).
+        ours.ignore_client_order = true;
+        let listen = TlsListen { ours: Arc::new(ours), theirs: Arc::new(theirs) };
         self.built[usize::from(h2)] = Some(listen.clone());
         Ok(listen)
     }
@@ -153,8 +154,6 @@ fn listener_config(
     config.alpn_protocols.push(super::resolver::ACME_TLS_ALPN.to_vec());
     config.session_storage = sessions;
     config.ticketer = ticketer;
-    // The listener's suite order decides (`crate::tls::listener_provider`: AES-128-GCM first).
-    config.ignore_client_order = true;
     Ok(config)
 }
 
@@ -168,10 +167,9 @@ fn mtls_config(gateway: &Arc<Gateway>, auth: &ClientAuth, h2: bool) -> Result<Ar
     let fallback = gateway.config.load().gateway.ssl.fallback_sni.clone();
     let ticketer = crate::tls::backend::Ticketer::new().map_err(|e| format!("session tickets: {e}"))?;
     let sessions = rustls::server::ServerSessionMemoryCache::new(4 << 10);
-    let mut config =
+    // The client's suite order (one configuration per entry, not two as in `TlsListen`).
+    let config =
         listener_config(SniResolver::new(gateway, fallback), h2, Some(auth.verifier.clone()), sessions, ticketer)?;
-    // The client's suite order (one configuration per entry, not two: see `TlsListen`).
-    config.ignore_client_order = false;
     Ok(auth.configs[usize::from(h2)].get_or_init(|| Arc::new(config)).clone())
 }
 

@@ -28,8 +28,9 @@
 //! let _ = Rejection::Invalid("Invalid API key in request").response();
 //! ```
 
-use std::collections::HashMap;
-use std::hash::{BuildHasher, BuildHasherDefault, RandomState};
+use std::hash::{BuildHasher, RandomState};
+
+use crate::prehashed::PrehashedMap;
 use std::sync::Arc;
 
 use http::header::WWW_AUTHENTICATE;
@@ -60,28 +61,8 @@ type Bucket<V> = Vec<(Box<[u8]>, Arc<Consumer>, V)>;
 /// Credential → consumer index of one snapshot (see the module documentation).
 pub struct CredentialIndex<V> {
     hasher: RandomState,
-    buckets: HashMap<u64, Bucket<V>, BuildHasherDefault<Prehashed>>,
-}
-
-/// The buckets' own hasher: their keys are already keyed SipHash values of the credentials
-/// (uniform, and secret to clients), so they are used as they are instead of being hashed a
-/// second time on every lookup.
-#[derive(Default)]
-struct Prehashed(u64);
-
-impl std::hash::Hasher for Prehashed {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        // Only `write_u64` is used (the keys are `u64`); any other input still hashes.
-        for b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
-        }
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n;
-    }
+    /// By the credential's keyed hash (uniform and secret to clients: not hashed again).
+    buckets: PrehashedMap<Bucket<V>>,
 }
 
 impl<V> CredentialIndex<V> {
@@ -92,7 +73,7 @@ impl<V> CredentialIndex<V> {
         items: impl IntoIterator<Item = (Vec<u8>, &'c Arc<Consumer>, V)>,
     ) -> Result<Self, String> {
         let hasher = RandomState::new();
-        let mut buckets: HashMap<u64, Bucket<V>, BuildHasherDefault<Prehashed>> = HashMap::default();
+        let mut buckets: PrehashedMap<Bucket<V>> = PrehashedMap::default();
         for (key, consumer, value) in items {
             let bucket = buckets.entry(hasher.hash_one(&key)).or_default();
             if let Some((_, first, _)) = bucket.iter().find(|(k, _, _)| **k == *key) {

@@ -30,6 +30,7 @@ pub mod measure;
 pub mod meta;
 pub mod metrics;
 pub mod phase;
+mod prehashed;
 pub mod resub;
 pub mod schema;
 pub mod services;

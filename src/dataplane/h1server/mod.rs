@@ -88,8 +88,6 @@ impl Io for TcpStream {
 
 impl Io for tokio_rustls::server::TlsStream<TcpStream> {}
 
-impl Io for tokio::io::DuplexStream {}
-
 /// Serves HTTP/1.1 on `stream` until the client leaves, idles out, or the worker stops.
 /// `keep` lives as long as the connection, parked or not (the worker's count of open ones).
 pub async fn serve<S: Io, K: 'static>(
@@ -144,7 +142,7 @@ fn park_socket<K: 'static>(
             return;
         }
     };
-    let until = tokio::time::Instant::now() + super::HEADER_TIMEOUT.saturating_sub(PARK_AFTER);
+    let until = parked_until();
     let idle = ParkedGauge::new(worker);
     let worker = idle.0.clone();
     let resume = Box::new(move |socket: std::net::TcpStream| {
@@ -158,6 +156,12 @@ fn park_socket<K: 'static>(
         }
     });
     worker.idle.park_socket(socket, until, resume);
+}
+
+/// How long a connection parking now may stay idle: what is left of [`super::HEADER_TIMEOUT`]
+/// after the period it waited awake.
+fn parked_until() -> tokio::time::Instant {
+    tokio::time::Instant::now() + super::HEADER_TIMEOUT.saturating_sub(PARK_AFTER)
 }
 
 /// Counts a connection parked outside its task in the worker's `parked` and `parked_sockets`
@@ -433,7 +437,7 @@ where
 /// make room when descriptors run out.
 async fn park<S: AsyncRead + AsyncWrite + Unpin>(conn: &RefCell<Conn<S>>, worker: &Worker) -> Result<(), String> {
     let _parked = Raised::new(&worker.stats.parked);
-    let until = tokio::time::Instant::now() + super::HEADER_TIMEOUT.saturating_sub(PARK_AFTER);
+    let until = parked_until();
     let place = worker.idle.park(until);
     let woken = poll_fn(|cx| conn.borrow_mut().poll_wake(cx));
     tokio::select! {

@@ -16,13 +16,14 @@
 //! evictions to Prometheus.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
+use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 
 use super::stats::{self, StoreStats};
+use crate::prehashed::PrehashedMap;
 
 /// Keys per plugin unless `plugin_attr.<plugin>.max_keys` says otherwise.
 pub const DEFAULT_MAX_KEYS: usize = 100_000;
@@ -30,24 +31,6 @@ pub const DEFAULT_MAX_KEYS: usize = 100_000;
 pub const SHARDS: usize = 64;
 
 const NIL: u32 = u32::MAX;
-
-/// The index's hasher: the key is already a well-mixed hash, used as it is.
-#[derive(Default)]
-struct Passthrough(u64);
-
-impl Hasher for Passthrough {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = (self.0 << 8) | u64::from(*b);
-        }
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n;
-    }
-}
 
 struct Entry<V> {
     hash: u64,
@@ -57,7 +40,7 @@ struct Entry<V> {
 }
 
 struct Shard<V> {
-    index: HashMap<u64, u32, BuildHasherDefault<Passthrough>>,
+    index: PrehashedMap<u32>,
     entries: Vec<Entry<V>>,
     /// Most recently used.
     head: u32,
