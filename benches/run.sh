@@ -9,6 +9,8 @@
 #   - short-url visits on/off, list p99 over 1M links (SQLite)                    benches/short_url_manage.sh
 #   - HTTPS keep-alive, full TLS handshakes/s and HTTP/2 (h2load) vs nginx   benches/tls.sh
 #   - the TCP stream proxy vs nginx stream: MB/s, connections/s, RSS per idle connection   benches/stream.sh
+#   - the stream proxy's user-space instructions per TCP connection vs nginx stream (callgrind)
+#     benches/instr_per_stream_conn.sh
 #   - cluster mode (when etcd is installed): cold start, route changes under load, Admin API
 #     writes and propagation   benches/cluster.sh
 #   - one route change among 10,000, in process   cargo bench --bench snapshot_churn
@@ -39,6 +41,7 @@ plugins='{"key-auth": {}, "limit-count": {"count": 1000000000, "time_window": 60
 if [ -x "$ipr" ] && command -v valgrind >/dev/null; then
   "$ipr" > "$out/ipr-plain" 2>&1 || true
   "$ipr" "$plugins" > "$out/ipr-plugins" 2>&1 || true
+  benches/instr_per_stream_conn.sh > "$out/ipc-stream" 2>&1 || true
 fi
 benches/proxy.sh > "$out/proxy" 2>&1 || true
 benches/idle_conns.sh > "$out/idle" 2>&1 || true
@@ -65,6 +68,7 @@ if [ -n "${PG_URL:-}" ]; then BACKEND=postgres benches/short_url.sh > "$out/su-p
 echo
 echo "=== instructions per proxied request (callgrind) ==="
 grep -h "instructions per request" "$out"/ipr-* 2>/dev/null | sed 's/^/  /' || echo "  (valgrind or the tool not available)"
+grep -h "instructions per connection" "$out"/ipc-stream 2>/dev/null | sed 's/^/  stream: /' || true
 echo "=== proxy (wrk, medians of $ROUNDS rounds) ==="
 sed -n '/^median of/,$p' "$out/proxy" | sed 's/^/  /'
 echo "=== idle connections ==="

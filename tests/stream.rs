@@ -1,6 +1,7 @@
 //! The stream proxy with real sockets: TCP echo, a 1 GiB transfer in bounded memory with
 //! half-close, UDP with two clients, SNI routing (terminated and passed through), the stream
-//! plugins' accept and reject paths, the stream health entry, and configuration errors.
+//! plugins' accept and reject paths, the idle timeout, the stream health entry, and configuration
+//! errors.
 
 mod common;
 
@@ -288,6 +289,49 @@ fn stream_plugins_accept_and_reject() {
     assert_eq!(line["protocol"], "tcp", "{line}");
     assert_eq!(line["upstream"], echo.to_string(), "{line}");
     assert!(line["close_reason"].as_str().is_some_and(|r| !r.is_empty()), "{line}");
+    let _ = std::fs::remove_file(&log);
+}
+
+#[test]
+fn an_idle_relay_is_closed_at_the_read_timeout_and_a_busy_one_is_not() {
+    let (echo, _) = tcp_server(true);
+    let port = common::free_port();
+    let log = std::env::temp_dir().join(format!("weir-stream-idle-{}.jsonl", std::process::id()));
+    let _ = std::fs::remove_file(&log);
+    let (_p, _w) = gateway(
+        &format!("    tcp: [{{ip: 127.0.0.1, port: {port}}}]\n"),
+        "",
+        &format!(
+            "stream_routes:\n  - id: idle\n    plugins: {{stream-file-logger: {{path: \"{}\"}}}}\n    upstream:\n      \
+             timeout: {{connect: 1, send: 1, read: 1}}\n      nodes:\n        \"{echo}\": 1\n",
+            common::path_str(&log)
+        ),
+    );
+    let at = SocketAddr::from(([127, 0, 0, 1], port));
+
+    // Busy: a byte every 400 ms for 2.4 s (well past the 1 s timeout), every one echoed.
+    let mut busy = connect(at);
+    for i in 0..6u8 {
+        busy.write_all(&[b'a' + i]).expect("send while busy");
+        let mut one = [0u8; 1];
+        busy.read_exact(&mut one).unwrap_or_else(|e| panic!("echo {i} of a busy relay: {e}"));
+        assert_eq!(one[0], b'a' + i);
+        std::thread::sleep(Duration::from_millis(400));
+    }
+    // Then idle: closed within the timeout (plus the timer's and the test's slack), not before.
+    let quiet = std::time::Instant::now();
+    let mut buf = [0u8; 8];
+    let n = busy.read(&mut buf).expect("an end of stream, not the test's own read timeout");
+    let waited = quiet.elapsed();
+    assert_eq!(n, 0, "bytes from an idle relay");
+    assert!(waited >= Duration::from_millis(400) && waited < Duration::from_secs(4), "closed after {waited:?} idle");
+
+    assert!(eventually(Duration::from_secs(3), || std::fs::read_to_string(&log).is_ok_and(|t| t.lines().count() == 1)));
+    let text = std::fs::read_to_string(&log).expect("log");
+    let line: serde_json::Value = serde_json::from_str(text.trim()).expect("a JSON line");
+    assert_eq!(line["close_reason"], "idle timeout", "{line}");
+    assert_eq!(line["bytes_from_client"], 6, "{line}");
+    assert_eq!(line["bytes_to_client"], 6, "{line}");
     let _ = std::fs::remove_file(&log);
 }
 

@@ -347,7 +347,10 @@ fn run_worker(
         }
     };
     let local = tokio::task::LocalSet::new();
-    local.block_on(&runtime, async move {
+    // The worker's body is a task of its own: `block_on` polls its future every time the
+    // runtime wakes, and a finished-or-not check of a task costs far less than a poll of the body
+    // waiting on the stop signal (once or more per connection).
+    let body = local.spawn_local(async move {
         let worker = Rc::new(Worker::new(settings.rules, settings.real_ip));
         let streams = Rc::new(StreamWorker { pp_to_upstream: settings.pp_to_upstream, ..Default::default() });
         let open = Rc::new(Cell::new(0usize));
@@ -405,6 +408,11 @@ fn run_worker(
             log::info!("shutdown timeout: closing {} connections still open", open.get() + worker.held.get());
         }
     });
+    if let Err(e) = local.block_on(&runtime, body) {
+        if e.is_panic() {
+            std::panic::resume_unwind(e.into_panic());
+        }
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -416,13 +424,20 @@ async fn accept_loop(
     worker: Rc<Worker>,
     streams: Rc<StreamWorker>,
     open: Rc<Cell<usize>>,
-    mut stopped: watch::Receiver<bool>,
+    stopped: watch::Receiver<bool>,
 ) {
     let local = listener.local_addr().unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
+    // One wait for the stop, registered once, not a new one per accepted connection. `biased`:
+    // a ready accept is taken without looking at the stop; the listener's cooperative budget
+    // makes `accept` yield after a burst, so a flood cannot hold the stop off.
+    let mut on_stop = stopped.clone();
+    let stop = async move { on_stop.wait_for(|s| *s).await.is_ok() };
+    tokio::pin!(stop);
     loop {
         let accepted = tokio::select! {
+            biased;
             a = listener.accept() => a,
-            _ = stopped.wait_for(|s| *s) => return,
+            _ = &mut stop => return,
         };
         let (stream, peer) = match accepted {
             Ok(pair) => {
@@ -461,14 +476,23 @@ async fn accept_loop(
         if let Kind::Stream(tls) = &kind {
             let (gateway, streams, tls) = (gateway.clone(), streams.clone(), tls.clone());
             let held = proxy::Held::new(&worker.held);
-            tokio::task::spawn_local(async move {
-                let mut stream = stream;
-                let peer = if pp { client_of(&mut stream, peer).await } else { Some(peer) };
-                if let Some(peer) = peer {
-                    crate::stream::tcp::serve(stream, peer, local, tls, gateway, streams).await;
-                }
-                drop(held);
-            });
+            if pp {
+                tokio::task::spawn_local(async move {
+                    let mut stream = stream;
+                    if let Some(peer) = client_of(&mut stream, peer).await {
+                        Box::pin(crate::stream::tcp::serve(stream, peer, local, tls, gateway, streams)).await;
+                    }
+                    drop(held);
+                });
+            } else {
+                // Boxed once here: the task then moves a pointer, where a future of this size
+                // would be copied when spawned, polled first and completed.
+                let serve = Box::pin(crate::stream::tcp::serve(stream, peer, local, tls, gateway, streams));
+                tokio::task::spawn_local(async move {
+                    serve.await;
+                    drop(held);
+                });
+            }
             continue;
         }
         let (scheme, tls) = match &kind {

@@ -33,89 +33,157 @@ pub struct Relayed {
 
 /// Relays between `client` and `upstream` until both directions end (an end of stream on one
 /// side is passed on as a half-close of the other) or nothing moves for `idle`.
+///
+/// Polled by hand rather than written as two `async` loops: each wake polls the sockets' own
+/// readiness slots (no waiter list, no future per wait) and looks at the idle timer only when it
+/// has fired.
 pub async fn relay(client: &TcpStream, upstream: &TcpStream, idle: Duration, scratch: &RefCell<Vec<u8>>) -> Relayed {
-    let last = Cell::new(Instant::now());
-    let (up, down) = (Cell::new(0u64), Cell::new(0u64));
-    let both = async {
-        tokio::try_join!(
-            one_way(client, upstream, scratch, &last, &up),
-            one_way(upstream, client, scratch, &last, &down)
-        )
+    let mut state = Relay {
+        up: Direction::new(client, upstream),
+        down: Direction::new(upstream, client),
+        scratch,
+        idle,
+        last: Instant::now(),
+        armed: false,
     };
-    tokio::pin!(both);
-    let reason = loop {
-        tokio::select! {
-            done = &mut both => break match done {
-                Ok(_) => "closed".to_owned(),
-                Err(e) => e.to_string(),
-            },
-            _ = tokio::time::sleep_until(last.get() + idle) => {
-                if last.get().elapsed() >= idle {
-                    break "idle timeout".to_owned();
-                }
-            }
-        }
-    };
-    Relayed { up: up.get(), down: down.get(), reason }
+    let timer = tokio::time::sleep_until(state.last + idle);
+    tokio::pin!(timer);
+    let reason = std::future::poll_fn(|cx| state.poll(cx, timer.as_mut())).await;
+    Relayed { up: state.up.count, down: state.down.count, reason }
 }
 
-/// One direction: read what `src` has, write it to `dst` at once; keep only what `dst` would not
-/// take, and read no more until it has.
-async fn one_way(
-    src: &TcpStream,
-    dst: &TcpStream,
-    scratch: &RefCell<Vec<u8>>,
-    last: &Cell<Instant>,
-    count: &Cell<u64>,
-) -> io::Result<()> {
-    let mut pending: Vec<u8> = Vec::new();
-    loop {
-        src.readable().await?;
-        {
-            // Borrowed only between awaits: the worker is single-threaded, so every connection
-            // of the worker can share one scratch buffer.
+/// Both directions of a [`relay`] and its idle clock.
+struct Relay<'a> {
+    up: Direction<'a>,
+    down: Direction<'a>,
+    scratch: &'a RefCell<Vec<u8>>,
+    idle: Duration,
+    /// When bytes last moved (read once per wake that moved some).
+    last: Instant,
+    /// The timer has been polled for its current deadline (its waker is this task's).
+    armed: bool,
+}
+
+impl Relay<'_> {
+    fn poll(&mut self, cx: &mut Context<'_>, mut timer: Pin<&mut tokio::time::Sleep>) -> Poll<String> {
+        let mut moved = false;
+        let up = self.up.poll_move(cx, self.scratch, &mut moved);
+        let down = self.down.poll_move(cx, self.scratch, &mut moved);
+        match (up, down) {
+            (Poll::Ready(Err(e)), _) | (_, Poll::Ready(Err(e))) => return Poll::Ready(e.to_string()),
+            // Both sides are done: closing the sockets says the rest (no half-close first).
+            (Poll::Ready(Ok(())), Poll::Ready(Ok(()))) => return Poll::Ready("closed".to_owned()),
+            _ => {}
+        }
+        self.up.pass_on_end();
+        self.down.pass_on_end();
+        if moved {
+            self.last = Instant::now();
+        }
+        // The timer keeps the waker it was polled with: until it fires there is nothing to ask it.
+        while !self.armed || timer.is_elapsed() {
+            let deadline = self.last + self.idle;
+            if self.armed || timer.deadline() != deadline {
+                if deadline <= Instant::now() {
+                    return Poll::Ready("idle timeout".to_owned());
+                }
+                timer.as_mut().reset(deadline);
+            }
+            self.armed = true;
+            if std::future::Future::poll(timer.as_mut(), cx).is_pending() {
+                break;
+            }
+        }
+        Poll::Pending
+    }
+}
+
+/// One direction of a [`relay`]: what `src` sends is written to `dst` at once; only what `dst`
+/// would not take is kept, and `src` is not read again until it has been written.
+struct Direction<'a> {
+    src: &'a TcpStream,
+    dst: &'a TcpStream,
+    /// Read but not yet written (empty, with no allocation, while the connection waits).
+    pending: Vec<u8>,
+    count: u64,
+    /// `src` has ended.
+    ended: bool,
+    /// ... and `dst` was told so (half-closed).
+    passed_on: bool,
+}
+
+impl<'a> Direction<'a> {
+    fn new(src: &'a TcpStream, dst: &'a TcpStream) -> Self {
+        Direction { src, dst, pending: Vec::new(), count: 0, ended: false, passed_on: false }
+    }
+
+    /// Moves bytes until a socket would block (`Pending`, with this task's waker registered) or
+    /// `src` ends (`Ready(Ok)`). Reads go on until one would block, not only until one comes
+    /// back short: a peer's end of stream usually follows its last bytes at once, and this
+    /// read sees it without another turn of the event loop. The sockets' readiness polls take
+    /// tokio's cooperative budget, so a busy relay still yields.
+    fn poll_move(
+        &mut self,
+        cx: &mut Context<'_>,
+        scratch: &RefCell<Vec<u8>>,
+        moved: &mut bool,
+    ) -> Poll<io::Result<()>> {
+        if self.ended {
+            return Poll::Ready(Ok(()));
+        }
+        loop {
+            while !self.pending.is_empty() {
+                std::task::ready!(self.dst.poll_write_ready(cx))?;
+                match self.dst.try_write(&self.pending) {
+                    Ok(k) => {
+                        self.pending.drain(..k);
+                        *moved = true;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    Err(e) => return Poll::Ready(Err(e)),
+                }
+            }
+            if self.pending.capacity() > 0 {
+                // Written: hold nothing while the connection waits.
+                self.pending = Vec::new();
+            }
+            std::task::ready!(self.src.poll_read_ready(cx))?;
+            // Borrowed only within this call: the worker is single-threaded, so every relay of
+            // the worker shares one scratch buffer.
             let mut buf = scratch.borrow_mut();
             if buf.len() < SCRATCH {
                 buf.resize(SCRATCH, 0);
             }
-            let n = match src.try_read(&mut buf[..]) {
+            let n = match self.src.try_read(&mut buf[..]) {
                 Ok(0) => {
-                    // The end of this direction: pass it on, keep the other one open.
-                    let _ = socket2::SockRef::from(dst).shutdown(std::net::Shutdown::Write);
-                    return Ok(());
+                    self.ended = true;
+                    return Poll::Ready(Ok(()));
                 }
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-                Err(e) => return Err(e),
+                Err(e) => return Poll::Ready(Err(e)),
             };
-            last.set(Instant::now());
-            count.set(count.get() + n as u64);
+            *moved = true;
+            self.count += n as u64;
             let mut at = 0;
             while at < n {
-                match dst.try_write(&buf[at..n]) {
+                match self.dst.try_write(&buf[at..n]) {
                     Ok(k) => at += k,
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                    Err(e) => return Err(e),
+                    Err(e) => return Poll::Ready(Err(e)),
                 }
             }
             if at < n {
-                pending.extend_from_slice(&buf[at..n]);
+                self.pending.extend_from_slice(&buf[at..n]);
             }
         }
-        while !pending.is_empty() {
-            dst.writable().await?;
-            match dst.try_write(&pending) {
-                Ok(k) => {
-                    pending.drain(..k);
-                    last.set(Instant::now());
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                Err(e) => return Err(e),
-            }
-        }
-        if pending.capacity() > 0 {
-            // Written: hold nothing while the connection waits.
-            pending = Vec::new();
+    }
+
+    /// Once `src` has ended while the other direction goes on, half-closes `dst`.
+    fn pass_on_end(&mut self) {
+        if self.ended && !self.passed_on {
+            self.passed_on = true;
+            let _ = socket2::SockRef::from(self.dst).shutdown(std::net::Shutdown::Write);
         }
     }
 }

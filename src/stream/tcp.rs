@@ -102,11 +102,11 @@ pub async fn connect(
 ) -> Result<(TcpStream, SocketAddr, Option<InFlight>), String> {
     let checker = upstream.checker(health);
     let hash = upstream.hash_key_source().map(|_| fnv1a(client.ip().to_string().as_bytes()));
-    let mut tried: Vec<usize> = Vec::with_capacity(2);
-    let mut last = String::from("no node available");
+    // Filled only by failures: a connection whose first node answers allocates nothing here.
+    let mut tried: Vec<usize> = Vec::new();
+    let mut last = None;
     for _ in 0..=upstream.retries {
         let Some((idx, inflight)) = upstream.pick_node(checker.as_deref(), hash, &tried) else { break };
-        tried.push(idx);
         let addr = upstream.nodes[idx].addr;
         let (report, why) = match tokio::time::timeout(upstream.timeouts.connect, TcpStream::connect(addr)).await {
             Ok(Ok(s)) => {
@@ -122,9 +122,20 @@ pub async fn connect(
         if let Some(c) = &checker {
             c.report(addr, report, ReportSource::Passive, &why);
         }
-        last = why;
+        tried.push(idx);
+        last = Some(why);
     }
-    Err(last)
+    Err(last.unwrap_or_else(|| "no node available".to_owned()))
+}
+
+/// A client's TLS session, terminated here.
+type ClientTls = Box<tokio_rustls::server::TlsStream<TcpStream>>;
+
+/// Finishes the client's TLS handshake. Boxed by the caller, as is every TLS step: rustls'
+/// connection state is kilobytes, and a plain TCP connection's future should not carry room for
+/// it (each connection's future is moved into its task when spawned).
+async fn handshake(config: Arc<ServerConfig>, client: TcpStream) -> Result<ClientTls, String> {
+    within(HANDSHAKE_TIMEOUT, "TLS handshake", TlsAcceptor::from(config).accept(client)).await.map(Box::new)
 }
 
 /// Serves one accepted connection. `tls`: the listener speaks TLS (terminated with this
@@ -140,7 +151,7 @@ pub async fn serve(
     let _live = super::Live::tcp();
     let mut ctx = StreamCtx::new("tcp", peer, local);
     if tls.is_some() {
-        match within(HELLO_TIMEOUT, "ClientHello", peek_hello(&client)).await {
+        match Box::pin(within(HELLO_TIMEOUT, "ClientHello", peek_hello(&client))).await {
             Ok(Hello::Sni(sni)) => ctx.sni = sni,
             Ok(_) => {
                 log::debug!("stream client {peer} on {local}: not a TLS ClientHello; closing");
@@ -152,17 +163,23 @@ pub async fn serve(
             }
         }
     }
-    let snap = gateway.resources.load_full();
-    let Some(route) = snap.stream_table.find(local, peer.ip(), ctx.sni.as_deref()).cloned() else {
-        log::info!("stream: no stream route for {peer} on {local} (sni {:?}); closing", ctx.sni);
-        return;
+    let route = {
+        let snap = gateway.resources.load();
+        match snap.stream_table.find(local, peer.ip(), ctx.sni.as_deref()) {
+            Some(route) => route.clone(),
+            None => {
+                log::info!("stream: no stream route for {peer} on {local} (sni {:?}); closing", ctx.sni);
+                return;
+            }
+        }
     };
-    drop(snap);
     ctx.route_id = Some(route.id.clone());
     let mut logged = Logged { ctx, chain: route.plugins.clone() };
-    if let Err(reason) = preread(&route.plugins, &mut logged.ctx).await {
-        logged.ctx.close_reason = reason;
-        return;
+    if !route.plugins.is_empty() {
+        if let Err(reason) = preread(&route.plugins, &mut logged.ctx).await {
+            logged.ctx.close_reason = reason;
+            return;
+        }
     }
     let Some(upstream) = route.upstream.clone() else {
         logged.ctx.close_reason = "no upstream".into();
@@ -170,16 +187,14 @@ pub async fn serve(
     };
     // Terminated TLS: finish the client's handshake before any upstream connection is made, so
     // that scanners and failed handshakes cost the upstream nothing.
-    let client_tls = match tls {
-        Some(config) if !route.route.tls_passthrough => {
-            match within(HANDSHAKE_TIMEOUT, "TLS handshake", TlsAcceptor::from(config).accept(client)).await {
-                Ok(tls) => Ok(tls),
-                Err(why) => {
-                    logged.ctx.close_reason = why;
-                    return;
-                }
+    let client_tls: Result<ClientTls, TcpStream> = match tls {
+        Some(config) if !route.route.tls_passthrough => match Box::pin(handshake(config, client)).await {
+            Ok(tls) => Ok(tls),
+            Err(why) => {
+                logged.ctx.close_reason = why;
+                return;
             }
-        }
+        },
         // Plain TCP, or TLS passed through untouched (the ClientHello was only peeked at).
         _ => Err(client),
     };
@@ -206,7 +221,7 @@ pub async fn serve(
     }
     let idle = upstream.timeouts.read;
     let done: Relayed = match client_tls {
-        Ok(tls) => copy_idle(tls, up, idle).await,
+        Ok(tls) => Box::pin(copy_idle(tls, up, idle)).await,
         Err(client) => relay(&client, &up, idle, &worker.scratch).await,
     };
     logged.ctx.bytes_from_client = done.up;
