@@ -70,7 +70,7 @@ C
   wait_port "$p" || { echo "$name did not start" >&2; return 1; }
   load "$p" 50 || { echo "$name did not relay the answer" >&2; return 1; }
   load "$p" "$n" || { echo "$name did not relay the answer" >&2; return 1; }
-  if [ "$name" = nginx ]; then kill -QUIT $pid; else kill -TERM $(pgrep -P $pid || echo $pid) 2>/dev/null; kill -TERM $pid 2>/dev/null; fi
+  if [ "$name" = nginx ]; then kill -QUIT $pid; else kill -TERM $pid; fi
   wait $pid 2>/dev/null
   total "$w/cg.$name.$n"
 }

@@ -428,8 +428,9 @@ async fn accept_loop(
 ) {
     let local = listener.local_addr().unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
     // One wait for the stop, registered once, not a new one per accepted connection. `biased`:
-    // a ready accept is taken without looking at the stop; the listener's cooperative budget
-    // makes `accept` yield after a burst, so a flood cannot hold the stop off.
+    // a ready accept is taken without looking at the stop. The listener's cooperative budget
+    // makes `accept` yield after a burst, and the stop is then looked at outside that budget
+    // (the watch asks for budget too), so a flood of clients cannot hold the stop off.
     let mut on_stop = stopped.clone();
     let stop = async move { on_stop.wait_for(|s| *s).await.is_ok() };
     tokio::pin!(stop);
@@ -437,7 +438,7 @@ async fn accept_loop(
         let accepted = tokio::select! {
             biased;
             a = listener.accept() => a,
-            _ = &mut stop => return,
+            _ = tokio::task::coop::unconstrained(&mut stop) => return,
         };
         let (stream, peer) = match accepted {
             Ok(pair) => {

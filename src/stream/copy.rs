@@ -45,6 +45,7 @@ pub async fn relay(client: &TcpStream, upstream: &TcpStream, idle: Duration, scr
         idle,
         last: Instant::now(),
         armed: false,
+        down_first: false,
     };
     let timer = tokio::time::sleep_until(state.last + idle);
     tokio::pin!(timer);
@@ -62,13 +63,23 @@ struct Relay<'a> {
     last: Instant,
     /// The timer has been polled for its current deadline (its waker is this task's).
     armed: bool,
+    /// Which direction the last wake polled first.
+    down_first: bool,
 }
 
 impl Relay<'_> {
     fn poll(&mut self, cx: &mut Context<'_>, mut timer: Pin<&mut tokio::time::Sleep>) -> Poll<String> {
         let mut moved = false;
-        let up = self.up.poll_move(cx, self.scratch, &mut moved);
-        let down = self.down.poll_move(cx, self.scratch, &mut moved);
+        // Each direction goes first every other wake: a side that keeps its socket full spends
+        // the task's cooperative budget, and the other side must not always find it spent.
+        self.down_first = !self.down_first;
+        let (up, down) = if self.down_first {
+            let down = self.down.poll_move(cx, self.scratch, &mut moved);
+            (self.up.poll_move(cx, self.scratch, &mut moved), down)
+        } else {
+            let up = self.up.poll_move(cx, self.scratch, &mut moved);
+            (up, self.down.poll_move(cx, self.scratch, &mut moved))
+        };
         match (up, down) {
             (Poll::Ready(Err(e)), _) | (_, Poll::Ready(Err(e))) => return Poll::Ready(e.to_string()),
             // Both sides are done: closing the sockets says the rest (no half-close first).
@@ -90,7 +101,12 @@ impl Relay<'_> {
                 timer.as_mut().reset(deadline);
             }
             self.armed = true;
-            if std::future::Future::poll(timer.as_mut(), cx).is_pending() {
+            // Outside the cooperative budget: a busy relay spends it, and a timer poll refused
+            // for want of it would leave the timer without this task's waker (it is not polled
+            // again until it fires, and then nobody would be woken).
+            if std::future::Future::poll(std::pin::pin!(tokio::task::coop::unconstrained(timer.as_mut())), cx)
+                .is_pending()
+            {
                 break;
             }
         }
@@ -244,5 +260,71 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Watched<T> {
     }
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::task::Poll;
+    use tokio::net::TcpListener;
+
+    /// Two connected loopback sockets.
+    async fn pair() -> (TcpStream, TcpStream) {
+        let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = l.local_addr().expect("addr");
+        let (a, b) = tokio::join!(TcpStream::connect(addr), l.accept());
+        (a.expect("connect"), b.expect("accept").0)
+    }
+
+    #[tokio::test]
+    async fn a_relay_first_polled_with_no_budget_left_still_times_out() {
+        let (_client, client) = pair().await;
+        let (upstream, _server) = pair().await;
+        let scratch = RefCell::new(Vec::new());
+        let relay = relay(&client, &upstream, Duration::from_millis(200), &scratch);
+        tokio::pin!(relay);
+        // Spend the task's whole cooperative budget, as a busy relay does, then poll: the idle
+        // timer must still get this task's waker.
+        std::future::poll_fn(|cx| {
+            while let Poll::Ready(spent) = tokio::task::coop::poll_proceed(cx) {
+                spent.made_progress();
+            }
+            assert!(std::future::Future::poll(relay.as_mut(), cx).is_pending(), "a relay with nothing to move ended");
+            Poll::Ready(())
+        })
+        .await;
+        let done = tokio::time::timeout(Duration::from_secs(5), relay).await.expect("the idle relay was never woken");
+        assert_eq!(done.reason, "idle timeout");
+        assert_eq!((done.up, done.down), (0, 0));
+    }
+
+    #[tokio::test]
+    async fn bytes_cross_both_ways_and_each_end_is_passed_on() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (mut client, client_side) = pair().await;
+        let (upstream_side, mut server) = pair().await;
+        let scratch = RefCell::new(Vec::new());
+        // As the stream proxy does: the sockets close as soon as the relay ends (when both
+        // ends arrive in one wake, that close is what passes the second one on).
+        let relay = async {
+            let done = relay(&client_side, &upstream_side, Duration::from_secs(5), &scratch).await;
+            drop((client_side, upstream_side));
+            done
+        };
+        let peers = async {
+            client.write_all(b"request").await.expect("client writes");
+            client.shutdown().await.expect("client half-closes");
+            let mut got = Vec::new();
+            server.read_to_end(&mut got).await.expect("server reads to the client's end");
+            assert_eq!(got, b"request");
+            server.write_all(b"answer").await.expect("server writes");
+            server.shutdown().await.expect("server closes");
+            let mut back = Vec::new();
+            client.read_to_end(&mut back).await.expect("client reads to the server's end");
+            assert_eq!(back, b"answer");
+        };
+        let (done, ()) = tokio::join!(relay, peers);
+        assert_eq!((done.up, done.down, done.reason.as_str()), (7, 6, "closed"));
     }
 }
