@@ -84,9 +84,10 @@ struct TlsListen {
 impl TlsListen {
     /// The configuration for a client that says `hello`.
     fn for_hello(&self, hello: &rustls::server::ClientHello<'_>) -> Arc<ServerConfig> {
-        match crate::tls::prefers_chacha(hello.cipher_suites()) {
-            true => self.theirs.clone(),
-            false => self.ours.clone(),
+        if crate::tls::prefers_chacha(hello.cipher_suites()) {
+            self.theirs.clone()
+        } else {
+            self.ours.clone()
         }
     }
 }

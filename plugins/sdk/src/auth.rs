@@ -29,13 +29,12 @@
 //! ```
 
 use std::hash::{BuildHasher, RandomState};
-
-use crate::prehashed::PrehashedMap;
 use std::sync::Arc;
 
 use http::header::WWW_AUTHENTICATE;
 use http::{HeaderName, HeaderValue, StatusCode};
 
+use crate::prehashed::PrehashedMap;
 use crate::{Consumer, ConsumerDirectory, ConsumerRef, Flow, PluginResponse, RequestCtx, SharedState};
 
 /// `X-Consumer-Username`: the consumer's name, to the upstream.
