@@ -48,6 +48,9 @@ deployment:
   admin:
     admin_listen: {ip: 127.0.0.1, port: $4}
     admin_key: [{name: bench, key: bench-admin-key, role: admin}]
+plugin_attr:
+  prometheus:
+    export_addr: {ip: 127.0.0.1, port: $(($2 + 4))}
 CONF
   "$BIN" -p "$WORK/$1" > "$WORK/$1.log" 2>&1 &
   PIDS+=($!)
@@ -113,6 +116,7 @@ instance b 18501 18502 18503
 instance c 18511 18512 18513
 for port in 18501 18511 18493; do
   for _ in $(seq 1 200); do curl -s -o /dev/null "127.0.0.1:$port/" && break; sleep 0.05; done
+  curl -s -o /dev/null "127.0.0.1:$port/" || { echo "port $port does not answer:"; tail -n 3 "$WORK"/[abc].log; exit 1; }
 done
 
 python3 - "$CHANGES" "$UP_PORT" <<'PY'
