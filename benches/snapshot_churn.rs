@@ -43,7 +43,7 @@ fn main() {
         }
         let started = Instant::now();
         let prints = std::cell::RefCell::new(&mut prints);
-        let build = |d: &serde_json::Value, keys: &_| {
+        let build = |d: &serde_json::Value, keys: &weir::resources::etcd::KeysByList<'_>| {
             let known = prints.borrow_mut().of_document(d, keys);
             Snapshot::build_mode(d, &enabled, base, Mode::Apply(serving.as_ref()), Some(&known))
         };
@@ -67,7 +67,7 @@ fn main() {
     prints.forget(&key);
     let started = Instant::now();
     let prints = std::cell::RefCell::new(&mut prints);
-    let check = |d: &serde_json::Value, keys: &_| {
+    let check = |d: &serde_json::Value, keys: &weir::resources::etcd::KeysByList<'_>| {
         let known = prints.borrow_mut().of_document(d, keys);
         Snapshot::build_mode(d, &enabled, base, Mode::Validate(serving.as_ref()), Some(&known)).map(drop)
     };

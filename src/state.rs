@@ -109,7 +109,7 @@ impl Gateway {
                 status = ProviderStatus::new("etcd");
                 match etcd::initial_read(&config.deployment.etcd, &config_prefix) {
                     Ok((values, revision)) => {
-                        let check = |d: &Value, _: &_| {
+                        let check = |d: &Value, _: &etcd::KeysByList<'_>| {
                             Snapshot::build_mode(d, &enabled, &prefix.dir, Mode::Validate(None), None).map(drop)
                         };
                         // (The snapshot is built once more below, with the rest of start-up.)
@@ -329,7 +329,7 @@ impl Gateway {
         let (settings, prefix) = (config.deployment.etcd.clone(), config.deployment.prefix.clone());
         let read = std::thread::spawn(move || etcd::initial_read(&settings, &prefix));
         let (mut values, _) = read.join().map_err(|_| "reading etcd failed".to_owned())??;
-        let check = |d: &Value, _: &_| Snapshot::build_at(d, enabled, &self.prefix.dir);
+        let check = |d: &Value, _: &etcd::KeysByList<'_>| Snapshot::build_at(d, enabled, &self.prefix.dir);
         let (built, skipped) = etcd::valid_document(check, &mut values, &config.deployment.prefix, false);
         for (key, why) in &skipped {
             log::error!("etcd {key}: {why}; skipped");

@@ -20,7 +20,7 @@ use weir_plugin::cidr::Cidr;
 use crate::config::{AdminRole, AdminSection, EtcdSection};
 use crate::control::typed_response;
 use crate::openapi::bodies::{self as body, Deleted, ErrorBody, KeyNotFound, Node, NodeList};
-use crate::resources::etcd::{valid_document, Values, CREDENTIALS, KINDS};
+use crate::resources::etcd::{valid_document, KeysByList, Values, CREDENTIALS, KINDS};
 use crate::state::{Followed, Gateway};
 use crate::tables::snapshot::Prints;
 
@@ -421,7 +421,7 @@ fn refusal(
     undo: impl FnOnce(&mut Values),
 ) -> Option<String> {
     let prints = std::cell::RefCell::new(prints);
-    let check = |d: &Value, keys: &_| {
+    let check = |d: &Value, keys: &KeysByList<'_>| {
         let known = prints.borrow_mut().as_deref_mut().map(|p| p.of_document(d, keys));
         admin.gateway.check_resources(d, known.as_ref())
     };

@@ -66,18 +66,28 @@ impl ProviderStatus {
 pub type Values = BTreeMap<String, Value>;
 
 /// The kind and id of `key` under `prefix`, if it is a resource key.
+#[cfg(test)]
 fn kind_of<'k>(prefix: &str, key: &'k str) -> Option<(&'static str, &'k str)> {
+    kind_at(prefix, key).map(|(at, id)| (KINDS[at], id))
+}
+
+/// [`kind_of`], with the kind as its place in [`KINDS`]. Run for every key of every build, so
+/// with byte searches (`/` is ASCII) rather than `str` patterns.
+fn kind_at<'k>(prefix: &str, key: &'k str) -> Option<(usize, &'k str)> {
+    let slash = |s: &str| s.bytes().position(|b| b == b'/');
     let rest = key.strip_prefix(prefix)?.strip_prefix('/')?;
-    let (kind, id) = rest.split_once('/')?;
+    let cut = slash(rest)?;
+    let (kind, id) = (&rest[..cut], &rest[cut + 1..]);
     if kind == "consumers" {
         if let Some((consumer, credential)) = id.split_once(CREDENTIALS) {
-            let plain = |s: &str| !s.is_empty() && !s.contains('/');
-            return (plain(consumer) && plain(credential)).then_some(("credentials", id));
+            let plain = |s: &str| !s.is_empty() && slash(s).is_none();
+            let at = KINDS.iter().position(|k| *k == "credentials")?;
+            return (plain(consumer) && plain(credential)).then_some((at, id));
         }
     }
     // Credentials live under their consumer only.
-    let kind = KINDS.iter().find(|k| **k == kind && **k != "credentials")?;
-    (!id.is_empty() && !id.contains('/')).then_some((kind, id))
+    let at = KINDS.iter().position(|k| *k == kind && *k != "credentials")?;
+    (!id.is_empty() && slash(id).is_none()).then_some((at, id))
 }
 
 /// What separates a consumer from its credential's id in a credential's key
@@ -97,8 +107,9 @@ pub fn parse(bytes: &[u8]) -> Result<Value, String> {
 /// Keys left out of a snapshot, with the reason (an empty key: an issue naming no entry).
 pub type Skipped = Vec<(String, String)>;
 
-/// The key of each entry of each list of a document, in the list's order.
-pub type KeysByList = BTreeMap<&'static str, Vec<String>>;
+/// The key of each entry of each list of a document, in the list's order (borrowed from the
+/// values the document was taken from: no copy of 10,000 keys per build).
+pub type KeysByList<'v> = BTreeMap<&'static str, Vec<&'v str>>;
 
 /// The identity field of a kind: `username` for consumers, `id` for the rest.
 fn id_field(kind: &str) -> &'static str {
@@ -149,9 +160,9 @@ fn with_id(kind: &str, id: &str, value: &mut Value) -> Result<(), String> {
 /// Moving instead of copying is what keeps a change to one of 10,000 routes cheap. Returns, per
 /// list, the key of each entry (to name skipped entries), the list of each entry taken in key
 /// order (for [`give_back`]), and entries whose id contradicts their key (left in place).
-fn take_document(values: &mut Values, left_out: &HashSet<String>, prefix: &str) -> Taken {
+fn take_document<'v>(values: &'v mut Values, left_out: &HashSet<String>, prefix: &str) -> Taken<'v> {
     let mut lists: [Vec<Value>; KINDS.len()] = Default::default();
-    let mut keys: KeysByList = BTreeMap::new();
+    let mut names: [Vec<&'v str>; KINDS.len()] = Default::default();
     let mut order = Vec::with_capacity(values.len());
     let mut wrong = Vec::new();
     let mut foreign = Vec::new();
@@ -160,20 +171,21 @@ fn take_document(values: &mut Values, left_out: &HashSet<String>, prefix: &str) 
         if !left_out.is_empty() && left_out.contains(key) {
             continue;
         }
-        let Some((kind, id)) = kind_of(prefix, key) else {
+        let Some((list, id)) = kind_at(prefix, key) else {
             foreign.push(key.clone());
             continue;
         };
-        match with_id(kind, id, value) {
+        match with_id(KINDS[list], id, value) {
             Ok(()) => {
-                let list = KINDS.iter().position(|k| *k == kind).unwrap_or_default();
                 lists[list].push(std::mem::take(value));
-                keys.entry(kind).or_default().push(key.clone());
+                names[list].push(key.as_str());
                 order.push((at as u32, list as u8));
             }
             Err(why) => wrong.push((key.clone(), why)),
         }
     }
+    let keys: KeysByList<'v> =
+        KINDS.iter().zip(names).filter(|(_, names)| !names.is_empty()).map(|(kind, names)| (*kind, names)).collect();
     let doc: Map<String, Value> = KINDS
         .iter()
         .zip(lists)
@@ -184,9 +196,9 @@ fn take_document(values: &mut Values, left_out: &HashSet<String>, prefix: &str) 
 }
 
 /// What [`take_document`] took.
-struct Taken {
+struct Taken<'v> {
     doc: Value,
-    keys: KeysByList,
+    keys: KeysByList<'v>,
     /// The place (in key order) and list ([`KINDS`] index) of each entry taken.
     order: Vec<(u32, u8)>,
     wrong: Vec<(String, String)>,
@@ -232,7 +244,7 @@ fn located(issue: &Issue) -> Option<(&str, usize)> {
 /// be assembled and the caller keeps what it has (an unnamed issue has an empty key in the list).
 /// `values` comes back as it went in, except that entries carry their ids (see [`with_id`]).
 pub fn valid_document<T>(
-    check: impl Fn(&Value, &KeysByList) -> Result<T, Vec<Issue>>,
+    check: impl Fn(&Value, &KeysByList<'_>) -> Result<T, Vec<Issue>>,
     values: &mut Values,
     prefix: &str,
     want_document: bool,
@@ -253,19 +265,31 @@ pub fn valid_document<T>(
         }
         let result = check(&doc, &keys);
         let copy = (want_document && result.is_ok()).then(|| doc.clone());
+        // The keys the issues name, copied before the values they borrow from are given back.
+        let named: Vec<Option<String>> = match &result {
+            Ok(_) => Vec::new(),
+            Err(issues) => issues
+                .iter()
+                .map(|issue| {
+                    let (list, i) = located(issue)?;
+                    let key = keys.iter().find(|(k, _)| **k == list).and_then(|(_, ks)| ks.get(i))?;
+                    Some((*key).to_owned())
+                })
+                .collect(),
+        };
+        drop(keys);
         give_back(values, doc, &order);
         let issues = match result {
             Ok(built) => return (Some((copy, built)), skipped),
             Err(issues) => issues,
         };
         let mut dropped = false;
-        for issue in &issues {
-            let Some((list, i)) = located(issue) else { continue };
-            let Some(key) = keys.iter().find(|(k, _)| **k == list).and_then(|(_, ks)| ks.get(i)) else { continue };
+        for (key, issue) in named.into_iter().zip(&issues) {
+            let Some(key) = key else { continue };
             if left_out.insert(key.clone()) {
                 dropped = true;
             }
-            skipped.push((key.clone(), issue.to_string()));
+            skipped.push((key, issue.to_string()));
         }
         if !dropped {
             // Issues not tied to one entry (for example two routes conflicting): nothing to drop.
@@ -395,6 +419,35 @@ mod tests {
         assert_eq!(values["/weir/upstreams/u"], serde_json::json!({"id": "other"}));
         assert_eq!(values["/weir/upstreams/v"], serde_json::json!({"nodes": {}}));
         assert_eq!(values["/weir/routes/11"], serde_json::Value::Null);
+    }
+
+    #[test]
+    fn an_entry_an_issue_names_is_skipped_by_its_key_and_the_rest_builds() {
+        let mut values = Values::new();
+        for (id, uri) in [("a", "/a"), ("b", "bad"), ("c", "/c")] {
+            values.insert(format!("/weir/routes/{id}"), serde_json::json!({ "uri": uri }));
+        }
+        let check = |d: &Value, keys: &KeysByList<'_>| {
+            let routes = d["routes"].as_array().map(Vec::as_slice).unwrap_or_default();
+            assert_eq!(keys["routes"].len(), routes.len());
+            let issues: Vec<Issue> = routes
+                .iter()
+                .enumerate()
+                .filter(|(_, r)| r["uri"] == "bad")
+                .map(|(i, _)| Issue::new("uri", "not a path").in_resource(&format!("routes[{i}]")))
+                .collect();
+            if issues.is_empty() {
+                Ok(routes.len())
+            } else {
+                Err(issues)
+            }
+        };
+        let (built, skipped) = valid_document(check, &mut values, "/weir", false);
+        assert_eq!(built.map(|(_, n)| n), Some(2));
+        assert_eq!(skipped.len(), 1, "{skipped:?}");
+        assert_eq!(skipped[0].0, "/weir/routes/b");
+        assert_eq!(values.len(), 3);
+        assert_eq!(values["/weir/routes/b"], serde_json::json!({"id": "b", "uri": "bad"}));
     }
 
     #[test]

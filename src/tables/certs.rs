@@ -101,12 +101,12 @@ impl CertTable {
 
     /// Compiles `ssls` (`(owner, entry)` pairs); `base` resolves `cert_file` / `key_file`.
     /// Problems are returned per owner; disabled entries are validated but not served.
-    pub fn build(ssls: &[(String, Arc<Ssl>)], base: &Path) -> (CertTable, Vec<(String, SslIssue)>) {
+    pub fn build<O: std::fmt::Display>(ssls: &[(O, Arc<Ssl>)], base: &Path) -> (CertTable, Vec<(String, SslIssue)>) {
         let mut table = CertTable::default();
         let mut issues = Vec::new();
         let mut claimed: HashMap<String, String> = HashMap::new();
         for (owner, ssl) in ssls {
-            let mut problem = |key: &str, why: String| issues.push((owner.clone(), (key.to_owned(), why)));
+            let mut problem = |key: &str, why: String| issues.push((owner.to_string(), (key.to_owned(), why)));
             if ssl.kind == Some(SslType::Client) {
                 if let Some(identity) = client_identity(ssl, base, &mut problem) {
                     table.identities.insert(ssl.id.0.clone(), Arc::new(identity));
@@ -212,7 +212,7 @@ impl CertTable {
                     problem(&format!("snis[{i}]"), format!("`{name}` is already claimed by {other}"));
                     continue;
                 }
-                claimed.insert(name.clone(), owner.clone());
+                claimed.insert(name.clone(), owner.to_string());
                 match name.strip_prefix('*') {
                     Some(suffix) => table.wildcards.push((suffix.to_owned(), certs.clone())),
                     None => {

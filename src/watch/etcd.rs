@@ -46,7 +46,7 @@ pub fn apply(gateway: &Gateway, values: &mut Values, prints: &mut Prints, prefix
     let started = std::time::Instant::now();
     let guard = gateway.hold_reloads();
     let prints = RefCell::new(prints);
-    let build = |d: &serde_json::Value, keys: &KeysByList| {
+    let build = |d: &serde_json::Value, keys: &KeysByList<'_>| {
         let known = prints.borrow_mut().of_document(d, keys);
         gateway.build_snapshot_with(d, Some(&known))
     };

@@ -8,8 +8,8 @@ impl Builder<'_> {
     /// and a consumer's credential ids are unique.
     pub(super) fn check_credentials(
         &mut self,
-        consumers: &[(String, Arc<Consumer>)],
-        credentials: &[(String, Arc<Credential>)],
+        consumers: &[(EntryName<'_>, Arc<Consumer>)],
+        credentials: &[(EntryName<'_>, Arc<Credential>)],
     ) {
         let mut seen: std::collections::HashSet<(&str, &str)> = std::collections::HashSet::new();
         let known: std::collections::HashSet<&str> = consumers.iter().map(|(_, c)| c.username.as_str()).collect();
@@ -37,7 +37,7 @@ impl Builder<'_> {
     }
 
     /// The checks of a route that depend on nothing but the route.
-    pub(super) fn check_route_itself(&mut self, o: &str, r: &Route) {
+    pub(super) fn check_route_itself(&mut self, o: &EntryName<'_>, r: &Route) {
         match (&r.uri, r.uris()) {
             (None, None) => self.issue(o, "uri", "a route needs `uri` or `uris`"),
             (Some(_), Some(_)) => self.issue(o, "uris", "`uri` and `uris` are mutually exclusive"),
@@ -69,7 +69,7 @@ impl Builder<'_> {
     }
 
     /// Addresses, SNI and references of a stream route.
-    pub(super) fn check_stream_route(&mut self, o: &str, r: &StreamRoute) {
+    pub(super) fn check_stream_route(&mut self, o: &EntryName<'_>, r: &StreamRoute) {
         if let Some(a) = &r.server_addr {
             if a.parse::<std::net::IpAddr>().is_err() {
                 self.issue(o, "server_addr", &format!("`{a}` is not an IP address"));
@@ -101,7 +101,7 @@ impl Builder<'_> {
     }
 
     /// Builds the stream plugins of a stream route, in priority order.
-    pub(super) fn stream_chain(&mut self, o: &str, confs: &PluginConfs) -> StreamChain {
+    pub(super) fn stream_chain(&mut self, o: &EntryName<'_>, confs: &PluginConfs) -> StreamChain {
         let mut chain: Vec<BoundStreamPlugin> = Vec::with_capacity(confs.len());
         for (name, conf) in confs {
             let path = format!("plugins.{name}");
@@ -138,7 +138,7 @@ impl Builder<'_> {
         self.issues.push(Issue::new(path, reason).in_resource(owner));
     }
 
-    pub(super) fn check_upstream_ref(&mut self, o: &str, inline: Option<&Upstream>, id: Option<&Id>) {
+    pub(super) fn check_upstream_ref(&mut self, o: &EntryName<'_>, inline: Option<&Upstream>, id: Option<&Id>) {
         if inline.is_some() && id.is_some() {
             self.issue(o, "upstream_id", "`upstream` and `upstream_id` are mutually exclusive");
         }
@@ -150,13 +150,13 @@ impl Builder<'_> {
         }
     }
 
-    pub(super) fn check_upstream_id(&mut self, o: &str, id: &Id) {
+    pub(super) fn check_upstream_id(&mut self, o: &EntryName<'_>, id: &Id) {
         if !self.snap.index.contains_key(&("upstreams", id.0.clone())) {
             self.issue(o, "upstream_id", &format!("upstream `{id}` does not exist"));
         }
     }
 
-    pub(super) fn check_upstream(&mut self, o: &str, at: &str, u: &Upstream) {
+    pub(super) fn check_upstream(&mut self, o: &EntryName<'_>, at: &str, u: &Upstream) {
         let field = |f: &str| if at.is_empty() { f.to_owned() } else { format!("{at}.{f}") };
         if let Nodes::Map(map) = &u.nodes {
             for key in map.keys() {

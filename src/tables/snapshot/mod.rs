@@ -379,8 +379,36 @@ struct Builder<'a> {
     together: plugins::Together,
 }
 
-/// `routes[2] (id 7)`: how a resource is named in messages. Built for every entry of every
-/// build, so without the formatting machinery.
+/// How an entry is named in messages: `routes[2] (id 7)`. Every entry of every build has one, and
+/// few builds report anything, so the text is made the first time it is read (as a `&str`) and
+/// not before: a function that only passes the name on takes `&EntryName`.
+pub(super) struct EntryName<'r> {
+    list: &'static str,
+    at: usize,
+    item: &'r Value,
+    name: std::cell::OnceCell<String>,
+}
+
+impl<'r> EntryName<'r> {
+    pub(super) fn new(list: &'static str, at: usize, item: &'r Value) -> Self {
+        EntryName { list, at, item, name: std::cell::OnceCell::new() }
+    }
+}
+
+impl std::ops::Deref for EntryName<'_> {
+    type Target = str;
+    fn deref(&self) -> &str {
+        self.name.get_or_init(|| owner(self.list, self.at, self.item))
+    }
+}
+
+impl std::fmt::Display for EntryName<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self)
+    }
+}
+
+/// `routes[2] (id 7)`: the text of an [`EntryName`].
 fn owner(list: &str, i: usize, item: &Value) -> String {
     let id = item.get("id").or_else(|| item.get("username"));
     let mut o = String::with_capacity(list.len() + 32);
@@ -411,17 +439,19 @@ impl Builder<'_> {
     fn run(mut self, raw: &Value) -> Result<Snapshot, Vec<Issue>> {
         let schemas = KindSchemas::get();
         schemas.file.check(raw)?;
-        let (routes, routes_checked): (Vec<(String, Arc<Route>)>, _) = self.parse_checked(raw, "routes", "route");
-        let services: Vec<(String, Arc<Service>)> = self.parse(raw, "services", "service");
-        let upstreams: Vec<(String, Arc<Upstream>)> = self.parse(raw, "upstreams", "upstream");
-        let consumers: Vec<(String, Arc<Consumer>)> = self.parse(raw, "consumers", "consumer");
-        let groups: Vec<(String, Arc<ConsumerGroup>)> = self.parse(raw, "consumer_groups", "consumer_group");
-        let credentials: Vec<(String, Arc<Credential>)> = self.parse(raw, "credentials", "credential");
-        let global_rules: Vec<(String, Arc<GlobalRule>)> = self.parse(raw, "global_rules", "global_rule");
-        let plugin_configs: Vec<(String, Arc<PluginConfig>)> = self.parse(raw, "plugin_configs", "plugin_config");
-        let metadata: Vec<(String, Arc<PluginMetadata>)> = self.parse(raw, "plugin_metadata", "plugin_metadata");
-        let ssls: Vec<(String, Arc<Ssl>)> = self.parse(raw, "ssls", "ssl");
-        let stream_routes: Vec<(String, Arc<StreamRoute>)> = self.parse(raw, "stream_routes", "stream_route");
+        let (routes, routes_checked): (Vec<(EntryName<'_>, Arc<Route>)>, _) =
+            self.parse_checked(raw, "routes", "route");
+        let services: Vec<(EntryName<'_>, Arc<Service>)> = self.parse(raw, "services", "service");
+        let upstreams: Vec<(EntryName<'_>, Arc<Upstream>)> = self.parse(raw, "upstreams", "upstream");
+        let consumers: Vec<(EntryName<'_>, Arc<Consumer>)> = self.parse(raw, "consumers", "consumer");
+        let groups: Vec<(EntryName<'_>, Arc<ConsumerGroup>)> = self.parse(raw, "consumer_groups", "consumer_group");
+        let credentials: Vec<(EntryName<'_>, Arc<Credential>)> = self.parse(raw, "credentials", "credential");
+        let global_rules: Vec<(EntryName<'_>, Arc<GlobalRule>)> = self.parse(raw, "global_rules", "global_rule");
+        let plugin_configs: Vec<(EntryName<'_>, Arc<PluginConfig>)> =
+            self.parse(raw, "plugin_configs", "plugin_config");
+        let metadata: Vec<(EntryName<'_>, Arc<PluginMetadata>)> = self.parse(raw, "plugin_metadata", "plugin_metadata");
+        let ssls: Vec<(EntryName<'_>, Arc<Ssl>)> = self.parse(raw, "ssls", "ssl");
+        let stream_routes: Vec<(EntryName<'_>, Arc<StreamRoute>)> = self.parse(raw, "stream_routes", "stream_route");
         if !self.issues.is_empty() {
             return Err(self.issues);
         }

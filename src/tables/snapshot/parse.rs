@@ -101,16 +101,16 @@ pub struct Prints(FastMap<String, Fingerprint>);
 
 impl Prints {
     /// The fingerprints of the entries of `doc` (listed by `keys`), computing the unknown ones.
-    pub fn of_document(&mut self, doc: &Value, keys: &KeysByList) -> DocPrints {
+    pub fn of_document(&mut self, doc: &Value, keys: &KeysByList<'_>) -> DocPrints {
         let mut out = DocPrints::default();
         for (&list, keys) in keys {
             let items = doc.get(list).and_then(Value::as_array).map(Vec::as_slice).unwrap_or(&[]);
             let prints = keys
                 .iter()
                 .zip(items)
-                .map(|(key, item)| match self.0.get(key) {
+                .map(|(&key, item)| match self.0.get(key) {
                     Some(p) => *p,
-                    None => *self.0.entry(key.clone()).or_insert_with(|| fingerprint(list, item)),
+                    None => *self.0.entry(key.to_owned()).or_insert_with(|| fingerprint(list, item)),
                 })
                 .collect();
             out.insert(list, prints);
@@ -166,7 +166,12 @@ impl ParseCache {
 impl Builder<'_> {
     /// Validates every item of one list against its kind schema, then deserializes it. An item
     /// equal to one the previous build parsed is taken from the [`ParseCache`] instead.
-    pub(super) fn parse<T>(&mut self, raw: &Value, list: &'static str, kind: &str) -> Vec<(String, Arc<T>)>
+    pub(super) fn parse<'r, T>(
+        &mut self,
+        raw: &'r Value,
+        list: &'static str,
+        kind: &str,
+    ) -> Vec<(EntryName<'r>, Arc<T>)>
     where
         T: DeserializeOwned + Send + Sync + 'static,
     {
@@ -176,12 +181,12 @@ impl Builder<'_> {
     /// [`Builder::parse`], with each entry's cache key and whether it is known to pass its own
     /// checks (see [`ParsedEntry`]).
     #[allow(clippy::type_complexity)]
-    pub(super) fn parse_checked<T>(
+    pub(super) fn parse_checked<'r, T>(
         &mut self,
-        raw: &Value,
+        raw: &'r Value,
         list: &'static str,
         kind: &str,
-    ) -> (Vec<(String, Arc<T>)>, Vec<(Fingerprint, bool)>)
+    ) -> (Vec<(EntryName<'r>, Arc<T>)>, Vec<(Fingerprint, bool)>)
     where
         T: DeserializeOwned + Send + Sync + 'static,
     {
@@ -190,7 +195,7 @@ impl Builder<'_> {
         let items = raw.get(list).and_then(Value::as_array).map(Vec::as_slice).unwrap_or(&[]);
         let mut out = Vec::with_capacity(items.len());
         for (i, item) in items.iter().enumerate() {
-            let o = owner(list, i, item);
+            let o = EntryName::new(list, i, item);
             let known = self.prints.and_then(|p| p.get(list)).and_then(|p| p.get(i));
             let print = known.copied().unwrap_or_else(|| fingerprint(list, item));
             let build = self.cache.build;
@@ -219,13 +224,26 @@ impl Builder<'_> {
         (out, checked)
     }
 
-    pub(super) fn index<'o>(&mut self, list: &'static str, ids: impl Iterator<Item = (&'o String, String)>) {
+    pub(super) fn index<'o>(
+        &mut self,
+        list: &'static str,
+        ids: impl ExactSizeIterator<Item = (&'o EntryName<'o>, String)>,
+    ) {
+        self.snap.index.reserve(ids.len());
         for (i, (o, id)) in ids.enumerate() {
             if id.is_empty() {
                 continue;
             }
-            if self.snap.index.insert((list, id.clone()), i).is_some() {
-                self.issue(o, "id", &format!("duplicate id `{id}` in {list}"));
+            // (The id moves into the index: the message, rare, copies it back out.)
+            match self.snap.index.entry((list, id)) {
+                std::collections::hash_map::Entry::Vacant(slot) => {
+                    slot.insert(i);
+                }
+                std::collections::hash_map::Entry::Occupied(taken) => {
+                    let id = &taken.key().1;
+                    let why = format!("duplicate id `{id}` in {list}");
+                    self.issue(o, "id", &why);
+                }
             }
         }
     }

@@ -29,7 +29,7 @@ pub(crate) struct ConsumerState {
 pub(super) type Together = HashMap<&'static str, (Arc<PluginEntry>, Vec<(&'static str, String, String, Value)>)>;
 
 /// `(kind, id, label)` of the resource a chain belongs to.
-pub(super) type ChainOwner<'o> = (&'static str, &'o str, &'o str);
+pub(super) type ChainOwner<'o> = (&'static str, &'o str, &'o EntryName<'o>);
 
 /// Sorts by priority (descending), then name.
 pub(super) fn sort_chain(chain: &mut [BoundPlugin]) {
@@ -46,7 +46,7 @@ pub fn merge_chains(base: &PluginChain, over: &PluginChain) -> PluginChain {
 }
 
 impl Builder<'_> {
-    pub(super) fn enabled_plugin(&mut self, o: &str, path: &str, name: &str) -> Option<Arc<PluginEntry>> {
+    pub(super) fn enabled_plugin(&mut self, o: &EntryName<'_>, path: &str, name: &str) -> Option<Arc<PluginEntry>> {
         match enabled_entry(self.enabled, name) {
             Ok(e) => Some(e),
             Err(reason) => {
@@ -58,7 +58,13 @@ impl Builder<'_> {
 
     /// `conf` with its secret references (`$env://`) resolved and checked against `schema`
     /// ([`checked`]); the issues found go to the builder, under `path` of resource `o`.
-    fn resolved<'c>(&mut self, o: &str, path: &str, conf: &'c Value, schema: &CompiledSchema) -> Option<Resolved<'c>> {
+    fn resolved<'c>(
+        &mut self,
+        o: &EntryName<'_>,
+        path: &str,
+        conf: &'c Value,
+        schema: &CompiledSchema,
+    ) -> Option<Resolved<'c>> {
         match checked(conf, schema) {
             Ok(r) => Some(r),
             Err(found) => {
@@ -77,9 +83,9 @@ impl Builder<'_> {
     pub(super) fn consumer_state(
         &mut self,
         raw: &Value,
-        consumers: &[(String, Arc<Consumer>)],
-        groups: &[(String, Arc<ConsumerGroup>)],
-        credentials: &[(String, Arc<Credential>)],
+        consumers: &[(EntryName<'_>, Arc<Consumer>)],
+        groups: &[(EntryName<'_>, Arc<ConsumerGroup>)],
+        credentials: &[(EntryName<'_>, Arc<Credential>)],
         metadata: &HashMap<String, PluginMetadata>,
     ) -> Arc<ConsumerState> {
         let mut print = fingerprint("consumers", raw.get("consumers").unwrap_or(&Value::Null));
@@ -100,7 +106,7 @@ impl Builder<'_> {
         type Credentials = (Arc<PluginEntry>, Vec<(Arc<weir_plugin::Consumer>, Value)>);
         let mut per_plugin: HashMap<&'static str, Credentials> = HashMap::new();
         // Top-level credentials by consumer (one pass, not one per consumer).
-        let mut top_level: HashMap<&str, Vec<&(String, Arc<Credential>)>> = HashMap::new();
+        let mut top_level: HashMap<&str, Vec<&(EntryName<'_>, Arc<Credential>)>> = HashMap::new();
         for entry in credentials {
             if let Some(name) = entry.1.consumer.as_deref() {
                 top_level.entry(name).or_default().push(entry);
@@ -122,7 +128,7 @@ impl Builder<'_> {
             }
             // `(owner, path of its plugins, credential id, plugins)`: the consumer's own plugins,
             // then each of its credentials.
-            let mut sources: Vec<(&str, String, Option<&Id>, &PluginConfs)> =
+            let mut sources: Vec<(&EntryName<'_>, String, Option<&Id>, &PluginConfs)> =
                 vec![(o, "plugins".into(), None, &c.plugins)];
             for (j, cred) in c.credentials.iter().enumerate() {
                 sources.push((o, format!("credentials[{j}].plugins"), Some(&cred.id), &cred.plugins));
@@ -189,7 +195,7 @@ impl Builder<'_> {
         Arc::new(ConsumerState { print, directory: ConsumerDirectory::new(people), shared })
     }
 
-    pub(super) fn check_metadata(&mut self, o: &str, m: &PluginMetadata) -> bool {
+    pub(super) fn check_metadata(&mut self, o: &EntryName<'_>, m: &PluginMetadata) -> bool {
         let Some(entry) = self.enabled.get(&m.id).cloned() else {
             if crate::plugins_catalog().get(&m.id).is_some() {
                 log::info!("{o}: metadata of plugin `{}` is ignored: the plugin is not enabled", m.id);
@@ -245,7 +251,7 @@ impl Builder<'_> {
             }
             if entry.plugin.checks_together() {
                 let (_, confs) = self.together.entry(entry.name).or_insert_with(|| (entry.clone(), Vec::new()));
-                confs.push((kind, id.to_owned(), o.to_owned(), conf.clone()));
+                confs.push((kind, id.to_owned(), o.to_string(), conf.clone()));
             }
             let meta_value = metadata.get(name).map(|m| Value::Object(m.fields.clone()));
             let built = self.instance(&entry, (kind, id, o), (conf, &resolved), meta_value.as_ref(), consumers, &path);
