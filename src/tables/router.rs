@@ -261,15 +261,19 @@ struct Entry {
     order: u32,
 }
 
+/// The entries of one exact URI or prefix: most belong to one route, held in place (no
+/// allocation per route when a table is built, one pointer fewer to follow per request).
+type Entries = smallvec::SmallVec<[Entry; 1]>;
+
 /// The routing table of one snapshot.
 #[derive(Default)]
 pub struct RouteTable {
     /// Keyed by the route's own `uri_names` entry (shared, not copied).
-    exact: FastMap<Arc<str>, Vec<Entry>>,
+    exact: FastMap<Arc<str>, Entries>,
     params: matchit::Router<Vec<Entry>>,
     param_patterns: FastMap<String, usize>,
     param_lists: Vec<Vec<Entry>>,
-    prefix: FastMap<String, Vec<Entry>>,
+    prefix: FastMap<String, Entries>,
     prefix_lens: Vec<usize>,
     len: usize,
     reads_form: bool,
@@ -343,8 +347,7 @@ impl RouteTable {
             for (i, uri) in route.uri_names.iter().enumerate() {
                 let ui = u16::try_from(i).unwrap_or(u16::MAX);
                 match classify(uri) {
-                    // Most URIs belong to one route: lists start with room for one entry.
-                    Pattern::Exact => t.exact.entry(uri.clone()).or_insert_with(|| Vec::with_capacity(1)).push(Entry {
+                    Pattern::Exact => t.exact.entry(uri.clone()).or_default().push(Entry {
                         route: route.clone(),
                         rank: 3,
                         uri: ui,
@@ -355,7 +358,7 @@ impl RouteTable {
                     Pattern::Prefix(p) => {
                         let len = p.len();
                         let entry_len = u32::try_from(len).unwrap_or(u32::MAX);
-                        t.prefix.entry(p.to_owned()).or_insert_with(|| Vec::with_capacity(1)).push(Entry {
+                        t.prefix.entry(p.to_owned()).or_default().push(Entry {
                             route: route.clone(),
                             rank: 1,
                             uri: ui,
