@@ -302,8 +302,9 @@ fn classify(uri: &str) -> Pattern<'_> {
         Some(b) => (b, true),
         None => (uri, false),
     };
-    let has_params =
-        base.split('/').any(|s| s.starts_with(':') || (s.starts_with('{') && s.ends_with('}') && s.len() > 2));
+    // (Most URIs have neither byte: no walk of their segments then.)
+    let has_params = base.bytes().any(|b| b == b':' || b == b'{')
+        && base.split('/').any(|s| s.starts_with(':') || (s.starts_with('{') && s.ends_with('}') && s.len() > 2));
     if !has_params {
         return if prefix { Pattern::Prefix(base) } else { Pattern::Exact };
     }

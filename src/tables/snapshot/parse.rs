@@ -194,9 +194,10 @@ impl Builder<'_> {
         let schema = KindSchemas::get().kind(kind);
         let items = raw.get(list).and_then(Value::as_array).map(Vec::as_slice).unwrap_or(&[]);
         let mut out = Vec::with_capacity(items.len());
+        let prints = self.prints.and_then(|p| p.get(list)).map_or(&[][..], Vec::as_slice);
         for (i, item) in items.iter().enumerate() {
             let o = EntryName::new(list, i, item);
-            let known = self.prints.and_then(|p| p.get(list)).and_then(|p| p.get(i));
+            let known = prints.get(i);
             let print = known.copied().unwrap_or_else(|| fingerprint(list, item));
             let build = self.cache.build;
             if let Some((parsed, ok, used)) = self.cache.entries.get_mut(&print) {
