@@ -65,14 +65,9 @@ impl ProviderStatus {
 /// Every resource value by key, as read from etcd.
 pub type Values = BTreeMap<String, Value>;
 
-/// The kind and id of `key` under `prefix`, if it is a resource key.
-#[cfg(test)]
-fn kind_of<'k>(prefix: &str, key: &'k str) -> Option<(&'static str, &'k str)> {
-    kind_at(prefix, key).map(|(at, id)| (KINDS[at], id))
-}
-
-/// [`kind_of`], with the kind as its place in [`KINDS`]. Run for every key of every build, so
-/// with byte searches (`/` is ASCII) rather than `str` patterns.
+/// The kind (as its place in [`KINDS`]) and id of `key` under `prefix`, if it is a resource key.
+/// Run for every key of every build, so with byte searches (`/` is ASCII) rather than `str`
+/// patterns.
 fn kind_at<'k>(prefix: &str, key: &'k str) -> Option<(usize, &'k str)> {
     let slash = |s: &str| s.bytes().position(|b| b == b'/');
     let rest = key.strip_prefix(prefix)?.strip_prefix('/')?;
@@ -376,6 +371,10 @@ pub fn initial_read(settings: &EtcdSection, prefix: &str) -> Result<(Values, i64
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn kind_of<'k>(prefix: &str, key: &'k str) -> Option<(&'static str, &'k str)> {
+        kind_at(prefix, key).map(|(at, id)| (KINDS[at], id))
+    }
 
     #[test]
     fn keys_name_kind_and_id() {
