@@ -104,7 +104,8 @@ impl CertTable {
     pub fn build<O: std::fmt::Display>(ssls: &[(O, Arc<Ssl>)], base: &Path) -> (CertTable, Vec<(String, SslIssue)>) {
         let mut table = CertTable::default();
         let mut issues = Vec::new();
-        let mut claimed: HashMap<String, String> = HashMap::new();
+        // (The claiming entry's name is made only for the message of a conflict.)
+        let mut claimed: HashMap<String, &O> = HashMap::new();
         for (owner, ssl) in ssls {
             let mut problem = |key: &str, why: String| issues.push((owner.to_string(), (key.to_owned(), why)));
             if ssl.kind == Some(SslType::Client) {
@@ -212,7 +213,7 @@ impl CertTable {
                     problem(&format!("snis[{i}]"), format!("`{name}` is already claimed by {other}"));
                     continue;
                 }
-                claimed.insert(name.clone(), owner.to_string());
+                claimed.insert(name.clone(), owner);
                 match name.strip_prefix('*') {
                     Some(suffix) => table.wildcards.push((suffix.to_owned(), certs.clone())),
                     None => {

@@ -359,14 +359,21 @@ impl RouteTable {
                     Pattern::Prefix(p) => {
                         let len = p.len();
                         let entry_len = u32::try_from(len).unwrap_or(u32::MAX);
-                        t.prefix.entry(p.to_owned()).or_default().push(Entry {
+                        let entry = Entry {
                             route: route.clone(),
                             rank: 1,
                             uri: ui,
                             len: entry_len,
                             names: no_names.clone(),
                             order,
-                        });
+                        };
+                        // (The prefix is copied for its first route only.)
+                        match t.prefix.get_mut(p) {
+                            Some(list) => list.push(entry),
+                            None => {
+                                t.prefix.insert(p.to_owned(), smallvec::smallvec![entry]);
+                            }
+                        }
                         if !t.prefix_lens.contains(&len) {
                             t.prefix_lens.push(len);
                         }

@@ -251,7 +251,7 @@ impl Builder<'_> {
             }
             if entry.plugin.checks_together() {
                 let (_, confs) = self.together.entry(entry.name).or_insert_with(|| (entry.clone(), Vec::new()));
-                confs.push((kind, id.to_owned(), o.to_string(), conf.clone()));
+                confs.push((kind, id.to_owned(), String::from(&**o), conf.clone()));
             }
             let meta_value = metadata.get(name).map(|m| Value::Object(m.fields.clone()));
             let built = self.instance(&entry, (kind, id, o), (conf, &resolved), meta_value.as_ref(), consumers, &path);
