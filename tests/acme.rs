@@ -247,14 +247,20 @@ fn a_fleet_on_etcd_orders_once_and_every_instance_serves_and_answers() {
         assert!(r.status == 200 || r.status == 201, "{}", r.text());
     }
 
+    // Orders counted over the fleet: each instance's `issued` for the entry, summed.
+    let issued = |id: &str| -> i64 {
+        [&pa, &pb].iter().map(|p| certificate(p, id)["acme"]["issued"].as_i64().unwrap_or(0)).sum()
+    };
     let tls_a = std::net::SocketAddr::from(([127, 0, 0, 1], tls_port));
     let tls_b = std::net::SocketAddr::from(([127, 0, 0, 2], tls_port));
     for (id, sni) in [("fleet", "a.fleet.test"), ("alpn", "b.alpn.test")] {
         for (p, w) in [(&pa, &wa), (&pb, &wb)] {
             wait_until(&format!("{id} stored on every instance"), 90, w, || certificate(p, id)["not_after"].is_i64());
         }
-        let issued: i64 = [&pa, &pb].iter().map(|p| certificate(p, id)["acme"]["issued"].as_i64().unwrap_or(0)).sum();
-        assert_eq!(issued, 1, "{id} ordered once for the fleet; a:\n{}\nb:\n{}", wa.log_text(), wb.log_text());
+        // The orderer counts its order once its turn ends (after the lock's lease is revoked), so
+        // the fleet's copy can be stored and served on both instances a moment before the count.
+        wait_until(&format!("{id} counted as ordered"), 10, &wa, || issued(id) >= 1);
+        assert_eq!(issued(id), 1, "{id} ordered once for the fleet; a:\n{}\nb:\n{}", wa.log_text(), wb.log_text());
         let (la, lb) = (wa.log_text(), wb.log_text());
         let ordered = format!("ACME {id}: ordering for the fleet");
         let mirrored = format!("ACME {id}: certificate from the fleet");
@@ -283,6 +289,6 @@ fn a_fleet_on_etcd_orders_once_and_every_instance_serves_and_answers() {
         served(tls_a, "a.fleet.test").is_some_and(|(_, serial)| serial != before)
     });
     assert_eq!(served(tls_a, "b.fleet.test"), served(tls_b, "b.fleet.test"));
-    let issued: i64 = [&pa, &pb].iter().map(|p| certificate(p, "fleet")["acme"]["issued"].as_i64().unwrap_or(0)).sum();
-    assert_eq!(issued, 2);
+    wait_until("the renewal counted", 10, &wa, || issued("fleet") >= 2);
+    assert_eq!(issued("fleet"), 2, "renewed once; a:\n{}\nb:\n{}", wa.log_text(), wb.log_text());
 }
