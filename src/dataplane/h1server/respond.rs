@@ -12,7 +12,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{CONNECTION, CONTENT_LENGTH, DATE};
+use http::header::{CONNECTION, CONTENT_LENGTH, DATE, TRANSFER_ENCODING};
 use http::{HeaderMap, StatusCode};
 use http_body::Body;
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -58,26 +58,15 @@ pub(super) async fn respond<S: AsyncRead + AsyncWrite + Unpin>(
 ) -> io::Result<Sent> {
     let (parts, mut body) = resp.into_parts();
     let status = parts.status;
-    let mut headers = parts.headers;
+    let headers = parts.headers;
     let upgraded = status == StatusCode::SWITCHING_PROTOCOLS;
     let mut keep_alive = asks.keep_alive;
-    if !upgraded {
-        // The response's own `Connection` (a draining worker's `close`) decides with the
-        // client's; the field itself is written below, once.
-        if let Some(v) = headers.remove(CONNECTION) {
-            keep_alive &= !v.as_bytes().split(|b| *b == b',').any(|t| t.trim_ascii().eq_ignore_ascii_case(b"close"));
-        }
-    }
     let bodiless = status.is_informational() || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED;
     // A head without a body keeps the length its map names (an upstream's answer to HEAD, a
     // 304's; never a 1xx's or 204's, RFC 9110 section 8.6); a body that is sent is framed by
-    // what it yields, never by a field it carries.
-    let named_length = if (bodiless && status != StatusCode::NOT_MODIFIED) || !(bodiless || asks.head) {
-        headers.remove(CONTENT_LENGTH);
-        false
-    } else {
-        headers.contains_key(CONTENT_LENGTH)
-    };
+    // what it yields, never by a field it carries (`encode_head` leaves the field out).
+    let drop_length = (bodiless && status != StatusCode::NOT_MODIFIED) || !(bodiless || asks.head);
+    let named_length = !drop_length && headers.contains_key(CONTENT_LENGTH);
     let mut mode = match body.size_hint().exact() {
         _ if bodiless || named_length => Mode::None,
         // HEAD: the length of a body that has bytes (a plugin's answer); an empty one says
@@ -94,7 +83,9 @@ pub(super) async fn respond<S: AsyncRead + AsyncWrite + Unpin>(
     // What is owed of `100 Continue` is settled before the head: finished if begun, else
     // dropped (`body_discardable` has made the connection end after this response).
     out.extend_from_slice(conn.borrow_mut().start_response());
-    encode_head(out, status, &headers, &mode, keep_alive, asks.http10, upgraded);
+    // The response's own `Connection` (a draining worker's `close`) decides with the client's.
+    keep_alive =
+        encode_head(out, status, &headers, &mode, Framed { keep_alive, http10: asks.http10, upgraded, drop_length });
     if bodiless || asks.head {
         // Dropped before the head goes out: the log phase runs now, as it does for a body sent.
         body = ResponseBody::Full(None);
@@ -158,28 +149,44 @@ pub(super) async fn respond<S: AsyncRead + AsyncWrite + Unpin>(
     Ok(if upgraded { Sent::Upgraded } else { Sent::Done(keep_alive && !matches!(mode, Mode::Eof)) })
 }
 
-/// The status line and fields (`Date` when the response has none, framing, `Connection`).
-fn encode_head(
-    out: &mut Vec<u8>,
-    status: StatusCode,
-    headers: &HeaderMap,
-    mode: &Mode,
+/// What `encode_head` needs to know of the connection and the framing besides the fields.
+struct Framed {
     keep_alive: bool,
     http10: bool,
     upgraded: bool,
-) {
+    /// The map's `Content-Length` is left out (the body frames itself).
+    drop_length: bool,
+}
+
+/// The status line and the fields, in one pass over the map: the fields that frame the message
+/// on this connection (`Transfer-Encoding`, `Connection` unless upgraded, `Content-Length`
+/// when the body frames itself) are Weir's to write and are left out of it, rather than
+/// removed from the map first (each removal hashes and probes); a `Date` is added after the
+/// fields when the map has none. A `Connection: close` of the map ends the connection after
+/// this response: whether it may carry another is returned (and said in the head).
+fn encode_head(out: &mut Vec<u8>, status: StatusCode, headers: &HeaderMap, mode: &Mode, mut f: Framed) -> bool {
     out.extend_from_slice(b"HTTP/1.1 ");
     out.extend_from_slice(status.as_str().as_bytes());
     out.push(b' ');
     out.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
     out.extend_from_slice(b"\r\n");
-    if !headers.contains_key(DATE) {
+    let mut dated = false;
+    for (name, value) in headers {
+        if *name == CONNECTION && !f.upgraded {
+            f.keep_alive &=
+                !value.as_bytes().split(|b| *b == b',').any(|t| t.trim_ascii().eq_ignore_ascii_case(b"close"));
+            continue;
+        }
+        if *name == TRANSFER_ENCODING || (*name == CONTENT_LENGTH && f.drop_length) {
+            continue;
+        }
+        dated |= *name == DATE;
+        push_field(out, name, value.as_bytes());
+    }
+    if !dated {
         out.extend_from_slice(b"date: ");
         with_date(|d| out.extend_from_slice(d));
         out.extend_from_slice(b"\r\n");
-    }
-    for (name, value) in headers {
-        push_field(out, name, value.as_bytes());
     }
     match mode {
         Mode::Length(n) => {
@@ -190,14 +197,15 @@ fn encode_head(
         Mode::Chunked => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
         Mode::None | Mode::Eof => {}
     }
-    if !upgraded {
-        if !keep_alive && !http10 {
+    if !f.upgraded {
+        if !f.keep_alive && !f.http10 {
             out.extend_from_slice(b"connection: close\r\n");
-        } else if keep_alive && http10 {
+        } else if f.keep_alive && f.http10 {
             out.extend_from_slice(b"connection: keep-alive\r\n");
         }
     }
     out.extend_from_slice(b"\r\n");
+    f.keep_alive
 }
 
 /// The body's next frame. When it has nothing ready, what is buffered goes out first.
@@ -321,8 +329,41 @@ mod tests {
         let mut out = Vec::new();
         let mut headers = HeaderMap::new();
         headers.insert(DATE, http::HeaderValue::from_static("x"));
-        encode_head(&mut out, status, &headers, &mode, keep_alive, http10, false);
+        let _ = encode_head(
+            &mut out,
+            status,
+            &headers,
+            &mode,
+            Framed { keep_alive, http10, upgraded: false, drop_length: true },
+        );
         String::from_utf8(out).expect("text")
+    }
+
+    #[test]
+    fn framing_fields_of_the_map_are_left_out_and_a_date_added() {
+        let mut headers = HeaderMap::new();
+        headers.insert(CONTENT_LENGTH, http::HeaderValue::from_static("99"));
+        headers.insert(TRANSFER_ENCODING, http::HeaderValue::from_static("chunked"));
+        headers.insert(CONNECTION, http::HeaderValue::from_static("close"));
+        headers.insert("x-kept", http::HeaderValue::from_static("1"));
+        let encode = |drop_length: bool, upgraded: bool| {
+            let mut out = Vec::new();
+            let f = Framed { keep_alive: true, http10: false, upgraded, drop_length };
+            let kept = encode_head(&mut out, StatusCode::OK, &headers, &Mode::Length(5), f);
+            (String::from_utf8(out).expect("text"), kept)
+        };
+        let (sent, kept) = encode(true, false);
+        assert!(!kept, "the map's `Connection: close` ends the connection");
+        let lines: Vec<&str> = sent.split("\r\n").collect();
+        assert_eq!(lines[0], "HTTP/1.1 200 OK");
+        assert_eq!(lines[1], "x-kept: 1");
+        assert!(lines[2].starts_with("date: ") && lines[2].ends_with(" GMT"), "{sent}");
+        assert_eq!(&lines[3..], ["content-length: 5", "connection: close", "", ""], "{sent}");
+        // A head without a body keeps its named length; a 101 keeps its Connection.
+        let (sent, kept) = encode(false, true);
+        assert!(kept);
+        assert!(sent.contains("content-length: 99\r\n") && sent.contains("connection: close\r\n"), "{sent}");
+        assert!(!sent.contains("transfer-encoding"), "{sent}");
     }
 
     #[test]

@@ -233,10 +233,15 @@ pub(super) fn error_response(status: StatusCode, msg: &str) -> Response {
     resp
 }
 
-/// A response with `head` (framing headers dropped: the body says its own length).
-pub(super) fn with_head(mut head: ResponseHead, body: ResponseBody<Box<Finish>>) -> Response {
-    head.headers.remove(http::header::CONTENT_LENGTH);
-    head.headers.remove(http::header::TRANSFER_ENCODING);
+/// A response with `head`, its framing fields dropped (the body says its own length) unless
+/// `framed_by_server`: Weir's HTTP/1.1 server leaves them out as it encodes the head
+/// (`h1server::respond`), which spares two map removals per response; hyper's HTTP/2 server
+/// and HTTP/3 would send them as they are.
+pub(super) fn with_head(mut head: ResponseHead, body: ResponseBody<Box<Finish>>, framed_by_server: bool) -> Response {
+    if !framed_by_server {
+        head.headers.remove(http::header::CONTENT_LENGTH);
+        head.headers.remove(http::header::TRANSFER_ENCODING);
+    }
     let mut resp = http::Response::new(body);
     *resp.status_mut() = head.status;
     *resp.headers_mut() = head.headers;
@@ -263,7 +268,7 @@ pub(super) fn plugin_response(resp: PluginResponse, mut finish: Box<Finish>) -> 
         finish.ctx.body_bytes_sent = body.len() as u64;
     }
     finish.ctx.head_bytes_sent = head_bytes(&head) + content_length_bytes(body.len());
-    with_head(head, ResponseBody::Full(Some(body)))
+    with_head(head, ResponseBody::Full(Some(body)), false)
 }
 
 /// A plugin's own answer, with its `_meta.error_response` body if one is set and it is an error.
@@ -419,11 +424,16 @@ pub(super) fn upgraded(
 
 pub(super) fn respond(resp: http::Response<Inbound>, mut finish: Box<Finish>, inflight: Option<InFlight>) -> Response {
     let (parts, incoming) = resp.into_parts();
-    let len = parts
-        .headers
-        .get(http::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
+    // An HTTP/1.1 body knows the length its head announced (`h1codec` read it); hyper's says
+    // it by its field.
+    let len = match &incoming {
+        Inbound::H1(b) => http_body::Body::size_hint(b).exact(),
+        Inbound::Hyper(_) => parts
+            .headers
+            .get(http::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok()),
+    };
     let mut head = ResponseHead { status: parts.status, headers: parts.headers };
     // An HTTP/1.1 head arrives without hop-by-hop fields (`h1codec` leaves them out as it
     // parses); only hyper's HTTP/2 answers still need the pass.
@@ -460,5 +470,6 @@ pub(super) fn respond(resp: http::Response<Inbound>, mut finish: Box<Finish>, in
         drop(finish);
         return resp;
     }
-    with_head(head, ResponseBody::Upstream(UpstreamBody::new(incoming, len, finish)))
+    let framed_by_server = finish.ctx.version <= http::Version::HTTP_11;
+    with_head(head, ResponseBody::Upstream(UpstreamBody::new(incoming, len, finish)), framed_by_server)
 }
