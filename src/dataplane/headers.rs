@@ -2,7 +2,9 @@
 
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 
-use http::header::{CONNECTION, PROXY_AUTHENTICATE, PROXY_AUTHORIZATION, TE, TRAILER, TRANSFER_ENCODING, UPGRADE};
+use http::header::{
+    CONNECTION, CONTENT_LENGTH, HOST, PROXY_AUTHENTICATE, PROXY_AUTHORIZATION, TE, TRAILER, TRANSFER_ENCODING, UPGRADE,
+};
 
 static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
 static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
@@ -29,6 +31,51 @@ static HOP_BY_HOP: [&HeaderName; 9] = [
 /// Whether `name` is one of [`HOP_BY_HOP`].
 pub fn is_hop_by_hop(name: &HeaderName) -> bool {
     HOP_BY_HOP.contains(&name)
+}
+
+/// What the proxy reads of a request's fields before routing, found in one pass over them
+/// rather than a lookup each (a lookup hashes the name and probes, even for a field that is not
+/// there, which is most of them).
+#[derive(Default)]
+pub struct RequestFields {
+    /// The first `Host`.
+    pub host: Option<HeaderValue>,
+    /// The first `Content-Length`, when it is a number.
+    pub content_length: Option<u64>,
+    /// A `Transfer-Encoding` was sent.
+    pub transfer_encoding: bool,
+    /// An `Upgrade` was sent.
+    pub upgrade: bool,
+    /// Some hop-by-hop field was sent ([`strip_hop_by_hop`] has work to do).
+    pub hop_by_hop: bool,
+    /// The fields' size as HTTP/1.1 text (`name: value` and CRLF each).
+    pub bytes: usize,
+}
+
+impl RequestFields {
+    /// The facts of `headers`.
+    pub fn of(headers: &HeaderMap) -> Self {
+        let mut f = RequestFields::default();
+        let mut length_seen = false;
+        for (name, value) in headers {
+            f.bytes += name.as_str().len() + value.len() + 4;
+            if *name == HOST {
+                if f.host.is_none() {
+                    f.host = Some(value.clone());
+                }
+            } else if *name == CONTENT_LENGTH {
+                if !length_seen {
+                    length_seen = true;
+                    f.content_length = value.to_str().ok().and_then(|v| v.parse().ok());
+                }
+            } else if is_hop_by_hop(name) {
+                f.hop_by_hop = true;
+                f.transfer_encoding |= *name == TRANSFER_ENCODING;
+                f.upgrade |= *name == UPGRADE;
+            }
+        }
+        f
+    }
 }
 
 /// Removes hop-by-hop headers, including those named by `Connection`. One pass over the

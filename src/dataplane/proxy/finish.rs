@@ -216,8 +216,9 @@ fn field_bytes(headers: &http::HeaderMap) -> usize {
 
 /// Bytes of a request head as HTTP/1.1 text (`$request_length`, without the body): the request
 /// line (`METHOD SP target SP HTTP/1.1 CRLF`), the fields, the blank line.
-pub(super) fn request_head_bytes(method: &Method, target: usize, headers: &http::HeaderMap) -> u64 {
-    (method.as_str().len() + 1 + target + 1 + 8 + 2 + field_bytes(headers) + 2) as u64
+/// `fields`: the fields' size ([`crate::dataplane::headers::RequestFields::bytes`]).
+pub(super) fn request_head_bytes(method: &Method, target: usize, fields: usize) -> u64 {
+    (method.as_str().len() + 1 + target + 1 + 8 + 2 + fields + 2) as u64
 }
 
 /// `content-length: N\r\n`, which the server adds to a whole body.

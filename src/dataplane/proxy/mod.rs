@@ -19,7 +19,7 @@ use weir_plugin::{PluginResponse, RequestCtx, UpstreamRef};
 use super::body::ResponseBody;
 use super::body::{ClientBody, ProxyBody};
 use super::client::Pool;
-use super::headers::strip_hop_by_hop;
+use super::headers::{strip_hop_by_hop, RequestFields};
 use super::normalize::{normalize, strip_port, PathRules};
 use crate::metrics::{bump, Raised, WorkerStats};
 use crate::state::Gateway;
@@ -175,7 +175,8 @@ pub async fn handle<B: Into<ClientBody>>(
     gw: &Gateway,
     worker: &Worker,
 ) -> Response {
-    let upgrade_asked = req.version() < http::Version::HTTP_2 && req.headers().contains_key(http::header::UPGRADE);
+    let fields = RequestFields::of(req.headers());
+    let upgrade_asked = req.version() < http::Version::HTTP_2 && fields.upgrade;
     // Taken apart here, not re-assembled around another body type: a request head is a few
     // hundred bytes to move.
     let (parts, body) = req.into_parts();
@@ -184,7 +185,7 @@ pub async fn handle<B: Into<ClientBody>>(
     let _writing = Raised::new(&worker.stats.writing);
     // Every answer on a TLS port that also serves HTTP/3 says so (HTTP/1.1 and HTTP/2 alike).
     let alt_svc = conn.tls.as_ref().and_then(|t| t.alt_svc.clone());
-    let mut resp = serve(parts, body.into(), conn, gw, worker, upgrade_asked).await;
+    let mut resp = serve(parts, fields, body.into(), conn, gw, worker, upgrade_asked).await;
     if let Some(v) = alt_svc {
         resp.headers_mut().insert(http::header::ALT_SVC, v);
     }
@@ -246,6 +247,7 @@ fn is_websocket(headers: &http::HeaderMap) -> bool {
 
 async fn serve(
     mut parts: http::request::Parts,
+    mut fields: RequestFields,
     mut payload: ClientBody,
     conn: ConnInfo,
     gw: &Gateway,
@@ -266,6 +268,8 @@ async fn serve(
             log::debug!("client {remote}: {why}");
             return error_response(StatusCode::BAD_REQUEST, &format!("400 Bad Request: {why}"));
         }
+        // `:authority` may have become the Host header.
+        fields = RequestFields::of(&parts.headers);
     }
     let websocket = upgrade_asked && is_websocket(&parts.headers);
     let on_upgrade = if websocket { payload.take_upgrade() } else { None };
@@ -285,7 +289,7 @@ async fn serve(
     }
     let snap = gw.resources.load_full();
     // A shared handle on the header's bytes, for X-Forwarded-Host: no copy, no re-validation.
-    let host_header: Option<HeaderValue> = parts.headers.get(http::header::HOST).cloned();
+    let host_header: Option<HeaderValue> = fields.host.take();
     let host = strip_port(host_header.as_ref().and_then(|v| v.to_str().ok()).unwrap_or(""));
     // Mutual TLS is decided on the normalized path and the Host the route is matched on.
     let mtls = conn.tls.as_ref().and_then(|t| t.mtls.as_deref());
@@ -298,15 +302,16 @@ async fn serve(
     }
     let query = parts.uri.query().unwrap_or("").to_owned();
     let request_target = parts.uri.path_and_query().cloned();
-    let declared_len: Option<u64> =
-        parts.headers.get(http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok());
-    let chunked = parts.headers.contains_key(http::header::TRANSFER_ENCODING);
+    let declared_len: Option<u64> = fields.content_length;
+    let chunked = fields.transfer_encoding;
     // HTTP/1.1: a length or chunked; HTTP/2: no END_STREAM on the request's HEADERS frame.
     let has_body = !http_body::Body::is_end_stream(&payload);
     let upgrade_token = if websocket { parts.headers.get(http::header::UPGRADE).cloned() } else { None };
     let target_len = request_target.as_ref().map_or(path.len(), |t| t.as_str().len());
-    let request_length = request_head_bytes(&parts.method, target_len, &parts.headers);
-    strip_hop_by_hop(&mut parts.headers);
+    let request_length = request_head_bytes(&parts.method, target_len, fields.bytes);
+    if fields.hop_by_hop {
+        strip_hop_by_hop(&mut parts.headers);
+    }
     // A route's `vars` may read form arguments (`post_arg_*`): a small form body is then read
     // before routing, and serves as the buffered body afterwards. Read before the context is
     // made, so that no context is held across this wait (it would make every request's future
