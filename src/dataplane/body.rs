@@ -13,6 +13,7 @@ use std::rc::Rc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
+use http::header::{HeaderName, HeaderValue};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
@@ -180,6 +181,12 @@ pub trait OnFinish: 'static {
     fn sent(&mut self, _n: u64) {}
     /// The upstream's body was received to its end.
     fn upstream_done(&mut self) {}
+    /// Fields the HTTP/1.1 server writes after those of the head's map: plugins' response
+    /// fields that no header filter had to see (`Finish` leaves them where plugins put them
+    /// rather than hashing each into the map).
+    fn fields(&self) -> &[(HeaderName, HeaderValue)] {
+        &[]
+    }
 }
 
 /// A boxed finisher (the request path's `Finish` is boxed so that responses move as pointers).
@@ -199,6 +206,9 @@ impl<F: OnFinish + ?Sized> OnFinish for Box<F> {
     fn upstream_done(&mut self) {
         (**self).upstream_done();
     }
+    fn fields(&self) -> &[(HeaderName, HeaderValue)] {
+        (**self).fields()
+    }
 }
 
 /// A response body towards the client.
@@ -211,6 +221,16 @@ pub enum ResponseBody<F: OnFinish> {
 
 /// Errors of a response body (the upstream failed mid-body).
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+impl<F: OnFinish> ResponseBody<F> {
+    /// Fields to write after the head's map ([`OnFinish::fields`]).
+    pub fn fields(&self) -> &[(HeaderName, HeaderValue)] {
+        match self {
+            ResponseBody::Full(_) => &[],
+            ResponseBody::Upstream(u) => u.hooks.fields(),
+        }
+    }
+}
 
 impl<F: OnFinish + Unpin> Body for ResponseBody<F> {
     type Data = Bytes;

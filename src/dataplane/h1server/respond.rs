@@ -12,6 +12,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use bytes::Bytes;
+use http::header::{HeaderName, HeaderValue};
 use http::header::{CONNECTION, CONTENT_LENGTH, DATE, TRANSFER_ENCODING};
 use http::{HeaderMap, StatusCode};
 use http_body::Body;
@@ -84,8 +85,8 @@ pub(super) async fn respond<S: AsyncRead + AsyncWrite + Unpin>(
     // dropped (`body_discardable` has made the connection end after this response).
     out.extend_from_slice(conn.borrow_mut().start_response());
     // The response's own `Connection` (a draining worker's `close`) decides with the client's.
-    keep_alive =
-        encode_head(out, status, &headers, &mode, Framed { keep_alive, http10: asks.http10, upgraded, drop_length });
+    let framed = Framed { keep_alive, http10: asks.http10, upgraded, drop_length };
+    keep_alive = encode_head(out, status, &headers, body.fields(), &mode, framed);
     if bodiless || asks.head {
         // Dropped before the head goes out: the log phase runs now, as it does for a body sent.
         body = ResponseBody::Full(None);
@@ -164,14 +165,21 @@ struct Framed {
 /// removed from the map first (each removal hashes and probes); a `Date` is added after the
 /// fields when the map has none. A `Connection: close` of the map ends the connection after
 /// this response: whether it may carry another is returned (and said in the head).
-fn encode_head(out: &mut Vec<u8>, status: StatusCode, headers: &HeaderMap, mode: &Mode, mut f: Framed) -> bool {
+fn encode_head(
+    out: &mut Vec<u8>,
+    status: StatusCode,
+    headers: &HeaderMap,
+    more: &[(HeaderName, HeaderValue)],
+    mode: &Mode,
+    mut f: Framed,
+) -> bool {
     out.extend_from_slice(b"HTTP/1.1 ");
     out.extend_from_slice(status.as_str().as_bytes());
     out.push(b' ');
     out.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
     out.extend_from_slice(b"\r\n");
     let mut dated = false;
-    for (name, value) in headers {
+    for (name, value) in headers.iter().chain(more.iter().map(|(n, v)| (n, v))) {
         if *name == CONNECTION && !f.upgraded {
             f.keep_alive &=
                 !value.as_bytes().split(|b| *b == b',').any(|t| t.trim_ascii().eq_ignore_ascii_case(b"close"));
@@ -333,6 +341,7 @@ mod tests {
             &mut out,
             status,
             &headers,
+            &[],
             &mode,
             Framed { keep_alive, http10, upgraded: false, drop_length: true },
         );
@@ -349,16 +358,17 @@ mod tests {
         let encode = |drop_length: bool, upgraded: bool| {
             let mut out = Vec::new();
             let f = Framed { keep_alive: true, http10: false, upgraded, drop_length };
-            let kept = encode_head(&mut out, StatusCode::OK, &headers, &Mode::Length(5), f);
+            let more = [(HeaderName::from_static("x-more"), HeaderValue::from_static("2"))];
+            let kept = encode_head(&mut out, StatusCode::OK, &headers, &more, &Mode::Length(5), f);
             (String::from_utf8(out).expect("text"), kept)
         };
         let (sent, kept) = encode(true, false);
         assert!(!kept, "the map's `Connection: close` ends the connection");
         let lines: Vec<&str> = sent.split("\r\n").collect();
         assert_eq!(lines[0], "HTTP/1.1 200 OK");
-        assert_eq!(lines[1], "x-kept: 1");
-        assert!(lines[2].starts_with("date: ") && lines[2].ends_with(" GMT"), "{sent}");
-        assert_eq!(&lines[3..], ["content-length: 5", "connection: close", "", ""], "{sent}");
+        assert_eq!(&lines[1..3], ["x-kept: 1", "x-more: 2"], "the map's fields, then the plugins'");
+        assert!(lines[3].starts_with("date: ") && lines[3].ends_with(" GMT"), "{sent}");
+        assert_eq!(&lines[4..], ["content-length: 5", "connection: close", "", ""], "{sent}");
         // A head without a body keeps its named length; a 101 keeps its Connection.
         let (sent, kept) = encode(false, true);
         assert!(kept);

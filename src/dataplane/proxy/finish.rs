@@ -158,6 +158,9 @@ impl OnFinish for Finish {
     fn sent(&mut self, n: u64) {
         self.ctx.body_bytes_sent = n;
     }
+    fn fields(&self) -> &[(http::HeaderName, HeaderValue)] {
+        &self.ctx.response_headers
+    }
     fn upstream_done(&mut self) {
         // As nginx's $upstream_response_time: until the upstream's last byte arrived.
         self.ctx.upstream_time = self.upstream_started.map(|t| t.elapsed());
@@ -212,6 +215,11 @@ pub(super) fn head_bytes(head: &ResponseHead) -> u64 {
 /// Bytes of header fields as HTTP/1.1 text: `name: value` and CRLF each.
 fn field_bytes(headers: &http::HeaderMap) -> usize {
     headers.iter().map(|(k, v)| k.as_str().len() + v.len() + 4).sum()
+}
+
+/// Bytes of a list of fields as HTTP/1.1 text.
+fn field_list_bytes(fields: &[(http::HeaderName, HeaderValue)]) -> u64 {
+    fields.iter().map(|(k, v)| k.as_str().len() + v.len() + 4).sum::<usize>() as u64
 }
 
 /// Bytes of a request head as HTTP/1.1 text (`$request_length`, without the body): the request
@@ -441,8 +449,19 @@ pub(super) fn respond(resp: http::Response<Inbound>, mut finish: Box<Finish>, in
     if let Inbound::Hyper(_) = incoming {
         strip_hop_by_hop(&mut head.headers);
     }
-    for (k, v) in finish.ctx.response_headers.drain(..) {
-        head.headers.append(k, v);
+    // Weir's HTTP/1.1 server frames the body and writes the head itself (`h1server::respond`).
+    let framed_by_server = finish.ctx.version <= http::Version::HTTP_11;
+    let no_body = head.status == StatusCode::NO_CONTENT
+        || head.status == StatusCode::NOT_MODIFIED
+        || finish.ctx.method == Method::HEAD;
+    // Plugins' response fields (quota headers, request ids) go into the map only for a header
+    // filter to see, or a server that reads the map alone; else the HTTP/1.1 server writes them
+    // from the context after the map's (`OnFinish::fields`): no hash per field.
+    let fields_in_map = !framed_by_server || no_body || finish.chains.iter().any(|c| c.header_filters);
+    if fields_in_map {
+        for (k, v) in finish.ctx.response_headers.drain(..) {
+            head.headers.append(k, v);
+        }
     }
     // The upstream made this answer: say so on 5xx (the gateway's own 502/504 carry no such
     // header), before the header filters, as APISIX does.
@@ -455,10 +474,9 @@ pub(super) fn respond(resp: http::Response<Inbound>, mut finish: Box<Finish>, in
         finish.debug_header(&mut head);
     }
     finish.ctx.status = head.status.as_u16();
-    finish.ctx.head_bytes_sent = head_bytes(&head);
-    let no_body = head.status == StatusCode::NO_CONTENT
-        || head.status == StatusCode::NOT_MODIFIED
-        || finish.ctx.method == Method::HEAD;
+    finish.ctx.head_bytes_sent = head_bytes(&head) + field_list_bytes(&finish.ctx.response_headers);
+    // (A header filter may have made a bodiless status.)
+    let no_body = no_body || head.status == StatusCode::NO_CONTENT || head.status == StatusCode::NOT_MODIFIED;
     finish._inflight = inflight;
     if no_body {
         // A bodiless HTTP/1.1 answer already gave its connection back to the pool; one that
@@ -471,6 +489,5 @@ pub(super) fn respond(resp: http::Response<Inbound>, mut finish: Box<Finish>, in
         drop(finish);
         return resp;
     }
-    let framed_by_server = finish.ctx.version <= http::Version::HTTP_11;
     with_head(head, ResponseBody::Upstream(UpstreamBody::new(incoming, len, finish)), framed_by_server)
 }
