@@ -232,6 +232,48 @@ fn server_reads(data: &[u8], step: usize) -> Vec<String> {
 
 /// Reads one upstream response from `data` fed in `step`-byte reads: the head's summary and
 /// the body bytes, or the error; `None` when the bytes end first.
+/// A head read as lines to send on (`h1codec::Lines`) says what the same head read into a map
+/// says: the same framing and reuse, the same fields (less Content-Length, which the server
+/// writes itself), the same refusals.
+fn same_as_lines(data: &[u8]) {
+    use crate::dataplane::h1codec::parse_response_with;
+    let read = |as_lines| parse_response_with(&mut bytes::BytesMut::from(data), false, &mut Vec::new(), as_lines);
+    let (map, lines) = (read(false), read(true));
+    let (m, l) = match (map, lines) {
+        (Ok(Some(m)), Ok(Some(l))) => (m, l),
+        (m, l) => {
+            assert_eq!(format!("{:?}", m.map(|h| h.is_some())), format!("{:?}", l.map(|h| h.is_some())));
+            return;
+        }
+    };
+    assert_eq!(
+        format!("{:?}", (m.status, m.version, &m.body, m.keep_alive)),
+        format!("{:?}", (l.status, l.version, &l.body, l.keep_alive))
+    );
+    assert!(m.lines.is_none());
+    let Some(text) = &l.lines else {
+        assert_eq!(m.headers, l.headers);
+        return;
+    };
+    assert!(l.headers.is_empty());
+    let mut from_map: Vec<Vec<u8>> = m
+        .headers
+        .iter()
+        .filter(|(k, _)| *k != http::header::CONTENT_LENGTH)
+        .map(|(k, v)| [k.as_str().as_bytes(), b": ", v.as_bytes()].concat())
+        .collect();
+    let mut from_lines: Vec<Vec<u8>> = text
+        .text
+        .split(|b| *b == b'\n')
+        .filter(|l| !l.is_empty())
+        .map(|l| l.strip_suffix(b"\r").unwrap_or(l).to_vec())
+        .collect();
+    from_map.sort();
+    from_lines.sort();
+    assert_eq!(from_map, from_lines);
+    assert_eq!(text.dated, m.headers.contains_key(http::header::DATE));
+}
+
 fn read_response(data: &[u8], step: usize) -> Option<Result<(String, Vec<u8>), String>> {
     use crate::dataplane::h1codec::{parse_response, BodyLen, Chunked, Decoded};
     let mut buf = bytes::BytesMut::new();
@@ -295,6 +337,7 @@ fn read_response(data: &[u8], step: usize) -> Option<Result<(String, Vec<u8>), S
 /// the same whether the bytes come at once or in small reads, and never yields more body than
 /// there were bytes. Hop-by-hop fields never reach the header map.
 pub fn upstream_response(data: &[u8]) {
+    same_as_lines(data);
     let whole = read_response(data, data.len().max(1));
     let step = 1 + usize::from(data.first().copied().unwrap_or(0) % 13);
     assert_eq!(read_response(data, step), whole, "split into {step}-byte reads");

@@ -17,6 +17,7 @@ use http::header::{HeaderName, HeaderValue};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
+use super::h1codec::Lines;
 use super::upstream_conn::H1Body;
 
 /// A client's request body: from Weir's HTTP/1.1 server, hyper's HTTP/2 or an HTTP/3 stream.
@@ -223,6 +224,15 @@ pub enum ResponseBody<F: OnFinish> {
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 impl<F: OnFinish> ResponseBody<F> {
+    /// The upstream's fields as lines to send on, when its head was read that way (they go
+    /// before the map's).
+    pub fn lines(&self) -> Option<&Lines> {
+        match self {
+            ResponseBody::Upstream(UpstreamBody { inner: Inbound::H1(b), .. }) => b.lines(),
+            _ => None,
+        }
+    }
+
     /// Fields to write after the head's map ([`OnFinish::fields`]).
     pub fn fields(&self) -> &[(HeaderName, HeaderValue)] {
         match self {

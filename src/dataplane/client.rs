@@ -408,7 +408,7 @@ fn clone_body(body: &ProxyBody) -> ProxyBody {
 
 /// The response of `head`, its body read from `conn`.
 fn response(conn: Box<Conn>, pool: &Rc<Pool>, head: ResponseHead) -> http::Response<H1Body> {
-    let body = H1Body::new(conn, pool.clone(), head.body);
+    let body = H1Body::new(conn, pool.clone(), head.body).with_lines(head.lines);
     let mut resp = http::Response::new(body);
     *resp.status_mut() = head.status;
     *resp.version_mut() = head.version;

@@ -159,6 +159,9 @@ pub struct ResponseHead {
     pub body: BodyLen,
     /// The connection may carry another request once the body has been read.
     pub keep_alive: bool,
+    /// The fields as lines to send on, when they were asked for that way (`headers` is then
+    /// empty).
+    pub lines: Option<Lines>,
 }
 
 /// Why a response could not be read.
@@ -179,14 +182,20 @@ fn malformed(what: impl Into<String>) -> Malformed {
 /// responses before it). `None`: more bytes are needed. `head_request`: the request was HEAD,
 /// so the response has no body whatever its headers say.
 pub fn parse_response(buf: &mut BytesMut, head_request: bool) -> Result<Option<ResponseHead>, Malformed> {
-    parse_response_with(buf, head_request, &mut Vec::new())
+    parse_response_with(buf, head_request, &mut Vec::new(), false)
 }
 
 /// [`parse_response`] with a scratch vector kept by the caller (no allocation per response).
+///
+/// `as_lines`: the fields are wanted as the lines to send on ([`ResponseHead::lines`]) rather
+/// than in a map, when no plugin reads them and the client is HTTP/1.1 (`proxy::forward`
+/// decides). A bodiless answer (204, 304), and one whose `Connection` names other fields, still
+/// comes with a map.
 pub fn parse_response_with(
     buf: &mut BytesMut,
     head_request: bool,
     spans: &mut Vec<[usize; 4]>,
+    as_lines: bool,
 ) -> Result<Option<ResponseHead>, Malformed> {
     let config = httparse::ParserConfig::default();
     loop {
@@ -226,6 +235,15 @@ pub fn parse_response_with(
             [name, name + h.name.len(), value, value + h.value.len()]
         }));
         let bytes = buf.split_to(len).freeze();
+        let bodiless = status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED;
+        if as_lines && !head_request && !bodiless {
+            let mut fields = Fields::default();
+            if let Some(lines) = fields_as_lines(&bytes, spans, &mut fields)? {
+                let mut head = framing(status, version, HeaderMap::new(), fields, head_request);
+                head.lines = Some(lines);
+                return Ok(Some(head));
+            }
+        }
         let mut fields = Fields::default();
         // Room for the few fields plugins add (quota headers, request ids, CORS): growing the
         // map rehashes every field, about 300 instructions a response.
@@ -236,11 +254,13 @@ pub fn parse_response_with(
             let value = field_value(bytes.slice(vs..ve));
             // Hop-by-hop fields are read here and never reach the map (the client gets its own).
             if name == CONNECTION {
-                fields.connection(&value);
+                if fields.connection(value.as_bytes()) {
+                    fields.named.push(value);
+                }
             } else if name == TRANSFER_ENCODING {
                 fields.transfer_encoding = Some(value);
             } else if name == CONTENT_LENGTH {
-                fields.content_length(&value)?;
+                fields.content_length(value.as_bytes())?;
                 headers.append(name, value);
             } else if !is_hop_by_hop(&name) {
                 headers.append(name, value);
@@ -251,6 +271,76 @@ pub fn parse_response_with(
         }
         return Ok(Some(framing(status, version, headers, fields, head_request)));
     }
+}
+
+/// A response's fields as the HTTP/1.1 lines to send on, without a map (see
+/// [`ResponseHead::lines`]).
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Lines {
+    /// `name: value` and CRLF per field, names in lower case; the framing and hop-by-hop
+    /// fields left out (the server writes its own).
+    pub text: Vec<u8>,
+    /// A `Date` is among them.
+    pub dated: bool,
+}
+
+/// The framing and hop-by-hop fields (`headers::is_hop_by_hop`'s list), told by their bytes:
+/// a length, then a comparison without case, instead of making a `HeaderName` first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum HopField {
+    Connection,
+    TransferEncoding,
+    ContentLength,
+    /// One of the others, dropped.
+    Other,
+}
+
+fn hop_field(name: &[u8]) -> Option<HopField> {
+    let is = |s: &[u8]| name.eq_ignore_ascii_case(s);
+    match name.len() {
+        2 if is(b"te") => Some(HopField::Other),
+        7 if is(b"trailer") || is(b"upgrade") => Some(HopField::Other),
+        10 if is(b"connection") => Some(HopField::Connection),
+        10 if is(b"keep-alive") => Some(HopField::Other),
+        14 if is(b"content-length") => Some(HopField::ContentLength),
+        16 if is(b"proxy-connection") => Some(HopField::Other),
+        17 if is(b"transfer-encoding") => Some(HopField::TransferEncoding),
+        18 if is(b"proxy-authenticate") => Some(HopField::Other),
+        19 if is(b"proxy-authorization") => Some(HopField::Other),
+        _ => None,
+    }
+}
+
+/// The fields of a head as lines to send on, with what its framing fields say in `fields`.
+/// `None` when a `Connection` names other fields: they must go too, and the map does that.
+fn fields_as_lines(bytes: &Bytes, spans: &[[usize; 4]], fields: &mut Fields) -> Result<Option<Lines>, Malformed> {
+    let mut lines = Lines { text: Vec::with_capacity(bytes.len()), dated: false };
+    for &[ns, ne, vs, ve] in spans {
+        let (name, value) = (&bytes[ns..ne], &bytes[vs..ve]);
+        // httparse takes a name of token characters only, which is what `HeaderName` takes.
+        debug_assert!(HeaderName::from_bytes(name).is_ok(), "{name:?}");
+        debug_assert!(value.iter().all(|&b| b == b'\t' || (b >= 0x20 && b != 0x7f)));
+        match hop_field(name) {
+            Some(HopField::Connection) => {
+                if fields.connection(value) {
+                    return Ok(None);
+                }
+            }
+            Some(HopField::TransferEncoding) => fields.transfer_encoding = Some(field_value(bytes.slice(vs..ve))),
+            Some(HopField::ContentLength) => fields.content_length(value)?,
+            Some(HopField::Other) => {}
+            None => {
+                lines.dated |= name.eq_ignore_ascii_case(b"date");
+                let text = &mut lines.text;
+                text.reserve(name.len() + value.len() + 4);
+                text.extend(name.iter().map(u8::to_ascii_lowercase));
+                text.extend_from_slice(b": ");
+                text.extend_from_slice(value);
+                text.extend_from_slice(b"\r\n");
+            }
+        }
+    }
+    Ok(Some(lines))
 }
 
 /// A header value httparse accepted, as a slice of the head's bytes.
@@ -276,9 +366,10 @@ struct Fields {
 }
 
 impl Fields {
-    fn connection(&mut self, value: &HeaderValue) {
+    /// Reads a Connection line; whether it names other fields (which are hop-by-hop then).
+    fn connection(&mut self, value: &[u8]) -> bool {
         let mut names_others = false;
-        for token in value.as_bytes().split(|b| *b == b',').map(<[u8]>::trim_ascii) {
+        for token in value.split(|b| *b == b',').map(<[u8]>::trim_ascii) {
             if token.eq_ignore_ascii_case(b"close") {
                 self.close = true;
             } else if token.eq_ignore_ascii_case(b"keep-alive") {
@@ -287,14 +378,12 @@ impl Fields {
                 names_others = true;
             }
         }
-        if names_others {
-            self.named.push(value.clone());
-        }
+        names_others
     }
 
     /// Every line and list member of Content-Length must be the same number.
-    fn content_length(&mut self, value: &HeaderValue) -> Result<(), Malformed> {
-        for member in value.as_bytes().split(|b| *b == b',') {
+    fn content_length(&mut self, value: &[u8]) -> Result<(), Malformed> {
+        for member in value.split(|b| *b == b',') {
             let digits = member.trim_ascii();
             if digits.is_empty() || digits.len() > 19 || !digits.iter().all(u8::is_ascii_digit) {
                 return Err(malformed("invalid Content-Length"));
@@ -324,7 +413,8 @@ fn framing(
     } else if let Some(te) = &fields.transfer_encoding {
         // Transfer-Encoding overrides Content-Length, which goes: the client must not see a length
         // that disagrees with what it gets. The connection is not reused after such a response.
-        if headers.remove(CONTENT_LENGTH).is_some() {
+        // (A head read as lines has no map; its length was read all the same.)
+        if headers.remove(CONTENT_LENGTH).is_some() || fields.content_length.is_some() {
             keep_alive = false;
         }
         let last_coding = te.as_bytes().rsplit(|b| *b == b',').next().unwrap_or(b"").trim_ascii();
@@ -344,7 +434,7 @@ fn framing(
             }
         }
     };
-    ResponseHead { status, version, headers, body, keep_alive }
+    ResponseHead { status, version, headers, body, keep_alive, lines: None }
 }
 
 /// Where a chunked body's decoder is.
@@ -524,6 +614,63 @@ mod tests {
         encode_request(&mut out, &Method::GET, "/", &h, &[(&xf, b"3"), (&http::header::HOST, b"b")], RequestBody::None);
         assert_eq!(out, b"GET / HTTP/1.1\r\nx-f: 3\r\nhost: b\r\n\r\n");
         assert_eq!(chunk_line(0x1a2b).as_bytes(), b"1a2b\r\n");
+    }
+
+    fn as_lines(text: &str) -> ResponseHead {
+        let mut buf = BytesMut::from(text);
+        parse_response_with(&mut buf, false, &mut Vec::new(), true).expect("valid").expect("complete")
+    }
+
+    #[test]
+    fn a_head_read_as_lines_keeps_the_fields_to_send_on_and_frames_the_same() {
+        let head = as_lines(
+            "HTTP/1.1 200 OK\r\nServer: up\r\nContent-Length: 3\r\nConnection: keep-alive\r\n\
+             Keep-Alive: timeout=5\r\nDate: then\r\nX-Two:  a b \r\nTE: x\r\n\r\nabc",
+        );
+        assert_eq!((head.status, head.body, head.keep_alive), (StatusCode::OK, BodyLen::Length(3), true));
+        assert!(head.headers.is_empty());
+        let lines = head.lines.expect("read as lines");
+        assert_eq!(String::from_utf8_lossy(&lines.text), "server: up\r\ndate: then\r\nx-two: a b\r\n");
+        assert!(lines.dated);
+        // Framed by both: chunked, and the connection is not reused (as with a map).
+        let head = as_lines("HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n");
+        assert_eq!((head.body, head.keep_alive), (BodyLen::Chunked, false));
+        assert_eq!(head.lines.map(|l| l.text), Some(Vec::new()));
+        // A Connection that names other fields, and bodiless answers, come with a map.
+        let head =
+            as_lines("HTTP/1.1 200 OK\r\nConnection: x-hop\r\nX-Hop: 1\r\nX-End: 2\r\nContent-Length: 0\r\n\r\n");
+        assert!(head.lines.is_none());
+        assert!(!head.headers.contains_key("x-hop") && head.headers.contains_key("x-end"));
+        assert!(as_lines("HTTP/1.1 304 Not Modified\r\nETag: x\r\n\r\n").lines.is_none());
+        // Conflicting lengths are refused either way.
+        let mut buf = BytesMut::from("HTTP/1.1 200 OK\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\n");
+        assert!(parse_response_with(&mut buf, false, &mut Vec::new(), true).is_err());
+    }
+
+    #[test]
+    fn hop_fields_by_their_bytes_are_the_hop_by_hop_list() {
+        for name in [
+            "connection",
+            "keep-alive",
+            "proxy-authenticate",
+            "proxy-authorization",
+            "te",
+            "trailer",
+            "transfer-encoding",
+            "upgrade",
+            "proxy-connection",
+            "content-length",
+            "date",
+            "content-type",
+            "x-te",
+            "trailers",
+            "upgrades",
+        ] {
+            let header = HeaderName::from_static(name);
+            let hop = is_hop_by_hop(&header) || header == CONTENT_LENGTH;
+            assert_eq!(hop_field(name.as_bytes()).is_some(), hop, "{name}");
+            assert_eq!(hop_field(name.to_ascii_uppercase().as_bytes()).is_some(), hop, "{name}");
+        }
     }
 
     #[test]

@@ -118,7 +118,7 @@ async fn exchange(req: OutboundRequest) -> Result<OutboundResponse, OutboundErro
         headers.remove(CONTENT_LENGTH);
         set.push((&CONTENT_LENGTH, length.as_bytes()));
     }
-    let head = RequestHead { method: &req.method, target: &target, headers: &headers, set: &set };
+    let head = RequestHead { method: &req.method, target: &target, headers: &headers, set: &set, lines: false };
     let body = if req.body.is_empty() { ProxyBody::Empty } else { ProxyBody::Full(Some(req.body.clone())) };
     let idempotent = matches!(req.method.as_str(), "GET" | "HEAD" | "OPTIONS");
     let resp = Pool::send(&pool, &key, settings, &timeouts, &head, body, None, idempotent)

@@ -104,6 +104,8 @@ pub struct RequestHead<'a> {
     /// Fields set by the proxy (Host, `X-Forwarded-*`, `traceparent`): written instead of those
     /// of `headers`; one with an empty value removes the field.
     pub set: &'a [(&'a HeaderName, &'a [u8])],
+    /// The answer's fields are wanted as lines to send on (`h1codec::Lines`), not in a map.
+    pub lines: bool,
 }
 
 /// An upstream connection, in the pool or serving one request.
@@ -275,12 +277,14 @@ impl Conn {
                         "upstream closed the connection before the request body was sent",
                     )))
                 }
-                Poll::Ready(Ok(_)) => match h1codec::parse_response_with(&mut self.rbuf, head_request, &mut self.spans)
-                {
-                    Ok(Some(head)) => return Poll::Ready(Ok(head)),
-                    Ok(None) => {}
-                    Err(e) => return Poll::Ready(Err(io::Error::other(e.0))),
-                },
+                // (An early answer, rare: its fields go in a map.)
+                Poll::Ready(Ok(_)) => {
+                    match h1codec::parse_response_with(&mut self.rbuf, head_request, &mut self.spans, false) {
+                        Ok(Some(head)) => return Poll::Ready(Ok(head)),
+                        Ok(None) => {}
+                        Err(e) => return Poll::Ready(Err(io::Error::other(e.0))),
+                    }
+                }
             }
         }
     }
@@ -342,7 +346,7 @@ impl Conn {
         self.stalled = None;
         loop {
             if !self.rbuf.is_empty() {
-                match h1codec::parse_response_with(&mut self.rbuf, head_request, &mut self.spans) {
+                match h1codec::parse_response_with(&mut self.rbuf, head_request, &mut self.spans, req.lines) {
                     Ok(Some(head)) => {
                         self.reusable = head.keep_alive;
                         return Ok(head);
@@ -465,9 +469,22 @@ pub struct H1Body {
     conn: Option<Box<Conn>>,
     pool: Rc<Pool>,
     framing: Framing,
+    /// The head's fields as lines to send on, when they were read that way.
+    lines: Option<h1codec::Lines>,
 }
 
 impl H1Body {
+    /// The response's fields as lines to send on ([`RequestHead::lines`]), if read that way.
+    pub fn lines(&self) -> Option<&h1codec::Lines> {
+        self.lines.as_ref()
+    }
+
+    /// With the response's fields as `lines`.
+    pub(super) fn with_lines(mut self, lines: Option<h1codec::Lines>) -> Self {
+        self.lines = lines;
+        self
+    }
+
     /// The body announced by `len` on `conn` (given back to `pool` at its end).
     pub(super) fn new(conn: Box<Conn>, pool: Rc<Pool>, len: BodyLen) -> Self {
         let framing = match len {
@@ -476,7 +493,7 @@ impl H1Body {
             BodyLen::Chunked => Framing::Chunked(Chunked::default()),
             BodyLen::ToEof => Framing::ToEof,
         };
-        let mut body = H1Body { conn: Some(conn), pool, framing };
+        let mut body = H1Body { conn: Some(conn), pool, framing, lines: None };
         if matches!(body.framing, Framing::Done) {
             body.finish();
         }

@@ -20,7 +20,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::time::Sleep;
 
 use super::super::body::ResponseBody;
-use super::super::h1codec::{chunk_line, push_field};
+use super::super::h1codec::{chunk_line, push_field, Lines};
 use super::super::headers::Decimal;
 use super::super::proxy::Response;
 use super::conn::Conn;
@@ -86,7 +86,7 @@ pub(super) async fn respond<S: AsyncRead + AsyncWrite + Unpin>(
     out.extend_from_slice(conn.borrow_mut().start_response());
     // The response's own `Connection` (a draining worker's `close`) decides with the client's.
     let framed = Framed { keep_alive, http10: asks.http10, upgraded, drop_length };
-    keep_alive = encode_head(out, status, &headers, body.fields(), &mode, framed);
+    keep_alive = encode_head(out, status, (body.lines(), &headers, body.fields()), &mode, framed);
     if bodiless || asks.head {
         // Dropped before the head goes out: the log phase runs now, as it does for a body sent.
         body = ResponseBody::Full(None);
@@ -150,6 +150,10 @@ pub(super) async fn respond<S: AsyncRead + AsyncWrite + Unpin>(
     Ok(if upgraded { Sent::Upgraded } else { Sent::Done(keep_alive && !matches!(mode, Mode::Eof)) })
 }
 
+/// A response's fields, in the order they are written: the upstream's as lines (when its head
+/// was read that way), the map's, and plugins' ([`crate::dataplane::body::OnFinish::fields`]).
+type Fields<'a> = (Option<&'a Lines>, &'a HeaderMap, &'a [(HeaderName, HeaderValue)]);
+
 /// What `encode_head` needs to know of the connection and the framing besides the fields.
 struct Framed {
     keep_alive: bool,
@@ -165,20 +169,19 @@ struct Framed {
 /// removed from the map first (each removal hashes and probes); a `Date` is added after the
 /// fields when the map has none. A `Connection: close` of the map ends the connection after
 /// this response: whether it may carry another is returned (and said in the head).
-fn encode_head(
-    out: &mut Vec<u8>,
-    status: StatusCode,
-    headers: &HeaderMap,
-    more: &[(HeaderName, HeaderValue)],
-    mode: &Mode,
-    mut f: Framed,
-) -> bool {
+fn encode_head(out: &mut Vec<u8>, status: StatusCode, fields: Fields<'_>, mode: &Mode, mut f: Framed) -> bool {
+    let (lines, headers, more) = fields;
     out.extend_from_slice(b"HTTP/1.1 ");
     out.extend_from_slice(status.as_str().as_bytes());
     out.push(b' ');
     out.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
     out.extend_from_slice(b"\r\n");
     let mut dated = false;
+    if let Some(lines) = lines {
+        // The upstream's own, framing and hop-by-hop fields already left out (`h1codec`).
+        out.extend_from_slice(&lines.text);
+        dated = lines.dated;
+    }
     for (name, value) in headers.iter().chain(more.iter().map(|(n, v)| (n, v))) {
         if *name == CONNECTION && !f.upgraded {
             f.keep_alive &=
@@ -340,8 +343,7 @@ mod tests {
         let _ = encode_head(
             &mut out,
             status,
-            &headers,
-            &[],
+            (None, &headers, &[]),
             &mode,
             Framed { keep_alive, http10, upgraded: false, drop_length: true },
         );
@@ -359,16 +361,21 @@ mod tests {
             let mut out = Vec::new();
             let f = Framed { keep_alive: true, http10: false, upgraded, drop_length };
             let more = [(HeaderName::from_static("x-more"), HeaderValue::from_static("2"))];
-            let kept = encode_head(&mut out, StatusCode::OK, &headers, &more, &Mode::Length(5), f);
+            let lines = Lines { text: b"x-up: 0\r\n".to_vec(), dated: false };
+            let kept = encode_head(&mut out, StatusCode::OK, (Some(&lines), &headers, &more), &Mode::Length(5), f);
             (String::from_utf8(out).expect("text"), kept)
         };
         let (sent, kept) = encode(true, false);
         assert!(!kept, "the map's `Connection: close` ends the connection");
         let lines: Vec<&str> = sent.split("\r\n").collect();
         assert_eq!(lines[0], "HTTP/1.1 200 OK");
-        assert_eq!(&lines[1..3], ["x-kept: 1", "x-more: 2"], "the map's fields, then the plugins'");
-        assert!(lines[3].starts_with("date: ") && lines[3].ends_with(" GMT"), "{sent}");
-        assert_eq!(&lines[4..], ["content-length: 5", "connection: close", "", ""], "{sent}");
+        assert_eq!(
+            &lines[1..4],
+            ["x-up: 0", "x-kept: 1", "x-more: 2"],
+            "the upstream's lines, the map's, the plugins'"
+        );
+        assert!(lines[4].starts_with("date: ") && lines[4].ends_with(" GMT"), "{sent}");
+        assert_eq!(&lines[5..], ["content-length: 5", "connection: close", "", ""], "{sent}");
         // A head without a body keeps its named length; a 101 keeps its Connection.
         let (sent, kept) = encode(false, true);
         assert!(kept);

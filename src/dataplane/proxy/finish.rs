@@ -474,7 +474,14 @@ pub(super) fn respond(resp: http::Response<Inbound>, mut finish: Box<Finish>, in
         finish.debug_header(&mut head);
     }
     finish.ctx.status = head.status.as_u16();
-    finish.ctx.head_bytes_sent = head_bytes(&head) + field_list_bytes(&finish.ctx.response_headers);
+    // A head read as lines left its Content-Length out of them; the server writes it again.
+    let lines = match &incoming {
+        Inbound::H1(b) => b.lines().map_or(0, |l| {
+            l.text.len() as u64 + len.map_or(0, |n| content_length_bytes(usize::try_from(n).unwrap_or(usize::MAX)))
+        }),
+        Inbound::Hyper(_) => 0,
+    };
+    finish.ctx.head_bytes_sent = head_bytes(&head) + lines + field_list_bytes(&finish.ctx.response_headers);
     // (A header filter may have made a bodiless status.)
     let no_body = no_body || head.status == StatusCode::NO_CONTENT || head.status == StatusCode::NOT_MODIFIED;
     finish._inflight = inflight;

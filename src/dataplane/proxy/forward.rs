@@ -111,6 +111,14 @@ pub(super) async fn forward(
     // A plugin records the attempts or traces them (opentelemetry): only then is anything
     // measured or written per attempt.
     let watched = measure::attempts_watched(&fin.ctx);
+    // The answer's fields go to an HTTP/1.1 client as the lines they came in (names in lower
+    // case), never into a map, when nothing reads them on the way: no header filter, no debug
+    // header, not a HEAD or a WebSocket handshake (`h1codec::Lines`).
+    let as_lines = fin.ctx.version <= http::Version::HTTP_11
+        && !fin.debug
+        && fin.ctx.method != http::Method::HEAD
+        && tunnel.is_none()
+        && !fin.chains.iter().any(|c| c.header_filters);
     for attempt in 0..max_attempts {
         if attempt > 0 && upstream.retry_timeout.is_some_and(|t| started.elapsed() > t) {
             break;
@@ -192,8 +200,13 @@ pub(super) async fn forward(
                 set[n + 1] = (&crate::dataplane::headers::TRACESTATE_NAME, t.tracestate());
                 n += crate::dataplane::headers::LINES_ROOM;
             }
-            let head =
-                RequestHead { method: &fin.ctx.method, target: &target, headers: &fin.ctx.headers, set: &set[..n] };
+            let head = RequestHead {
+                method: &fin.ctx.method,
+                target: &target,
+                headers: &fin.ctx.headers,
+                set: &set[..n],
+                lines: as_lines,
+            };
             Pool::send(&worker.pool, &node.pool_key, upstream.pool, &timeouts, &head, body, stalled.clone(), idempotent)
                 .await
                 .map(|r| r.map(Inbound::H1))
