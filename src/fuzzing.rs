@@ -230,8 +230,6 @@ fn server_reads(data: &[u8], step: usize) -> Vec<String> {
     }
 }
 
-/// Reads one upstream response from `data` fed in `step`-byte reads: the head's summary and
-/// the body bytes, or the error; `None` when the bytes end first.
 /// A head read as lines to send on (`h1codec::Lines`) says what the same head read into a map
 /// says: the same framing and reuse, the same fields (less Content-Length, which the server
 /// writes itself), the same refusals.
@@ -262,6 +260,20 @@ fn same_as_lines(data: &[u8]) {
         .filter(|(k, _)| *k != http::header::CONTENT_LENGTH)
         .map(|(k, v)| [k.as_str().as_bytes(), b": ", v.as_bytes()].concat())
         .collect();
+    // Values of one name keep their order (the map's `get_all` order is the head's).
+    for name in m.headers.keys() {
+        let prefix = [name.as_str().as_bytes(), b": "].concat();
+        let in_map: Vec<&[u8]> = m.headers.get_all(name).iter().map(http::HeaderValue::as_bytes).collect();
+        let in_lines: Vec<&[u8]> = text
+            .text
+            .split(|b| *b == b'\n')
+            .filter_map(|l| l.strip_prefix(&prefix[..]))
+            .map(|v| v.strip_suffix(b"\r").unwrap_or(v))
+            .collect();
+        if *name != http::header::CONTENT_LENGTH {
+            assert_eq!(in_map, in_lines, "{name}");
+        }
+    }
     let mut from_lines: Vec<Vec<u8>> = text
         .text
         .split(|b| *b == b'\n')
@@ -274,6 +286,8 @@ fn same_as_lines(data: &[u8]) {
     assert_eq!(text.dated, m.headers.contains_key(http::header::DATE));
 }
 
+/// Reads one upstream response from `data` fed in `step`-byte reads: the head's summary and
+/// the body bytes, or the error; `None` when the bytes end first.
 fn read_response(data: &[u8], step: usize) -> Option<Result<(String, Vec<u8>), String>> {
     use crate::dataplane::h1codec::{parse_response, BodyLen, Chunked, Decoded};
     let mut buf = bytes::BytesMut::new();

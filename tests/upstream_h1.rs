@@ -58,6 +58,15 @@ fn answer(path: &str) -> (&'static [u8], bool) {
         "/both" => (b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n", false),
         "/early" => (b"HTTP/1.1 413 Payload Too Large\r\nContent-Length: 4\r\nConnection: close\r\n\r\nnope", true),
         "/closing" => (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", true),
+        "/fields" => (
+            b"HTTP/1.1 200 OK\r\nSet-Cookie: a=1\r\nDate: Tue, 01 Jan 2030 00:00:00 GMT\r\nX-Mid: m\r\nSet-Cookie: b=2\r\nContent-Length: 2\r\n\r\nok",
+            false,
+        ),
+        "/nocontent" => (b"HTTP/1.1 204 No Content\r\nX-Up: 1\r\n\r\n", false),
+        "/spoofed" => (
+            b"HTTP/1.1 503 Service Unavailable\r\nX-Weir-Upstream-Status: 200\r\nContent-Length: 4\r\n\r\ndown",
+            false,
+        ),
         _ => (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", false),
     }
 }
@@ -146,6 +155,49 @@ fn every_response_framing_reaches_the_client_whole() {
     // Conflicting lengths: the response is refused, not guessed at.
     let r = get(p.node(), "/conflict");
     assert_eq!(r.status, 502, "{}", r.text());
+}
+
+/// An answer's fields on a route where nothing reads them travel as the lines they came in
+/// (no header map): in the upstream's order, one Date, one length; a field the proxy sets is
+/// the proxy's alone.
+#[test]
+fn answer_fields_pass_in_order_and_the_proxys_own_are_not_doubled() {
+    let up = Scripted::start();
+    let (p, _w) = gateway(&up);
+    let r = get(p.node(), "/fields");
+    assert_eq!((r.status, r.text()), (200, "ok".to_owned()));
+    let names: Vec<&str> = r.headers.iter().map(|(k, _)| k.as_str()).collect();
+    let cookies: Vec<&str> =
+        r.headers.iter().filter(|(k, _)| k.eq_ignore_ascii_case("set-cookie")).map(|(_, v)| v.as_str()).collect();
+    assert_eq!(cookies, ["a=1", "b=2"], "{names:?}");
+    let at = |n: &str| names.iter().position(|k| k.eq_ignore_ascii_case(n));
+    assert!(at("x-mid") < names.iter().rposition(|k| k.eq_ignore_ascii_case("set-cookie")), "{names:?}");
+    assert_eq!(names.iter().filter(|k| k.eq_ignore_ascii_case("date")).count(), 1, "{names:?}");
+    assert_eq!(r.header("date"), Some("Tue, 01 Jan 2030 00:00:00 GMT"), "the upstream's Date is passed on");
+    assert_eq!(names.iter().filter(|k| k.eq_ignore_ascii_case("content-length")).count(), 1, "{names:?}");
+    // A 5xx says the upstream made it, once, whatever the upstream itself claimed.
+    let r = get(p.node(), "/spoofed");
+    assert_eq!((r.status, r.text()), (503, "down".to_owned()));
+    let said: Vec<&str> = r
+        .headers
+        .iter()
+        .filter(|(k, _)| k.eq_ignore_ascii_case("x-weir-upstream-status"))
+        .map(|(_, v)| v.as_str())
+        .collect();
+    assert_eq!(said, ["503"]);
+}
+
+/// A header filter that makes an upstream's 204 a 200 with a body of its own: the body is sent
+/// (whether an answer has a body is decided after the header filters).
+#[test]
+fn a_status_a_header_filter_rewrites_decides_whether_a_body_is_sent() {
+    let up = Scripted::start();
+    let (p, _w) = start(&format!(
+        r#"{{"routes": [{{"id": "1", "uri": "/nocontent", "plugins": {{"response-rewrite": {{"status_code": 200, "body": "made"}}}}, "upstream": {{"nodes": {{"{}": 1}}}}}}]}}"#,
+        up.addr
+    ));
+    let r = get(p.node(), "/nocontent");
+    assert_eq!((r.status, r.text()), (200, "made".to_owned()), "{:?}", r.headers);
 }
 
 #[test]

@@ -87,7 +87,8 @@ pub fn encode_request(
 pub(super) fn push_field(out: &mut Vec<u8>, name: &HeaderName, value: &[u8]) {
     let name = name.as_str().as_bytes();
     let (n, v) = (name.len(), value.len());
-    let total = n + v + 4;
+    // (Saturating: a length past the address space makes `reserve` panic, never a short room.)
+    let total = n.saturating_add(v).saturating_add(4);
     out.reserve(total);
     // One room check for the four pieces (every field of every head goes through here).
     // SAFETY: `reserve` left room for `total` bytes after the length; the four writes fill
@@ -311,8 +312,14 @@ fn hop_field(name: &[u8]) -> Option<HopField> {
     }
 }
 
+/// Fields the proxy sets on an answer by replacing the upstream's (`X-Weir-Upstream-Status` on
+/// a 5xx, `Alt-Svc` on ports that serve HTTP/3): a head that carries one is read into a map,
+/// where the replacement happens.
+const SET_BY_THE_PROXY: [&[u8]; 2] = [b"x-weir-upstream-status", b"alt-svc"];
+
 /// The fields of a head as lines to send on, with what its framing fields say in `fields`.
-/// `None` when a `Connection` names other fields: they must go too, and the map does that.
+/// `None` when a `Connection` names other fields (they must go too), or a field is one the
+/// proxy replaces ([`SET_BY_THE_PROXY`]): the map does either.
 fn fields_as_lines(bytes: &Bytes, spans: &[[usize; 4]], fields: &mut Fields) -> Result<Option<Lines>, Malformed> {
     let mut lines = Lines { text: Vec::with_capacity(bytes.len()), dated: false };
     for &[ns, ne, vs, ve] in spans {
@@ -329,6 +336,7 @@ fn fields_as_lines(bytes: &Bytes, spans: &[[usize; 4]], fields: &mut Fields) -> 
             Some(HopField::TransferEncoding) => fields.transfer_encoding = Some(field_value(bytes.slice(vs..ve))),
             Some(HopField::ContentLength) => fields.content_length(value)?,
             Some(HopField::Other) => {}
+            None if SET_BY_THE_PROXY.iter().any(|p| name.eq_ignore_ascii_case(p)) => return Ok(None),
             None => {
                 lines.dated |= name.eq_ignore_ascii_case(b"date");
                 let text = &mut lines.text;
@@ -642,6 +650,9 @@ mod tests {
         assert!(head.lines.is_none());
         assert!(!head.headers.contains_key("x-hop") && head.headers.contains_key("x-end"));
         assert!(as_lines("HTTP/1.1 304 Not Modified\r\nETag: x\r\n\r\n").lines.is_none());
+        // So does a field the proxy replaces: the upstream cannot add a second one.
+        let head = as_lines("HTTP/1.1 502 Bad Gateway\r\nX-Weir-Upstream-Status: 200\r\nContent-Length: 0\r\n\r\n");
+        assert!(head.lines.is_none() && head.headers.contains_key("x-weir-upstream-status"));
         // Conflicting lengths are refused either way.
         let mut buf = BytesMut::from("HTTP/1.1 200 OK\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\n");
         assert!(parse_response_with(&mut buf, false, &mut Vec::new(), true).is_err());

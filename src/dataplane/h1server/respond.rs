@@ -67,7 +67,8 @@ pub(super) async fn respond<S: AsyncRead + AsyncWrite + Unpin>(
     // 304's; never a 1xx's or 204's, RFC 9110 section 8.6); a body that is sent is framed by
     // what it yields, never by a field it carries (`encode_head` leaves the field out).
     let drop_length = (bodiless && status != StatusCode::NOT_MODIFIED) || !(bodiless || asks.head);
-    let named_length = !drop_length && headers.contains_key(CONTENT_LENGTH);
+    let named_length = !drop_length
+        && (headers.contains_key(CONTENT_LENGTH) || body.fields().iter().any(|(n, _)| n == CONTENT_LENGTH));
     let mut mode = match body.size_hint().exact() {
         _ if bodiless || named_length => Mode::None,
         // HEAD: the length of a body that has bytes (a plugin's answer); an empty one says
@@ -357,15 +358,15 @@ mod tests {
         headers.insert(TRANSFER_ENCODING, http::HeaderValue::from_static("chunked"));
         headers.insert(CONNECTION, http::HeaderValue::from_static("close"));
         headers.insert("x-kept", http::HeaderValue::from_static("1"));
-        let encode = |drop_length: bool, upgraded: bool| {
+        let encode = |drop_length: bool, upgraded: bool, mode: Mode| {
             let mut out = Vec::new();
             let f = Framed { keep_alive: true, http10: false, upgraded, drop_length };
             let more = [(HeaderName::from_static("x-more"), HeaderValue::from_static("2"))];
             let lines = Lines { text: b"x-up: 0\r\n".to_vec(), dated: false };
-            let kept = encode_head(&mut out, StatusCode::OK, (Some(&lines), &headers, &more), &Mode::Length(5), f);
+            let kept = encode_head(&mut out, StatusCode::OK, (Some(&lines), &headers, &more), &mode, f);
             (String::from_utf8(out).expect("text"), kept)
         };
-        let (sent, kept) = encode(true, false);
+        let (sent, kept) = encode(true, false, Mode::Length(5));
         assert!(!kept, "the map's `Connection: close` ends the connection");
         let lines: Vec<&str> = sent.split("\r\n").collect();
         assert_eq!(lines[0], "HTTP/1.1 200 OK");
@@ -376,9 +377,10 @@ mod tests {
         );
         assert!(lines[4].starts_with("date: ") && lines[4].ends_with(" GMT"), "{sent}");
         assert_eq!(&lines[5..], ["content-length: 5", "connection: close", "", ""], "{sent}");
-        // A head without a body keeps its named length; a 101 keeps its Connection.
-        let (sent, kept) = encode(false, true);
+        // A head without a body keeps its named length, once; a 101 keeps its Connection.
+        let (sent, kept) = encode(false, true, Mode::None);
         assert!(kept);
+        assert_eq!(sent.matches("content-length").count(), 1, "{sent}");
         assert!(sent.contains("content-length: 99\r\n") && sent.contains("connection: close\r\n"), "{sent}");
         assert!(!sent.contains("transfer-encoding"), "{sent}");
     }

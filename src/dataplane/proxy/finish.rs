@@ -482,8 +482,10 @@ pub(super) fn respond(resp: http::Response<Inbound>, mut finish: Box<Finish>, in
         Inbound::Hyper(_) => 0,
     };
     finish.ctx.head_bytes_sent = head_bytes(&head) + lines + field_list_bytes(&finish.ctx.response_headers);
-    // (A header filter may have made a bodiless status.)
-    let no_body = no_body || head.status == StatusCode::NO_CONTENT || head.status == StatusCode::NOT_MODIFIED;
+    // As the header filters left it (one may have made a 204 a 200 with a body of its own).
+    let no_body = head.status == StatusCode::NO_CONTENT
+        || head.status == StatusCode::NOT_MODIFIED
+        || finish.ctx.method == Method::HEAD;
     finish._inflight = inflight;
     if no_body {
         // A bodiless HTTP/1.1 answer already gave its connection back to the pool; one that
