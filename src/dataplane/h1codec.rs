@@ -285,8 +285,9 @@ pub struct Lines {
     pub dated: bool,
 }
 
-/// The framing and hop-by-hop fields (`headers::is_hop_by_hop`'s list), told by their bytes:
-/// a length, then a comparison without case, instead of making a `HeaderName` first.
+/// The framing and hop-by-hop fields (`headers::is_hop_by_hop`'s list), and the fields the
+/// proxy sets itself, told by their bytes: a length, then a comparison without case, instead of
+/// making a `HeaderName` first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum HopField {
     Connection,
@@ -294,6 +295,10 @@ enum HopField {
     ContentLength,
     /// One of the others, dropped.
     Other,
+    /// Not hop-by-hop: a field the proxy sets by replacing the upstream's
+    /// (`X-Weir-Upstream-Status` on a 5xx, `Alt-Svc` on ports that serve HTTP/3). A head that
+    /// carries one is read into a map, where the replacement happens.
+    SetByTheProxy,
 }
 
 fn hop_field(name: &[u8]) -> Option<HopField> {
@@ -301,6 +306,7 @@ fn hop_field(name: &[u8]) -> Option<HopField> {
     match name.len() {
         2 if is(b"te") => Some(HopField::Other),
         7 if is(b"trailer") || is(b"upgrade") => Some(HopField::Other),
+        7 if is(b"alt-svc") => Some(HopField::SetByTheProxy),
         10 if is(b"connection") => Some(HopField::Connection),
         10 if is(b"keep-alive") => Some(HopField::Other),
         14 if is(b"content-length") => Some(HopField::ContentLength),
@@ -308,18 +314,14 @@ fn hop_field(name: &[u8]) -> Option<HopField> {
         17 if is(b"transfer-encoding") => Some(HopField::TransferEncoding),
         18 if is(b"proxy-authenticate") => Some(HopField::Other),
         19 if is(b"proxy-authorization") => Some(HopField::Other),
+        22 if is(b"x-weir-upstream-status") => Some(HopField::SetByTheProxy),
         _ => None,
     }
 }
 
-/// Fields the proxy sets on an answer by replacing the upstream's (`X-Weir-Upstream-Status` on
-/// a 5xx, `Alt-Svc` on ports that serve HTTP/3): a head that carries one is read into a map,
-/// where the replacement happens.
-const SET_BY_THE_PROXY: [&[u8]; 2] = [b"x-weir-upstream-status", b"alt-svc"];
-
 /// The fields of a head as lines to send on, with what its framing fields say in `fields`.
 /// `None` when a `Connection` names other fields (they must go too), or a field is one the
-/// proxy replaces ([`SET_BY_THE_PROXY`]): the map does either.
+/// proxy replaces ([`HopField::SetByTheProxy`]): the map does either.
 fn fields_as_lines(bytes: &Bytes, spans: &[[usize; 4]], fields: &mut Fields) -> Result<Option<Lines>, Malformed> {
     let mut lines = Lines { text: Vec::with_capacity(bytes.len()), dated: false };
     for &[ns, ne, vs, ve] in spans {
@@ -336,7 +338,7 @@ fn fields_as_lines(bytes: &Bytes, spans: &[[usize; 4]], fields: &mut Fields) -> 
             Some(HopField::TransferEncoding) => fields.transfer_encoding = Some(field_value(bytes.slice(vs..ve))),
             Some(HopField::ContentLength) => fields.content_length(value)?,
             Some(HopField::Other) => {}
-            None if SET_BY_THE_PROXY.iter().any(|p| name.eq_ignore_ascii_case(p)) => return Ok(None),
+            Some(HopField::SetByTheProxy) => return Ok(None),
             None => {
                 lines.dated |= name.eq_ignore_ascii_case(b"date");
                 let text = &mut lines.text;
@@ -676,11 +678,14 @@ mod tests {
             "x-te",
             "trailers",
             "upgrades",
+            "alt-svc",
+            "x-weir-upstream-status",
         ] {
             let header = HeaderName::from_static(name);
             let hop = is_hop_by_hop(&header) || header == CONTENT_LENGTH;
-            assert_eq!(hop_field(name.as_bytes()).is_some(), hop, "{name}");
-            assert_eq!(hop_field(name.to_ascii_uppercase().as_bytes()).is_some(), hop, "{name}");
+            let told = |n: &str| hop_field(n.as_bytes()).is_some_and(|f| f != HopField::SetByTheProxy);
+            assert_eq!(told(name), hop, "{name}");
+            assert_eq!(told(&name.to_ascii_uppercase()), hop, "{name}");
         }
     }
 
