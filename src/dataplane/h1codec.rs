@@ -12,7 +12,7 @@ use bytes::{Bytes, BytesMut};
 use http::header::{HeaderMap, HeaderName, HeaderValue, CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
 use http::{Method, StatusCode, Version};
 
-use super::headers::{is_hop_by_hop, remove_named, Decimal};
+use super::headers::{is_hop_by_hop, remove_named, Decimal, FieldKind};
 
 /// Fields a response head's map has room for beyond the upstream's own.
 const ROOM_FOR_PLUGINS: usize = 4;
@@ -285,43 +285,9 @@ pub struct Lines {
     pub dated: bool,
 }
 
-/// The framing and hop-by-hop fields (`headers::is_hop_by_hop`'s list), and the fields the
-/// proxy sets itself, told by their bytes: a length, then a comparison without case, instead of
-/// making a `HeaderName` first.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum HopField {
-    Connection,
-    TransferEncoding,
-    ContentLength,
-    /// One of the others, dropped.
-    Other,
-    /// Not hop-by-hop: a field the proxy sets by replacing the upstream's
-    /// (`X-Weir-Upstream-Status` on a 5xx, `Alt-Svc` on ports that serve HTTP/3). A head that
-    /// carries one is read into a map, where the replacement happens.
-    SetByTheProxy,
-}
-
-fn hop_field(name: &[u8]) -> Option<HopField> {
-    let is = |s: &[u8]| name.eq_ignore_ascii_case(s);
-    match name.len() {
-        2 if is(b"te") => Some(HopField::Other),
-        7 if is(b"trailer") || is(b"upgrade") => Some(HopField::Other),
-        7 if is(b"alt-svc") => Some(HopField::SetByTheProxy),
-        10 if is(b"connection") => Some(HopField::Connection),
-        10 if is(b"keep-alive") => Some(HopField::Other),
-        14 if is(b"content-length") => Some(HopField::ContentLength),
-        16 if is(b"proxy-connection") => Some(HopField::Other),
-        17 if is(b"transfer-encoding") => Some(HopField::TransferEncoding),
-        18 if is(b"proxy-authenticate") => Some(HopField::Other),
-        19 if is(b"proxy-authorization") => Some(HopField::Other),
-        22 if is(b"x-weir-upstream-status") => Some(HopField::SetByTheProxy),
-        _ => None,
-    }
-}
-
 /// The fields of a head as lines to send on, with what its framing fields say in `fields`.
 /// `None` when a `Connection` names other fields (they must go too), or a field is one the
-/// proxy replaces ([`HopField::SetByTheProxy`]): the map does either.
+/// proxy replaces ([`FieldKind::SetByTheProxy`]): the map does either.
 fn fields_as_lines(bytes: &Bytes, spans: &[[usize; 4]], fields: &mut Fields) -> Result<Option<Lines>, Malformed> {
     let mut lines = Lines { text: Vec::with_capacity(bytes.len()), dated: false };
     for &[ns, ne, vs, ve] in spans {
@@ -329,16 +295,16 @@ fn fields_as_lines(bytes: &Bytes, spans: &[[usize; 4]], fields: &mut Fields) -> 
         // httparse takes a name of token characters only, which is what `HeaderName` takes.
         debug_assert!(HeaderName::from_bytes(name).is_ok(), "{name:?}");
         debug_assert!(value.iter().all(|&b| b == b'\t' || (b >= 0x20 && b != 0x7f)));
-        match hop_field(name) {
-            Some(HopField::Connection) => {
+        match FieldKind::of(name) {
+            Some(FieldKind::Connection) => {
                 if fields.connection(value) {
                     return Ok(None);
                 }
             }
-            Some(HopField::TransferEncoding) => fields.transfer_encoding = Some(field_value(bytes.slice(vs..ve))),
-            Some(HopField::ContentLength) => fields.content_length(value)?,
-            Some(HopField::Other) => {}
-            Some(HopField::SetByTheProxy) => return Ok(None),
+            Some(FieldKind::TransferEncoding) => fields.transfer_encoding = Some(field_value(bytes.slice(vs..ve))),
+            Some(FieldKind::ContentLength) => fields.content_length(value)?,
+            Some(FieldKind::HopByHop) => {}
+            Some(FieldKind::SetByTheProxy) => return Ok(None),
             None => {
                 lines.dated |= name.eq_ignore_ascii_case(b"date");
                 let text = &mut lines.text;
@@ -683,7 +649,7 @@ mod tests {
         ] {
             let header = HeaderName::from_static(name);
             let hop = is_hop_by_hop(&header) || header == CONTENT_LENGTH;
-            let told = |n: &str| hop_field(n.as_bytes()).is_some_and(|f| f != HopField::SetByTheProxy);
+            let told = |n: &str| FieldKind::of(n.as_bytes()).is_some_and(|f| f != FieldKind::SetByTheProxy);
             assert_eq!(told(name), hop, "{name}");
             assert_eq!(told(&name.to_ascii_uppercase()), hop, "{name}");
         }

@@ -2,35 +2,67 @@
 
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 
-use http::header::{
-    CONNECTION, CONTENT_LENGTH, HOST, PROXY_AUTHENTICATE, PROXY_AUTHORIZATION, TE, TRAILER, TRANSFER_ENCODING, UPGRADE,
-};
+use http::header::{CONNECTION, CONTENT_LENGTH, HOST, TRANSFER_ENCODING, UPGRADE};
 
-static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
-static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 static X_FORWARDED_PORT: HeaderName = HeaderName::from_static("x-forwarded-port");
 static X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
 
-/// The hop-by-hop headers (RFC 9110 §7.6.1), and `proxy-connection`, a non-standard one clients
-/// still send.
-static HOP_BY_HOP: [&HeaderName; 9] = [
-    &CONNECTION,
-    &KEEP_ALIVE,
-    &PROXY_AUTHENTICATE,
-    &PROXY_AUTHORIZATION,
-    &TE,
-    &TRAILER,
-    &TRANSFER_ENCODING,
-    &UPGRADE,
-    &PROXY_CONNECTION,
-];
+/// What a field is to the proxy, told by its name's bytes in any case: a length, then a
+/// comparison without case (no `HeaderName` needed: the upstream response reader classifies raw
+/// names with it, `h1codec`). The one list of hop-by-hop fields: RFC 9110 §7.6.1's, and
+/// `proxy-connection`, a non-standard one clients still send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FieldKind {
+    /// `Connection`: hop-by-hop, and its tokens name more.
+    Connection,
+    /// `Transfer-Encoding`: hop-by-hop, and frames the body.
+    TransferEncoding,
+    /// One of the other hop-by-hop fields.
+    HopByHop,
+    /// `Content-Length`: end to end, and frames the body.
+    ContentLength,
+    /// Not hop-by-hop: a field the proxy sets on an answer by replacing the upstream's
+    /// (`X-Weir-Upstream-Status` on a 5xx, `Alt-Svc` on ports that serve HTTP/3).
+    SetByTheProxy,
+}
 
-/// Whether `name` is one of [`HOP_BY_HOP`].
+impl FieldKind {
+    /// The kind of the field named `name`, if it is one of these.
+    pub fn of(name: &[u8]) -> Option<FieldKind> {
+        let is = |s: &[u8]| name.eq_ignore_ascii_case(s);
+        match name.len() {
+            2 if is(b"te") => Some(FieldKind::HopByHop),
+            7 if is(b"trailer") || is(b"upgrade") => Some(FieldKind::HopByHop),
+            7 if is(b"alt-svc") => Some(FieldKind::SetByTheProxy),
+            10 if is(b"connection") => Some(FieldKind::Connection),
+            10 if is(b"keep-alive") => Some(FieldKind::HopByHop),
+            14 if is(b"content-length") => Some(FieldKind::ContentLength),
+            16 if is(b"proxy-connection") => Some(FieldKind::HopByHop),
+            17 if is(b"transfer-encoding") => Some(FieldKind::TransferEncoding),
+            18 if is(b"proxy-authenticate") => Some(FieldKind::HopByHop),
+            19 if is(b"proxy-authorization") => Some(FieldKind::HopByHop),
+            22 if is(b"x-weir-upstream-status") => Some(FieldKind::SetByTheProxy),
+            _ => None,
+        }
+    }
+
+    /// Whether a field of this kind is hop-by-hop.
+    pub fn is_hop_by_hop(self) -> bool {
+        matches!(self, FieldKind::Connection | FieldKind::TransferEncoding | FieldKind::HopByHop)
+    }
+}
+
+/// Whether `name` is a hop-by-hop field ([`FieldKind`]).
 pub fn is_hop_by_hop(name: &HeaderName) -> bool {
-    HOP_BY_HOP.contains(&name)
+    FieldKind::of(name.as_str().as_bytes()).is_some_and(FieldKind::is_hop_by_hop)
+}
+
+/// The size of one field as HTTP/1.1 text: `name: value` and CRLF.
+pub fn line_len(name: &HeaderName, value: &HeaderValue) -> usize {
+    name.as_str().len() + value.len() + 4
 }
 
 /// What the proxy reads of a request's fields before routing, found in one pass over them
@@ -58,7 +90,7 @@ impl RequestFields {
         let mut f = RequestFields::default();
         let mut length_seen = false;
         for (name, value) in headers {
-            f.bytes += name.as_str().len() + value.len() + 4;
+            f.bytes += line_len(name, value);
             if *name == HOST {
                 if f.host.is_none() {
                     f.host = Some(value.clone());
@@ -115,7 +147,7 @@ pub fn remove_named(headers: &mut HeaderMap, connection: &HeaderValue) {
     let Ok(tokens) = connection.to_str() else { return };
     for token in tokens.split(',').map(str::trim).filter(|t| !t.is_empty()) {
         // Headers of the fixed list (keep-alive, upgrade, te: the usual tokens) go anyway.
-        if HOP_BY_HOP.iter().any(|n| token.eq_ignore_ascii_case(n.as_str())) {
+        if FieldKind::of(token.as_bytes()).is_some_and(FieldKind::is_hop_by_hop) {
             continue;
         }
         headers.remove(token);

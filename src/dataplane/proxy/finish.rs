@@ -15,7 +15,7 @@ use weir_plugin::{BodyFilter, Flow, PluginResponse, RequestCtx, ResponseHead};
 
 use super::Response;
 use crate::dataplane::body::{Inbound, OnFinish, ResponseBody, UpstreamBody};
-use crate::dataplane::headers::strip_hop_by_hop;
+use crate::dataplane::headers::{line_len, strip_hop_by_hop};
 use crate::tables::snapshot::{merge_chains, BoundPlugin, PluginChain};
 use crate::tables::upstream::{InFlight, Timeouts};
 
@@ -214,12 +214,12 @@ pub(super) fn head_bytes(head: &ResponseHead) -> u64 {
 
 /// Bytes of header fields as HTTP/1.1 text: `name: value` and CRLF each.
 fn field_bytes(headers: &http::HeaderMap) -> usize {
-    headers.iter().map(|(k, v)| k.as_str().len() + v.len() + 4).sum()
+    headers.iter().map(|(k, v)| line_len(k, v)).sum()
 }
 
 /// Bytes of a list of fields as HTTP/1.1 text.
 fn field_list_bytes(fields: &[(http::HeaderName, HeaderValue)]) -> u64 {
-    fields.iter().map(|(k, v)| k.as_str().len() + v.len() + 4).sum::<usize>() as u64
+    fields.iter().map(|(k, v)| line_len(k, v)).sum::<usize>() as u64
 }
 
 /// Bytes of a request head as HTTP/1.1 text (`$request_length`, without the body): the request

@@ -175,8 +175,10 @@ pub async fn handle<B: Into<ClientBody>>(
     gw: &Gateway,
     worker: &Worker,
 ) -> Response {
-    let fields = RequestFields::of(req.headers());
-    let upgrade_asked = req.version() < http::Version::HTTP_2 && fields.upgrade;
+    // HTTP/1.x: read here, for the upgrade; HTTP/2 and HTTP/3 in `serve`, once `:authority`
+    // may have become the Host field.
+    let fields = (req.version() < http::Version::HTTP_2).then(|| RequestFields::of(req.headers()));
+    let upgrade_asked = fields.as_ref().is_some_and(|f| f.upgrade);
     // Taken apart here, not re-assembled around another body type: a request head is a few
     // hundred bytes to move.
     let (parts, body) = req.into_parts();
@@ -247,7 +249,7 @@ fn is_websocket(headers: &http::HeaderMap) -> bool {
 
 async fn serve(
     mut parts: http::request::Parts,
-    mut fields: RequestFields,
+    fields: Option<RequestFields>,
     mut payload: ClientBody,
     conn: ConnInfo,
     gw: &Gateway,
@@ -268,9 +270,8 @@ async fn serve(
             log::debug!("client {remote}: {why}");
             return error_response(StatusCode::BAD_REQUEST, &format!("400 Bad Request: {why}"));
         }
-        // `:authority` may have become the Host header.
-        fields = RequestFields::of(&parts.headers);
     }
+    let mut fields = fields.unwrap_or_else(|| RequestFields::of(&parts.headers));
     let websocket = upgrade_asked && is_websocket(&parts.headers);
     let on_upgrade = if websocket { payload.take_upgrade() } else { None };
     // One normalized path for routing, plugins and the upstream (docs/data-plane.md).
