@@ -248,6 +248,10 @@ impl Plugin for LimitCount {
     fn checks_together(&self) -> bool {
         true
     }
+    fn checks_together_with(&self, conf: &Value) -> bool {
+        // `check_groups` compares configurations with a group only.
+        conf.get("group").is_some()
+    }
     fn check_together(&self, confs: &[(Owner<'_>, &Value)]) -> Vec<(usize, String)> {
         conf::check_groups(confs)
     }

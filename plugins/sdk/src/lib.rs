@@ -259,6 +259,13 @@ pub trait Plugin: Send + Sync + 'static {
     fn checks_together(&self) -> bool {
         false
     }
+    /// Whether this one configuration takes part in [`Plugin::check_together`] (limit-count's:
+    /// only one with a `group`). A change to routes whose configurations all answer no is
+    /// applied without checking the whole document again; the default is
+    /// [`Plugin::checks_together`].
+    fn checks_together_with(&self, _conf: &Value) -> bool {
+        self.checks_together()
+    }
     /// Checks every configuration of this plugin in one resource document together, once per
     /// build, after each was checked alone (and its instance built or reused): for rules that
     /// span resources, such as limit-count's `group` (routes sharing a group must configure it
@@ -304,6 +311,8 @@ pub trait DynPlugin: Send + Sync + 'static {
     fn build(&self, conf: &Value, ctx: &BuildContext<'_>) -> Result<Arc<dyn PluginInstance>, String>;
     /// [`Plugin::checks_together`].
     fn checks_together(&self) -> bool;
+    /// [`Plugin::checks_together_with`].
+    fn checks_together_with(&self, conf: &Value) -> bool;
     /// [`Plugin::check_together`].
     fn check_together(&self, confs: &[(Owner<'_>, &Value)]) -> Vec<(usize, String)>;
 }
@@ -360,6 +369,9 @@ impl<P: Plugin> DynPlugin for P {
     }
     fn checks_together(&self) -> bool {
         Plugin::checks_together(self)
+    }
+    fn checks_together_with(&self, conf: &Value) -> bool {
+        Plugin::checks_together_with(self, conf)
     }
     fn check_together(&self, confs: &[(Owner<'_>, &Value)]) -> Vec<(usize, String)> {
         Plugin::check_together(self, confs)
