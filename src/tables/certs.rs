@@ -40,7 +40,7 @@ impl SslCerts {
 }
 
 /// Every enabled certificate, by server name.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct CertTable {
     exact: HashMap<String, Arc<SslCerts>>,
     /// `(".example.com", certs)`, longest suffix first.

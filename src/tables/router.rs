@@ -338,69 +338,181 @@ impl RouteTable {
         // Most routes have one exact URI: no rehashing on the way to 10,000.
         t.exact.reserve(routes.len());
         t.routes.reserve_exact(routes.len());
-        let mut problems = Vec::new();
         // Shared by every exact and prefix entry (an empty `Arc<[_]>` still allocates).
         let no_names: Arc<[Arc<str>]> = Arc::from([]);
         for (order, route) in routes.into_iter().enumerate() {
-            let order = u32::try_from(order).unwrap_or(u32::MAX);
-            t.reads_form |=
-                route.vars.as_ref().is_some_and(|v| v.variables().iter().any(|n| n.starts_with("post_arg_")));
-            for (i, uri) in route.uri_names.iter().enumerate() {
-                let ui = u16::try_from(i).unwrap_or(u16::MAX);
+            t.add(&route, u32::try_from(order).unwrap_or(u32::MAX), &no_names);
+            t.len += 1;
+            t.routes.push(route);
+        }
+        let problems = t.index_params();
+        t.prefix_lens.sort_unstable_by(|a, b| b.cmp(a));
+        (t, problems)
+    }
+
+    /// This table with the routes `gone` taken out and `added` put in, `routes` being the new
+    /// list in definition order: what a change to a few of 10,000 routes costs without building
+    /// every entry again. Definition order must be id order (a provider whose order is its keys',
+    /// etcd): the entries of one URI that a change touches are ordered again by their routes' ids
+    /// (ties are only ever broken within one URI's entries). Routes whose parameter pattern
+    /// matchit refuses are reported, as [`RouteTable::build`] does.
+    pub fn patched(
+        &self,
+        gone: &[&Arc<CompiledRoute>],
+        added: &[Arc<CompiledRoute>],
+        routes: Vec<Arc<CompiledRoute>>,
+    ) -> Result<RouteTable, Vec<String>> {
+        let mut t = RouteTable {
+            exact: self.exact.clone(),
+            params: matchit::Router::new(),
+            param_patterns: self.param_patterns.clone(),
+            param_lists: self.param_lists.clone(),
+            prefix: self.prefix.clone(),
+            prefix_lens: Vec::new(),
+            len: routes.len(),
+            reads_form: false,
+            routes,
+        };
+        let mut params_changed = false;
+        let same = |e: &Entry, r: &Arc<CompiledRoute>| Arc::ptr_eq(&e.route, r);
+        for g in gone {
+            for uri in g.uri_names.iter() {
                 match classify(uri) {
-                    Pattern::Exact => t.exact.entry(uri.clone()).or_default().push(Entry {
+                    Pattern::Exact => drop_entries(&mut t.exact, &**uri, |e| same(e, g)),
+                    Pattern::Prefix(p) => drop_entries(&mut t.prefix, p, |e| same(e, g)),
+                    Pattern::Params { pattern, .. } => {
+                        if let Some(&i) = t.param_patterns.get(&pattern) {
+                            t.param_lists[i].retain(|e| !same(e, g));
+                        }
+                        params_changed = true;
+                    }
+                }
+            }
+        }
+        let no_names: Arc<[Arc<str>]> = Arc::from([]);
+        for a in added {
+            t.add(a, 0, &no_names);
+        }
+        // The entries of each URI an added route has, in id order again.
+        let by_id = |list: &mut [Entry]| {
+            list.sort_by(|x, y| x.route.id.cmp(&y.route.id));
+            for (order, e) in list.iter_mut().enumerate() {
+                e.order = u32::try_from(order).unwrap_or(u32::MAX);
+            }
+        };
+        for a in added {
+            for uri in a.uri_names.iter() {
+                match classify(uri) {
+                    Pattern::Exact => t.exact.get_mut(&**uri).into_iter().for_each(|l| by_id(l)),
+                    Pattern::Prefix(p) => t.prefix.get_mut(p).into_iter().for_each(|l| by_id(l)),
+                    Pattern::Params { pattern, .. } => {
+                        if let Some(&i) = t.param_patterns.get(&pattern) {
+                            by_id(&mut t.param_lists[i]);
+                        }
+                        params_changed = true;
+                    }
+                }
+            }
+        }
+        // matchit's router is built again only when a parameter route came or went (and the
+        // patterns no route has any more are dropped then).
+        if params_changed {
+            let lists = std::mem::take(&mut t.param_lists);
+            let mut patterns: Vec<(String, usize)> = std::mem::take(&mut t.param_patterns).into_iter().collect();
+            patterns.sort_unstable_by_key(|(_, i)| *i);
+            let mut lists: Vec<Option<Vec<Entry>>> = lists.into_iter().map(Some).collect();
+            for (pattern, i) in patterns {
+                if let Some(list) = lists.get_mut(i).and_then(Option::take).filter(|l| !l.is_empty()) {
+                    t.param_patterns.insert(pattern, t.param_lists.len());
+                    t.param_lists.push(list);
+                }
+            }
+            let problems = t.index_params();
+            if !problems.is_empty() {
+                return Err(problems);
+            }
+        } else {
+            t.params = self.params.clone();
+        }
+        t.prefix_lens = match gone.iter().copied().chain(added).any(|r| r.uri_names.iter().any(|u| u.ends_with('*'))) {
+            true => {
+                let mut lens: Vec<usize> = t.prefix.keys().map(String::len).collect();
+                lens.sort_unstable_by(|a, b| b.cmp(a));
+                lens.dedup();
+                lens
+            }
+            false => self.prefix_lens.clone(),
+        };
+        let reads_form = |r: &Arc<CompiledRoute>| {
+            r.vars.as_ref().is_some_and(|v| v.variables().iter().any(|n| n.starts_with("post_arg_")))
+        };
+        t.reads_form = match gone.iter().any(|r| reads_form(r)) {
+            true => t.routes.iter().any(reads_form),
+            false => self.reads_form || added.iter().any(reads_form),
+        };
+        Ok(t)
+    }
+
+    /// Puts the entries of `route` (one per URI) in the table, at place `order`.
+    fn add(&mut self, route: &Arc<CompiledRoute>, order: u32, no_names: &Arc<[Arc<str>]>) {
+        self.reads_form |=
+            route.vars.as_ref().is_some_and(|v| v.variables().iter().any(|n| n.starts_with("post_arg_")));
+        for (i, uri) in route.uri_names.iter().enumerate() {
+            let ui = u16::try_from(i).unwrap_or(u16::MAX);
+            match classify(uri) {
+                Pattern::Exact => self.exact.entry(uri.clone()).or_default().push(Entry {
+                    route: route.clone(),
+                    rank: 3,
+                    uri: ui,
+                    len: 0,
+                    names: no_names.clone(),
+                    order,
+                }),
+                Pattern::Prefix(p) => {
+                    let len = p.len();
+                    let entry_len = u32::try_from(len).unwrap_or(u32::MAX);
+                    let entry = Entry {
                         route: route.clone(),
-                        rank: 3,
+                        rank: 1,
                         uri: ui,
-                        len: 0,
+                        len: entry_len,
                         names: no_names.clone(),
                         order,
-                    }),
-                    Pattern::Prefix(p) => {
-                        let len = p.len();
-                        let entry_len = u32::try_from(len).unwrap_or(u32::MAX);
-                        let entry = Entry {
-                            route: route.clone(),
-                            rank: 1,
-                            uri: ui,
-                            len: entry_len,
-                            names: no_names.clone(),
-                            order,
-                        };
-                        // (The prefix is copied for its first route only.)
-                        match t.prefix.get_mut(p) {
-                            Some(list) => list.push(entry),
-                            None => {
-                                t.prefix.insert(p.to_owned(), smallvec::smallvec![entry]);
-                            }
-                        }
-                        if !t.prefix_lens.contains(&len) {
-                            t.prefix_lens.push(len);
+                    };
+                    // (The prefix is copied for its first route only.)
+                    match self.prefix.get_mut(p) {
+                        Some(list) => list.push(entry),
+                        None => {
+                            self.prefix.insert(p.to_owned(), smallvec::smallvec![entry]);
                         }
                     }
-                    Pattern::Params { pattern, names } => {
-                        let entry =
-                            Entry { route: route.clone(), rank: 2, uri: ui, len: 0, names: names.into(), order };
-                        match t.param_patterns.get(&pattern) {
-                            Some(&i) => t.param_lists[i].push(entry),
-                            None => {
-                                t.param_patterns.insert(pattern.clone(), t.param_lists.len());
-                                t.param_lists.push(vec![entry]);
-                            }
+                    if !self.prefix_lens.contains(&len) {
+                        self.prefix_lens.push(len);
+                    }
+                }
+                Pattern::Params { pattern, names } => {
+                    let entry = Entry { route: route.clone(), rank: 2, uri: ui, len: 0, names: names.into(), order };
+                    match self.param_patterns.get(&pattern) {
+                        Some(&i) => self.param_lists[i].push(entry),
+                        None => {
+                            self.param_patterns.insert(pattern.clone(), self.param_lists.len());
+                            self.param_lists.push(vec![entry]);
                         }
                     }
                 }
             }
-            t.len += 1;
-            t.routes.push(route);
         }
-        for (pattern, &i) in &t.param_patterns {
-            if let Err(e) = t.params.insert(pattern.clone(), t.param_lists[i].clone()) {
+    }
+
+    /// Puts every parameter pattern in matchit's router; the patterns it refuses.
+    fn index_params(&mut self) -> Vec<String> {
+        let mut problems = Vec::new();
+        for (pattern, &i) in &self.param_patterns {
+            if let Err(e) = self.params.insert(pattern.clone(), self.param_lists[i].clone()) {
                 problems.push(format!("route uri pattern `{pattern}`: {e}"));
             }
         }
-        t.prefix_lens.sort_unstable_by(|a, b| b.cmp(a));
-        (t, problems)
+        problems
     }
 
     /// Number of routes.
@@ -504,6 +616,20 @@ fn outranks(e: &Entry, best: Option<&Entry>) -> bool {
         Some(b) => {
             (e.route.route.priority, e.rank, e.len, std::cmp::Reverse(e.order))
                 > (b.route.route.priority, b.rank, b.len, std::cmp::Reverse(b.order))
+        }
+    }
+}
+
+/// Removes the entries `gone` picks from `key`'s list, and the key when none is left.
+fn drop_entries<K, Q>(map: &mut FastMap<K, Entries>, key: &Q, gone: impl Fn(&Entry) -> bool)
+where
+    K: std::borrow::Borrow<Q> + std::hash::Hash + Eq,
+    Q: std::hash::Hash + Eq + ?Sized,
+{
+    if let Some(list) = map.get_mut(key) {
+        list.retain(|e| !gone(e));
+        if list.is_empty() {
+            map.remove(key);
         }
     }
 }

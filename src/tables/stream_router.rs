@@ -140,7 +140,7 @@ impl CompiledStreamRoute {
 }
 
 /// Every stream route of a snapshot, most specific first.
-#[derive(Default)]
+#[derive(Default, Clone)]
 pub struct StreamTable {
     routes: Vec<Arc<CompiledStreamRoute>>,
 }

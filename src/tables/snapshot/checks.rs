@@ -150,8 +150,36 @@ impl Builder<'_> {
         }
     }
 
+    /// A route's references: its upstream, service and plugin config exist.
+    pub(super) fn check_route_refs(&mut self, o: &EntryName<'_>, r: &Route) {
+        if r.upstream.is_some() && r.upstream_id.is_some() {
+            self.issue(o, "upstream_id", "`upstream` and `upstream_id` are mutually exclusive");
+        }
+        if let Some(id) = &r.upstream_id {
+            self.check_upstream_id(o, id);
+        }
+        if let Some(sid) = &r.service_id {
+            if !self.known().contains_key(&("services", sid.0.clone())) {
+                self.issue(o, "service_id", &format!("service `{sid}` does not exist"));
+            }
+        }
+        if let Some(pid) = r.plugin_config_id() {
+            if !self.known().contains_key(&("plugin_configs", pid.0.clone())) {
+                self.issue(o, "plugin_config_id", &format!("plugin config `{pid}` does not exist"));
+            }
+        }
+    }
+
+    /// The resources that exist, by `(kind, id)`: this build's, or the patched snapshot's.
+    pub(super) fn known(&self) -> &FastMap<(&'static str, String), usize> {
+        match (self.patching, self.previous) {
+            (true, Some(p)) => &p.index,
+            _ => &self.snap.index,
+        }
+    }
+
     pub(super) fn check_upstream_id(&mut self, o: &EntryName<'_>, id: &Id) {
-        if !self.snap.index.contains_key(&("upstreams", id.0.clone())) {
+        if !self.known().contains_key(&("upstreams", id.0.clone())) {
             self.issue(o, "upstream_id", &format!("upstream `{id}` does not exist"));
         }
     }

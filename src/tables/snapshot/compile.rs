@@ -110,7 +110,7 @@ impl Builder<'_> {
             // Routes without plugins have no chain entry: no lookup (and no key to build) for them.
             let route_chain = match r.plugins.is_empty() && r.plugin_config_id().is_none() {
                 true => empty.clone(),
-                false => self.snap.chains.get(&("routes", r.id.0.clone())).cloned().unwrap_or_else(|| empty.clone()),
+                false => self.route_chains.get(&r.id.0).cloned().unwrap_or_else(|| empty.clone()),
             };
             let plugins = match &service {
                 None => route_chain,
@@ -178,7 +178,7 @@ impl Builder<'_> {
 /// Finds, for a route of this build, the previous snapshot's compiled route made from the very
 /// same parsed route (the parse cache hands an unchanged entry back as the same `Arc`). Tried at
 /// the same place first, shifted by as many routes as came or went before it so far, then by id
-/// through the previous snapshot's index (whose routes are in its table's order).
+/// in the previous snapshot (whose routes are in its table's order).
 struct RouteReuse<'p> {
     previous: Option<&'p Snapshot>,
     routes: &'p [Arc<CompiledRoute>],
@@ -207,7 +207,7 @@ impl<'p> RouteReuse<'p> {
     }
 
     fn place(&self, id: &str) -> Option<(usize, &'p Arc<CompiledRoute>)> {
-        let at = *self.previous?.index.get(&("routes", id.to_owned()))?;
+        let at = self.previous?.route_place(id)?;
         self.routes.get(at).filter(|p| &*p.id == id).map(|p| (at, p))
     }
 }

@@ -17,10 +17,12 @@ use weir_plugin::PluginInstance;
 mod checks;
 mod compile;
 mod parse;
+mod patch;
 mod plugins;
 
 use parse::ParseCache;
 pub use parse::{fingerprint, DocPrints, Fingerprint, Prints};
+pub use patch::RouteChange;
 pub use plugins::merge_chains;
 use plugins::sort_chain;
 
@@ -243,7 +245,8 @@ pub struct Snapshot {
     pub plugin_configs: Vec<Arc<PluginConfig>>,
     /// Plugin metadata of enabled plugins, in the order of the enabled list.
     pub plugin_metadata: Vec<PluginMetadata>,
-    /// Plugin chains of routes, services and global rules, keyed by `(kind, id)`.
+    /// Plugin chains of services and global rules, keyed by `(kind, id)` (a route's own chain is
+    /// merged into its compiled route, [`CompiledRoute::plugins`]).
     pub chains: FastMap<(&'static str, String), PluginChain>,
     /// The data plane's routing table.
     pub table: RouteTable,
@@ -261,7 +264,13 @@ pub struct Snapshot {
     pub stream_table: StreamTable,
     /// Compiled upstream objects by id (what [`weir_plugin::UpstreamRef::Id`] names).
     pub upstream_objects: FastMap<String, Arc<CompiledUpstream>>,
-    index: FastMap<(&'static str, String), usize>,
+    /// Every resource's place in its list by `(kind, id)`; routes too unless
+    /// [`Snapshot::routes_by_id`]. Shared with the snapshots patched from this one.
+    index: Arc<FastMap<(&'static str, String), usize>>,
+    /// Routes are in id order with no id twice (a provider whose order is its keys', etcd): a
+    /// route is found by a binary search of [`Snapshot::routes`] and is not in the index, so
+    /// that a route added or removed moves no index entry (and a patch copies none).
+    routes_by_id: bool,
     /// Compiled upstreams of upstream objects, services and stream routes by owner `(kind, id)`,
     /// for the next build to reuse (a route's own is reused with the route, `compile.rs`).
     compiled_by_owner: Compiled,
@@ -279,7 +288,14 @@ pub struct Snapshot {
 impl Snapshot {
     /// A route by id.
     pub fn route(&self, id: &str) -> Option<&Arc<Route>> {
-        self.index.get(&("routes", id.to_owned())).map(|&i| &self.routes[i])
+        self.route_place(id).map(|i| &self.routes[i])
+    }
+    /// Where the route `id` is in [`Snapshot::routes`] (and in the route table's list).
+    pub(crate) fn route_place(&self, id: &str) -> Option<usize> {
+        match self.routes_by_id {
+            true => self.routes.binary_search_by(|r| r.id.0.as_str().cmp(id)).ok(),
+            false => self.index.get(&("routes", id.to_owned())).copied(),
+        }
     }
     /// A service by id.
     pub fn service(&self, id: &str) -> Option<&Arc<Service>> {
@@ -349,6 +365,8 @@ impl Snapshot {
             previous,
             prints,
             together: Default::default(),
+            patching: false,
+            route_chains: FastMap::default(),
         };
         let result = builder.run(raw);
         // What this build parsed is what the next one may reuse (a failed build keeps its valid
@@ -377,6 +395,11 @@ struct Builder<'a> {
     prints: Option<&'a DocPrints>,
     /// The configurations of plugins that check theirs together (`Plugin::check_together`).
     together: plugins::Together,
+    /// A patch of `previous` (`patch.rs`): what other resources exist is `previous`'s index,
+    /// not this build's (which holds none).
+    patching: bool,
+    /// The chains of the routes' own plugins, by route id, until they are compiled.
+    route_chains: FastMap<String, PluginChain>,
 }
 
 /// How an entry is named in messages: `routes[2] (id 7)`. Every entry of every build has one, and
@@ -456,7 +479,11 @@ impl Builder<'_> {
             return Err(self.issues);
         }
 
-        self.index("routes", routes.iter().map(|(o, r)| (o, r.id.0.clone())));
+        // (Strictly increasing ids are unique, and found by a search: no index entries.)
+        self.snap.routes_by_id = routes.windows(2).all(|w| w[0].1.id.0 < w[1].1.id.0);
+        if !self.snap.routes_by_id {
+            self.index("routes", routes.iter().map(|(o, r)| (o, r.id.0.clone())));
+        }
         self.index("services", services.iter().map(|(o, s)| (o, s.id.0.clone())));
         self.index(
             "upstreams",
@@ -504,22 +531,7 @@ impl Builder<'_> {
                     self.cache.passed(&print);
                 }
             }
-            if r.upstream.is_some() && r.upstream_id.is_some() {
-                self.issue(o, "upstream_id", "`upstream` and `upstream_id` are mutually exclusive");
-            }
-            if let Some(id) = &r.upstream_id {
-                self.check_upstream_id(o, id);
-            }
-            if let Some(sid) = &r.service_id {
-                if !self.snap.index.contains_key(&("services", sid.0.clone())) {
-                    self.issue(o, "service_id", &format!("service `{sid}` does not exist"));
-                }
-            }
-            if let Some(pid) = r.plugin_config_id() {
-                if !self.snap.index.contains_key(&("plugin_configs", pid.0.clone())) {
-                    self.issue(o, "plugin_config_id", &format!("plugin config `{pid}` does not exist"));
-                }
-            }
+            self.check_route_refs(o, r);
         }
         let mut stream_chains = HashMap::new();
         for (o, r) in &stream_routes {
@@ -563,7 +575,7 @@ impl Builder<'_> {
                 }
             };
             let chain = self.chain(("routes", &r.id.0, o), confs, state, &meta_by_plugin);
-            self.snap.chains.insert(("routes", r.id.0.clone()), chain);
+            self.route_chains.insert(r.id.0.clone(), chain);
         }
         for (o, s) in services.iter().filter(|(_, s)| !s.plugins.is_empty()) {
             let chain = self.chain(("services", &s.id.0, o), &s.plugins, state, &meta_by_plugin);

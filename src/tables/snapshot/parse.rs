@@ -155,6 +155,21 @@ impl ParseCache {
         *PARSED.lock() = Some(self);
     }
 
+    /// Folds what a patch ([`Snapshot::patch_routes`]) parsed into the cache the last build left,
+    /// as used by it, and drops the entries of the routes the patch replaced or removed (no
+    /// other entry is made from the same JSON: a route's id is in it). Nothing happens while a
+    /// build holds the cache: the next build's parses are what it keeps.
+    pub(super) fn fold_patch(self, gone: &[&Arc<Route>]) {
+        let mut held = PARSED.lock();
+        let Some(cache) = held.as_mut() else { return };
+        if !gone.is_empty() {
+            let replaced = |e: &ParsedEntry| gone.iter().any(|g| std::ptr::addr_eq(Arc::as_ptr(&e.0), Arc::as_ptr(g)));
+            cache.entries.retain(|_, e| !replaced(e));
+        }
+        let build = cache.build;
+        cache.entries.extend(self.entries.into_iter().map(|(print, (v, ok, _))| (print, (v, ok, build))));
+    }
+
     /// Records that `print` passed the checks that depend on nothing but itself.
     pub(super) fn passed(&mut self, print: &Fingerprint) {
         if let Some(entry) = self.entries.get_mut(print) {
@@ -196,33 +211,51 @@ impl Builder<'_> {
         let mut out = Vec::with_capacity(items.len());
         let prints = self.prints.and_then(|p| p.get(list)).map_or(&[][..], Vec::as_slice);
         for (i, item) in items.iter().enumerate() {
-            let o = EntryName::new(list, i, item);
-            let known = prints.get(i);
-            let print = known.copied().unwrap_or_else(|| fingerprint(list, item));
-            let build = self.cache.build;
-            if let Some((parsed, ok, used)) = self.cache.entries.get_mut(&print) {
-                if let Ok(t) = parsed.clone().downcast::<T>() {
-                    out.push((o, t));
-                    checked.push((print, *ok));
-                    *used = build;
-                    continue;
-                }
-            }
-            if let Err(found) = schema.check(item) {
-                self.issues.extend(found.into_iter().map(|f| f.in_resource(&o)));
-                continue;
-            }
-            match serde_json::from_value::<T>(item.clone()) {
-                Ok(v) => {
-                    let v = Arc::new(v);
-                    self.cache.entries.insert(print, (v.clone(), false, build));
-                    out.push((o, v));
-                    checked.push((print, false));
-                }
-                Err(e) => self.issue(&o, "", &e.to_string()),
+            if let Some((o, t, print)) = self.parse_entry(schema, (list, i, item), prints.get(i)) {
+                out.push((o, t));
+                checked.push(print);
             }
         }
         (out, checked)
+    }
+
+    /// One entry of `list` (at place `i`), with its cache key and whether it is known to pass its
+    /// own checks; `None` when it is not valid (the issues go to the builder).
+    #[allow(clippy::type_complexity)]
+    pub(super) fn parse_entry<'r, T>(
+        &mut self,
+        schema: &CompiledSchema,
+        (list, i, item): (&'static str, usize, &'r Value),
+        known: Option<&Fingerprint>,
+    ) -> Option<(EntryName<'r>, Arc<T>, (Fingerprint, bool))>
+    where
+        T: DeserializeOwned + Send + Sync + 'static,
+    {
+        let o = EntryName::new(list, i, item);
+        let print = known.copied().unwrap_or_else(|| fingerprint(list, item));
+        let build = self.cache.build;
+        if let Some((parsed, ok, used)) = self.cache.entries.get_mut(&print) {
+            if let Ok(t) = parsed.clone().downcast::<T>() {
+                *used = build;
+                let ok = *ok;
+                return Some((o, t, (print, ok)));
+            }
+        }
+        if let Err(found) = schema.check(item) {
+            self.issues.extend(found.into_iter().map(|f| f.in_resource(&o)));
+            return None;
+        }
+        match serde_json::from_value::<T>(item.clone()) {
+            Ok(v) => {
+                let v = Arc::new(v);
+                self.cache.entries.insert(print, (v.clone(), false, build));
+                Some((o, v, (print, false)))
+            }
+            Err(e) => {
+                self.issue(&o, "", &e.to_string());
+                None
+            }
+        }
     }
 
     pub(super) fn index<'o>(
@@ -230,22 +263,26 @@ impl Builder<'_> {
         list: &'static str,
         ids: impl ExactSizeIterator<Item = (&'o EntryName<'o>, String)>,
     ) {
-        self.snap.index.reserve(ids.len());
+        // (A build's own index is not shared yet: no copy.)
+        let index = Arc::make_mut(&mut self.snap.index);
+        index.reserve(ids.len());
+        let mut twice = Vec::new();
         for (i, (o, id)) in ids.enumerate() {
             if id.is_empty() {
                 continue;
             }
             // (The id moves into the index: the message, rare, copies it back out.)
-            match self.snap.index.entry((list, id)) {
+            match index.entry((list, id)) {
                 std::collections::hash_map::Entry::Vacant(slot) => {
                     slot.insert(i);
                 }
                 std::collections::hash_map::Entry::Occupied(taken) => {
-                    let id = &taken.key().1;
-                    let why = format!("duplicate id `{id}` in {list}");
-                    self.issue(o, "id", &why);
+                    twice.push((o, format!("duplicate id `{}` in {list}", taken.key().1)));
                 }
             }
+        }
+        for (o, why) in twice {
+            self.issue(o, "id", &why);
         }
     }
 }

@@ -322,7 +322,7 @@ impl Builder<'_> {
             enabled: self.enabled,
             consumers,
             check_only: self.check_only,
-            index: &self.snap.index,
+            index: self.known(),
             names_upstreams: std::sync::atomic::AtomicBool::new(false),
         };
         let ctx = BuildContext {
