@@ -15,7 +15,7 @@ use crate::health::HealthRegistry;
 use crate::plugins::{Catalog, EnabledSet};
 use crate::resources::etcd::{self, ProviderStatus, Values};
 use crate::resources::yaml;
-use crate::tables::snapshot::{DocPrints, Mode, Prints};
+use crate::tables::snapshot::{DocPrints, Mode, Prints, RouteChange};
 use crate::tables::Snapshot;
 use crate::validate::Issue;
 
@@ -57,6 +57,9 @@ pub struct Gateway {
     pub debug: DebugHeaders,
     /// Wakes the etcd watcher to rebuild from the document it holds (DNS answers changed).
     pub rebuild_requested: Arc<tokio::sync::Notify>,
+    /// How many snapshots have been published: which one serves, for a provider to know
+    /// whether it is the one it built ([`Followed::clean`]).
+    generation: std::sync::atomic::AtomicU64,
 }
 
 /// The set the etcd watcher follows ([`Gateway::followed`]): every value under the prefix as of
@@ -68,6 +71,10 @@ pub struct Followed {
     pub prints: Prints,
     /// The etcd revision they are as of.
     pub revision: i64,
+    /// The [`Gateway::generation`] of the snapshot built from exactly these values (nothing
+    /// skipped), while it serves: a change to routes only is then a patch of it
+    /// (`Snapshot::patch_routes`) rather than a build of the whole set.
+    pub clean: Option<u64>,
 }
 
 /// `gateway.debug_header` and `gateway.show_upstream_status_in_response_header`.
@@ -157,6 +164,7 @@ impl Gateway {
         };
         let gateway = Arc::new(Gateway {
             rebuild_requested: Arc::new(tokio::sync::Notify::new()),
+            generation: std::sync::atomic::AtomicU64::new(0),
             debug,
             prefix,
             catalog,
@@ -270,6 +278,18 @@ impl Gateway {
         self.reload.lock()
     }
 
+    /// Which snapshot serves: a count of those published.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// The snapshot serving with `changes` to its routes applied (`Snapshot::patch_routes`), or
+    /// `None` when they must be built whole; `validate`: an Admin API write's check.
+    pub fn patch_routes(&self, changes: &[RouteChange<'_>], validate: bool) -> Option<Snapshot> {
+        let current = self.resources.load();
+        current.patch_routes(changes, &self.enabled.load(), &self.prefix.dir, validate)
+    }
+
     /// Validates and builds a snapshot of `raw` against the enabled plugins (publishes nothing).
     /// What is unchanged since the snapshot serving now is reused from it.
     pub fn build_snapshot(&self, raw: &Value) -> Result<Snapshot, Vec<Issue>> {
@@ -305,6 +325,7 @@ impl Gateway {
         }
         crate::acme::sync(&snapshot.ssls);
         let old = self.resources.swap(Arc::new(snapshot));
+        self.generation.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         let old_raw = std::mem::replace(&mut *self.raw_resources.lock(), raw.map(|r| Arc::from(r.to_string())));
         // Freeing the previous set (10k routes: tens of milliseconds) and returning its pages
         // happen off the path of the next change.
@@ -368,6 +389,7 @@ impl Gateway {
         self.control_routes.store(Arc::new(routes));
         crate::tables::upstream::reconcile_checkers(&self.health, &snapshot.compiled_upstreams);
         self.resources.store(Arc::new(snapshot));
+        self.generation.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         Ok(names)
     }
 }

@@ -733,3 +733,73 @@ fn admin_writes_are_judged_on_what_etcd_holds_even_right_after_other_writes() {
     }
     assert_eq!(status(p.node(), "/refused"), 404);
 }
+
+#[test]
+fn route_changes_apply_as_patches_and_a_bad_route_is_still_named() {
+    let Some(etcd) = Etcd::start() else {
+        return common::skip("route_changes_apply_as_patches", "etcd/etcdctl are not installed");
+    };
+    let (up, other) = (Upstream::start("u"), Upstream::start("v"));
+    etcd.put("/weir/upstreams/u1", &format!("{{\"nodes\": {{\"{}\": 1}}}}", up.node()));
+    etcd.put(
+        "/weir/services/s1",
+        "{\"upstream_id\": \"u1\", \"plugins\": {\"proxy-rewrite\": {\"headers\": {\"set\": {\"x-from\": \"s1\"}}}}}",
+    );
+    etcd.put("/weir/routes/1", &route("/one", &up));
+    let (p, w, admin) = gateway_with_admin(&etcd);
+    let patches = || w.log_text().matches("(a patch of 1 route(s)").count();
+    let builds = || w.log_text().matches(" ms (built in ").count();
+    let served = |path: &str| eventually(Duration::from_secs(2), || status(p.node(), path) == 200);
+
+    // The first change after start-up builds the whole set; a change to routes only after that
+    // patches the snapshot serving.
+    etcd.put("/weir/routes/2", &route("/two", &up));
+    assert!(served("/two"));
+    assert_eq!((builds(), patches()), (1, 0), "{}", w.log_text());
+    etcd.put("/weir/routes/3", "{\"uri\": \"/three\", \"service_id\": \"s1\"}");
+    assert!(served("/three"));
+    let echo = get(p.node(), "/three").json();
+    assert_eq!((echo["node"].as_str(), echo["headers"]["x-from"].as_str()), (Some("u"), Some("s1")), "{echo}");
+    assert_eq!((builds(), patches()), (1, 1), "{}", w.log_text());
+    // Another route of the same URI, with a key before route 3's: defined first, it wins.
+    etcd.put("/weir/routes/20", &route("/three", &other));
+    assert!(eventually(Duration::from_secs(2), || get(p.node(), "/three").json()["node"] == "v"));
+    assert_eq!(patches(), 2);
+
+    // A bad route written behind Weir's back: named and skipped as before; the rest serves.
+    etcd.put("/weir/routes/4", &route("no-slash", &up));
+    let skipped = || get(p.control(), "/v1/config_status").json()["skipped"].to_string();
+    assert!(eventually(Duration::from_secs(2), || skipped().contains("/weir/routes/4")), "{}", skipped());
+    assert!(w.log_text().contains("etcd /weir/routes/4:"), "{}", w.log_text());
+    assert_eq!((status(p.node(), "/one"), status(p.node(), "/three")), (200, 200));
+    // Mended: the set held a skipped key, so it is built whole; then patches resume.
+    etcd.put("/weir/routes/4", &route("/four", &up));
+    assert!(served("/four"));
+    assert_eq!(skipped(), "[]");
+    let (built, patched) = (builds(), patches());
+    assert_eq!((built, patched), (3, 2), "{}", w.log_text());
+    etcd.del("/weir/routes/2");
+    assert!(eventually(Duration::from_secs(2), || status(p.node(), "/two") == 404));
+    assert_eq!((builds(), patches()), (3, 3));
+
+    // The Admin API judges a route write by a patch too, and still names what is wrong.
+    let call = |path: &str, body: &str| admin_call(admin, "PUT", path, Some(ADMIN_KEY), body);
+    assert_eq!(call("/apisix/admin/routes/5", "{\"uri\": \"/five\", \"upstream_id\": \"u1\"}").status, 201);
+    assert!(served("/five"));
+    let r = call("/apisix/admin/routes/6", "{\"uri\": \"/six\", \"upstream_id\": \"missing\"}");
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.text().contains("upstream `missing` does not exist"), "{}", r.text());
+    // A limit-count group is checked against every route's: that change is built whole.
+    let grouped = json!({
+        "uri": "/seven", "upstream_id": "u1",
+        "plugins": {"limit-count": {"count": 5, "time_window": 60, "group": "g"}},
+    })
+    .to_string();
+    etcd.put("/weir/routes/7", &grouped);
+    assert!(served("/seven"));
+    assert_eq!(builds(), 4, "{}", w.log_text());
+    let mismatched = grouped.replace("\"count\":5", "\"count\":6").replace("/seven", "/eight");
+    let r = call("/apisix/admin/routes/8", &mismatched);
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.text().contains("group conf mismatched"), "{}", r.text());
+}

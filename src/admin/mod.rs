@@ -20,9 +20,9 @@ use weir_plugin::cidr::Cidr;
 use crate::config::{AdminRole, AdminSection, EtcdSection};
 use crate::control::typed_response;
 use crate::openapi::bodies::{self as body, Deleted, ErrorBody, KeyNotFound, Node, NodeList};
-use crate::resources::etcd::{valid_document, KeysByList, Values, CREDENTIALS, KINDS};
+use crate::resources::etcd::{route_id, valid_document, with_id, KeysByList, Values, CREDENTIALS, KINDS};
 use crate::state::{Followed, Gateway};
-use crate::tables::snapshot::Prints;
+use crate::tables::snapshot::{Prints, RouteChange};
 
 /// Largest request body.
 const MAX_BODY: usize = 4 << 20;
@@ -363,6 +363,9 @@ async fn refusal_of_write(
         let judged = admin.gateway.with_followed(Some(CATCH_UP), |followed| {
             let current = |f: &&mut Followed| f.revision >= at && count.is_none_or(|n| n == f.values.len() as i64);
             let f = followed.as_mut().filter(current)?;
+            if patch_builds(admin, f, key, &new) {
+                return Some(None);
+            }
             Some(judge(admin, &mut f.values, Some(&mut f.prints), key, new.clone()))
         });
         if let Some(Some(why)) = judged {
@@ -371,6 +374,23 @@ async fn refusal_of_write(
     }
     let mut values = values_now(client, admin).await?;
     Ok(judge(admin, &mut values, None, key, new))
+}
+
+/// Whether a write of route `key` builds as a patch of the snapshot serving, when that is
+/// the one built from exactly the followed values (`Followed::clean`): then nothing else can
+/// break (no resource names a route), and the write is accepted without building the whole
+/// set. `false` says nothing: the write is then judged in full ([`judge`]), which names what
+/// is wrong.
+fn patch_builds(admin: &Admin, f: &Followed, key: &str, new: &Value) -> bool {
+    let Some(id) = route_id(&admin.prefix, key) else { return false };
+    if f.clean.is_none() || f.clean != Some(admin.gateway.generation()) {
+        return false;
+    }
+    let mut value = new.clone();
+    if with_id("routes", id, &mut value).is_err() {
+        return false;
+    }
+    admin.gateway.patch_routes(&[RouteChange { id, value: Some(&value) }], true).is_some()
 }
 
 /// [`refusal`] of `key` becoming `new` in `values`, which are left as they were.

@@ -85,6 +85,11 @@ fn kind_at<'k>(prefix: &str, key: &'k str) -> Option<(usize, &'k str)> {
     (!id.is_empty() && slash(id).is_none()).then_some((at, id))
 }
 
+/// The id of `key` when it is a route's (`<prefix>/routes/<id>`).
+pub fn route_id<'k>(prefix: &str, key: &'k str) -> Option<&'k str> {
+    kind_at(prefix, key).filter(|(at, _)| KINDS[*at] == "routes").map(|(_, id)| id)
+}
+
 /// What separates a consumer from its credential's id in a credential's key
 /// (`<prefix>/consumers/jack/credentials/key-1`, as APISIX keeps them); a credential's id in
 /// [`KINDS`] terms is `jack/credentials/key-1`.
@@ -117,7 +122,7 @@ fn id_field(kind: &str) -> &'static str {
 
 /// Gives `value` the id its key names (APISIX stores values without it, or with the same one),
 /// without the Admin API's `create_time` / `update_time`. In place: doing it again is a no-op.
-fn with_id(kind: &str, id: &str, value: &mut Value) -> Result<(), String> {
+pub fn with_id(kind: &str, id: &str, value: &mut Value) -> Result<(), String> {
     let Value::Object(o) = value else { return Err("the value is not a JSON object".into()) };
     // Bookkeeping the Admin API (and APISIX) stores with every value, not part of the resource
     // (looked for among the few keys first: removing is a search per key, on every build).

@@ -16,9 +16,11 @@ use crate::etcd::{Client, WatchResponse};
 use parking_lot::Mutex;
 
 use crate::config::EtcdSection;
-use crate::resources::etcd::{connect, parse, read_all, valid_document, KeysByList, ProviderStatus, Values};
+use crate::resources::etcd::{
+    connect, parse, read_all, route_id, valid_document, with_id, KeysByList, ProviderStatus, Values,
+};
 use crate::state::{Followed, Gateway};
-use crate::tables::snapshot::Prints;
+use crate::tables::snapshot::{Prints, RouteChange};
 
 /// Runs the provider on a thread of its own for as long as `gateway` lives. `initial` is what the
 /// start-up read found (values and revision), when it succeeded.
@@ -40,8 +42,10 @@ pub fn watch(gateway: &Arc<Gateway>, settings: EtcdSection, prefix: String, init
 }
 
 /// Applies `values` at `revision` to the gateway (the valid part) and records the status.
-/// `prints` holds the fingerprints of `values` known so far (see [`Prints`]).
-pub fn apply(gateway: &Gateway, values: &mut Values, prints: &mut Prints, prefix: &str, revision: i64) {
+/// `prints` holds the fingerprints of `values` known so far (see [`Prints`]). Returns the
+/// [`Gateway::generation`] of the snapshot published when it holds every value (nothing
+/// skipped): the next change to routes only can patch it ([`Followed::clean`]).
+pub fn apply(gateway: &Gateway, values: &mut Values, prints: &mut Prints, prefix: &str, revision: i64) -> Option<u64> {
     // Built once, published as built (no second build), with plugin reloads held off meanwhile.
     let started = std::time::Instant::now();
     let guard = gateway.hold_reloads();
@@ -55,8 +59,11 @@ pub fn apply(gateway: &Gateway, values: &mut Values, prints: &mut Prints, prefix
     for (key, why) in &skipped {
         log::error!("etcd {}: {why}; skipped", if key.is_empty() { "(resources)" } else { key });
     }
-    match built {
-        None => log::error!("etcd revision {revision}: not applied, keeping the last good resources"),
+    let clean = match built {
+        None => {
+            log::error!("etcd revision {revision}: not applied, keeping the last good resources");
+            None
+        }
         Some((_, snapshot)) => {
             // No copy of the document is kept: a plugin reload reads etcd again.
             let summary = gateway.publish(&guard, snapshot, None, false);
@@ -65,8 +72,10 @@ pub fn apply(gateway: &Gateway, values: &mut Values, prints: &mut Prints, prefix
                 started.elapsed().as_secs_f64() * 1e3,
                 built_in.as_secs_f64() * 1e3
             );
+            // (Read under the guard: no other publish can come between.)
+            skipped.is_empty().then(|| gateway.generation())
         }
-    }
+    };
     drop(guard);
     let mut status = gateway.provider_status.lock();
     status.revision = Some(revision);
@@ -74,6 +83,46 @@ pub fn apply(gateway: &Gateway, values: &mut Values, prints: &mut Prints, prefix
     if let Some((key, why)) = skipped.first() {
         status.last_error = Some(format!("{key}: {why}"));
     }
+    clean
+}
+
+/// Applies a change to routes only (`keys`, already folded into `f.values`) as a patch of the
+/// snapshot serving, when that is the one built from exactly the values before the change
+/// ([`Followed::clean`]); whether it did. Otherwise, or when the patch gives up (an invalid
+/// route, a plugin checked together with others), the caller builds the whole set, which names
+/// what is wrong.
+fn apply_patch(gateway: &Gateway, f: &mut Followed, keys: &[String], prefix: &str, revision: i64) -> bool {
+    let started = std::time::Instant::now();
+    let guard = gateway.hold_reloads();
+    if f.clean.is_none() || f.clean != Some(gateway.generation()) {
+        return false;
+    }
+    let mut ids = Vec::with_capacity(keys.len());
+    for key in keys {
+        let Some(id) = route_id(prefix, key) else { return false };
+        if let Some(value) = f.values.get_mut(key) {
+            if with_id("routes", id, value).is_err() {
+                return false;
+            }
+        }
+        ids.push(id);
+    }
+    let changes: Vec<RouteChange<'_>> =
+        keys.iter().zip(&ids).map(|(key, id)| RouteChange { id, value: f.values.get(key) }).collect();
+    let Some(snapshot) = gateway.patch_routes(&changes, false) else { return false };
+    drop(changes);
+    let built_in = started.elapsed();
+    let summary = gateway.publish(&guard, snapshot, None, false);
+    f.clean = Some(gateway.generation());
+    drop(guard);
+    log::info!(
+        "etcd revision {revision} applied in {:.1} ms (a patch of {} route(s), built in {:.1} ms): {summary}",
+        started.elapsed().as_secs_f64() * 1e3,
+        keys.len(),
+        built_in.as_secs_f64() * 1e3
+    );
+    gateway.provider_status.lock().revision = Some(revision);
+    true
 }
 
 fn set_connected(status: &Mutex<ProviderStatus>, connected: bool, error: Option<String>) {
@@ -99,14 +148,17 @@ async fn sync_forever(gateway: Weak<Gateway>, settings: EtcdSection, prefix: Str
         let Some(gw) = gateway.upgrade() else { return };
         let outcome = match known.take() {
             // Start-up already read and applied this revision: only connect for the watch.
-            Some((values, revision)) => connect(&settings).await.map(|c| (c, values, revision)),
+            Some((values, revision)) => connect(&settings).await.map(|c| (c, values, revision, None)),
             None => read_all(&settings, &prefix).await.map(|(client, mut values, revision)| {
-                apply(&gw, &mut values, &mut Prints::default(), &prefix, revision);
-                (client, values, revision)
+                let clean = apply(&gw, &mut values, &mut Prints::default(), &prefix, revision);
+                (client, values, revision, clean)
             }),
-        };
+        }
+        .map(|(client, values, revision, clean)| {
+            (client, Followed { values, prints: Prints::default(), revision, clean })
+        });
         drop(gw);
-        let (client, values, revision) = match outcome {
+        let (client, followed) = match outcome {
             Ok(ok) => ok,
             Err(e) => {
                 if let Some(gw) = gateway.upgrade() {
@@ -121,7 +173,7 @@ async fn sync_forever(gateway: Weak<Gateway>, settings: EtcdSection, prefix: Str
             set_connected(&gw.provider_status, true, None);
         }
         backoff = Duration::from_millis(200);
-        let why = follow(&gateway, client, values, revision, &prefix).await;
+        let why = follow(&gateway, client, followed, &prefix).await;
         if let Some(gw) = gateway.upgrade() {
             set_connected(&gw.provider_status, false, Some(why));
         }
@@ -132,14 +184,15 @@ async fn sync_forever(gateway: Weak<Gateway>, settings: EtcdSection, prefix: Str
 /// Watches from `revision + 1`, applying each change; returns why the watch ended. The values
 /// followed live in [`Gateway::followed`] meanwhile, where the Admin API validates its writes
 /// against them (rather than reading the whole set again per write).
-async fn follow(gateway: &Weak<Gateway>, mut client: Client, values: Values, revision: i64, prefix: &str) -> String {
+async fn follow(gateway: &Weak<Gateway>, mut client: Client, followed: Followed, prefix: &str) -> String {
+    let revision = followed.revision;
     let (_watcher, mut stream) = match client.watch(format!("{prefix}/"), true, revision + 1).await {
         Ok(pair) => pair,
         Err(e) => return format!("etcd watch: {e}"),
     };
     let Some(rebuild) = gateway.upgrade().map(|g| g.rebuild_requested.clone()) else { return "shutting down".into() };
     if let Some(gw) = gateway.upgrade() {
-        *gw.followed.lock() = Some(Followed { values, prints: Prints::default(), revision });
+        *gw.followed.lock() = Some(followed);
         gw.followed_revision.send_replace(revision);
     }
     let mut at = revision;
@@ -151,7 +204,7 @@ async fn follow(gateway: &Weak<Gateway>, mut client: Client, values: Values, rev
                 let Some(gw) = gateway.upgrade() else { break "shutting down".into() };
                 gw.with_followed(None, |followed| {
                     if let Some(f) = followed.as_mut() {
-                        apply(&gw, &mut f.values, &mut f.prints, prefix, at);
+                        f.clean = apply(&gw, &mut f.values, &mut f.prints, prefix, at);
                     }
                 });
                 continue;
@@ -192,14 +245,18 @@ async fn follow(gateway: &Weak<Gateway>, mut client: Client, values: Values, rev
         }
         let applied = gw.with_followed(None, |followed| {
             let f = followed.as_mut()?;
-            let mut changed = false;
+            let mut changed = Vec::new();
             for resp in &received {
-                changed |= fold(&mut f.values, &mut f.prints, resp);
+                fold(&mut f.values, &mut f.prints, resp, &mut changed);
                 let events = resp.events.iter().filter_map(|e| e.kv.as_ref()).map(|kv| kv.mod_revision);
                 f.revision = events.fold(f.revision, i64::max);
             }
-            if changed {
-                apply(&gw, &mut f.values, &mut f.prints, prefix, at);
+            changed.sort_unstable();
+            changed.dedup();
+            if !changed.is_empty() {
+                if !apply_patch(&gw, f, &changed, prefix, at) {
+                    f.clean = apply(&gw, &mut f.values, &mut f.prints, prefix, at);
+                }
             } else {
                 gw.provider_status.lock().revision = Some(at);
             }
@@ -217,26 +274,28 @@ async fn follow(gateway: &Weak<Gateway>, mut client: Client, values: Values, rev
 }
 
 /// Applies the events of one watch response to `values` (forgetting the fingerprints of the
-/// values it changes); whether anything changed.
-fn fold(values: &mut Values, prints: &mut Prints, resp: &WatchResponse) -> bool {
-    let mut changed = false;
+/// values it changes), adding the keys whose value changed (set or removed) to `changed`.
+fn fold(values: &mut Values, prints: &mut Prints, resp: &WatchResponse, changed: &mut Vec<String>) {
     for event in &resp.events {
         let Some(kv) = &event.kv else { continue };
         let key = String::from_utf8_lossy(&kv.key).into_owned();
         prints.forget(&key);
-        match event.is_delete() {
+        let removed = match event.is_delete() {
             false => match parse(&kv.value) {
                 Ok(v) => {
-                    values.insert(key, v);
-                    changed = true;
+                    values.insert(key.clone(), v);
+                    changed.push(key);
+                    continue;
                 }
                 Err(e) => {
                     log::error!("etcd {key}: {e}; skipped");
-                    changed |= values.remove(&key).is_some();
+                    values.remove(&key).is_some()
                 }
             },
-            true => changed |= values.remove(&key).is_some(),
+            true => values.remove(&key).is_some(),
+        };
+        if removed {
+            changed.push(key);
         }
     }
-    changed
 }
