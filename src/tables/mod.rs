@@ -12,6 +12,7 @@
 pub mod certs;
 pub mod router;
 pub mod services;
+pub mod shards;
 pub mod snapshot;
 pub mod stream_router;
 pub mod upstream;

@@ -16,6 +16,7 @@ use std::sync::Arc;
 use crate::fastmap::FastMap;
 use crate::resources::cidr::Cidr;
 use crate::resources::model::{HttpMethod, Route};
+use crate::tables::shards::Shards;
 use crate::tables::snapshot::PluginChain;
 use crate::tables::upstream::{CompiledUpstream, Timeouts};
 use weir_plugin::expr::Expr;
@@ -265,16 +266,54 @@ struct Entry {
 /// allocation per route when a table is built, one pointer fewer to follow per request).
 type Entries = smallvec::SmallVec<[Entry; 1]>;
 
+/// The parameter URIs: matchit's router over the positional patterns, and each pattern's
+/// entries. Shared by the tables patched from one another until a parameter route comes or goes.
+#[derive(Default, Clone)]
+struct ParamTable {
+    router: matchit::Router<Vec<Entry>>,
+    patterns: FastMap<String, usize>,
+    lists: Vec<Vec<Entry>>,
+}
+
+impl ParamTable {
+    /// Puts every pattern in a new router; the patterns matchit refuses.
+    fn index(&mut self) -> Vec<String> {
+        self.router = matchit::Router::new();
+        let mut problems = Vec::new();
+        for (pattern, &i) in &self.patterns {
+            if let Err(e) = self.router.insert(pattern.clone(), self.lists[i].clone()) {
+                problems.push(format!("route uri pattern `{pattern}`: {e}"));
+            }
+        }
+        problems
+    }
+
+    /// Drops the patterns no route has any more.
+    fn compact(&mut self) {
+        let mut patterns: Vec<(String, usize)> = std::mem::take(&mut self.patterns).into_iter().collect();
+        patterns.sort_unstable_by_key(|(_, i)| *i);
+        let mut lists: Vec<Option<Vec<Entry>>> = std::mem::take(&mut self.lists).into_iter().map(Some).collect();
+        for (pattern, i) in patterns {
+            if let Some(list) = lists.get_mut(i).and_then(Option::take).filter(|l| !l.is_empty()) {
+                self.patterns.insert(pattern, self.lists.len());
+                self.lists.push(list);
+            }
+        }
+    }
+}
+
 /// The routing table of one snapshot.
 #[derive(Default)]
 pub struct RouteTable {
-    /// Keyed by the route's own `uri_names` entry (shared, not copied).
-    exact: FastMap<Arc<str>, Entries>,
-    params: matchit::Router<Vec<Entry>>,
-    param_patterns: FastMap<String, usize>,
-    param_lists: Vec<Vec<Entry>>,
-    prefix: FastMap<String, Entries>,
+    /// Keyed by the route's own `uri_names` entry (shared, not copied), in shards that a
+    /// patched table shares with this one.
+    exact: Shards<Arc<str>, Entries>,
+    params: Arc<ParamTable>,
+    prefix: Shards<String, Entries>,
+    /// The distinct prefix lengths, longest first (what a request probes).
     prefix_lens: Vec<usize>,
+    /// How many prefixes have each length.
+    prefix_counts: Vec<(usize, u32)>,
     len: usize,
     reads_form: bool,
     /// Every route, in definition order (the dashboard lists them).
@@ -345,17 +384,18 @@ impl RouteTable {
             t.len += 1;
             t.routes.push(route);
         }
-        let problems = t.index_params();
-        t.prefix_lens.sort_unstable_by(|a, b| b.cmp(a));
+        let problems = Arc::make_mut(&mut t.params).index();
+        t.sort_prefix_lens();
         (t, problems)
     }
 
     /// This table with the routes `gone` taken out and `added` put in, `routes` being the new
     /// list in definition order: what a change to a few of 10,000 routes costs without building
-    /// every entry again. Definition order must be id order (a provider whose order is its keys',
-    /// etcd): the entries of one URI that a change touches are ordered again by their routes' ids
-    /// (ties are only ever broken within one URI's entries). Routes whose parameter pattern
-    /// matchit refuses are reported, as [`RouteTable::build`] does.
+    /// every entry again (the shards of entries it does not touch are shared with this table).
+    /// Definition order must be id order (a provider whose order is its keys', etcd): the
+    /// entries of one URI that a change touches are ordered again by their routes' ids (ties are
+    /// only ever broken within one URI's entries). Routes whose parameter pattern matchit
+    /// refuses are reported, as [`RouteTable::build`] does.
     pub fn patched(
         &self,
         gone: &[&Arc<CompiledRoute>],
@@ -364,11 +404,10 @@ impl RouteTable {
     ) -> Result<RouteTable, Vec<String>> {
         let mut t = RouteTable {
             exact: self.exact.clone(),
-            params: matchit::Router::new(),
-            param_patterns: self.param_patterns.clone(),
-            param_lists: self.param_lists.clone(),
+            params: self.params.clone(),
             prefix: self.prefix.clone(),
             prefix_lens: Vec::new(),
+            prefix_counts: self.prefix_counts.clone(),
             len: routes.len(),
             reads_form: false,
             routes,
@@ -378,11 +417,18 @@ impl RouteTable {
         for g in gone {
             for uri in g.uri_names.iter() {
                 match classify(uri) {
-                    Pattern::Exact => drop_entries(&mut t.exact, &**uri, |e| same(e, g)),
-                    Pattern::Prefix(p) => drop_entries(&mut t.prefix, p, |e| same(e, g)),
+                    Pattern::Exact => {
+                        drop_entries(&mut t.exact, uri, |e| same(e, g));
+                    }
+                    Pattern::Prefix(p) => {
+                        if drop_entries(&mut t.prefix, p, |e| same(e, g)) {
+                            count_prefix(&mut t.prefix_counts, p.len(), false);
+                        }
+                    }
                     Pattern::Params { pattern, .. } => {
-                        if let Some(&i) = t.param_patterns.get(&pattern) {
-                            t.param_lists[i].retain(|e| !same(e, g));
+                        let params = Arc::make_mut(&mut t.params);
+                        if let Some(&i) = params.patterns.get(&pattern) {
+                            params.lists[i].retain(|e| !same(e, g));
                         }
                         params_changed = true;
                     }
@@ -403,46 +449,28 @@ impl RouteTable {
         for a in added {
             for uri in a.uri_names.iter() {
                 match classify(uri) {
-                    Pattern::Exact => t.exact.get_mut(&**uri).into_iter().for_each(|l| by_id(l)),
+                    Pattern::Exact => t.exact.get_mut(uri).into_iter().for_each(|l| by_id(l)),
                     Pattern::Prefix(p) => t.prefix.get_mut(p).into_iter().for_each(|l| by_id(l)),
                     Pattern::Params { pattern, .. } => {
-                        if let Some(&i) = t.param_patterns.get(&pattern) {
-                            by_id(&mut t.param_lists[i]);
+                        let params = Arc::make_mut(&mut t.params);
+                        if let Some(&i) = params.patterns.get(&pattern) {
+                            by_id(&mut params.lists[i]);
                         }
                         params_changed = true;
                     }
                 }
             }
         }
-        // matchit's router is built again only when a parameter route came or went (and the
-        // patterns no route has any more are dropped then).
+        // matchit's router is built again only when a parameter route came or went.
         if params_changed {
-            let lists = std::mem::take(&mut t.param_lists);
-            let mut patterns: Vec<(String, usize)> = std::mem::take(&mut t.param_patterns).into_iter().collect();
-            patterns.sort_unstable_by_key(|(_, i)| *i);
-            let mut lists: Vec<Option<Vec<Entry>>> = lists.into_iter().map(Some).collect();
-            for (pattern, i) in patterns {
-                if let Some(list) = lists.get_mut(i).and_then(Option::take).filter(|l| !l.is_empty()) {
-                    t.param_patterns.insert(pattern, t.param_lists.len());
-                    t.param_lists.push(list);
-                }
-            }
-            let problems = t.index_params();
+            let params = Arc::make_mut(&mut t.params);
+            params.compact();
+            let problems = params.index();
             if !problems.is_empty() {
                 return Err(problems);
             }
-        } else {
-            t.params = self.params.clone();
         }
-        t.prefix_lens = match gone.iter().copied().chain(added).any(|r| r.uri_names.iter().any(|u| u.ends_with('*'))) {
-            true => {
-                let mut lens: Vec<usize> = t.prefix.keys().map(String::len).collect();
-                lens.sort_unstable_by(|a, b| b.cmp(a));
-                lens.dedup();
-                lens
-            }
-            false => self.prefix_lens.clone(),
-        };
+        t.sort_prefix_lens();
         let reads_form = |r: &Arc<CompiledRoute>| {
             r.vars.as_ref().is_some_and(|v| v.variables().iter().any(|n| n.starts_with("post_arg_")))
         };
@@ -460,14 +488,10 @@ impl RouteTable {
         for (i, uri) in route.uri_names.iter().enumerate() {
             let ui = u16::try_from(i).unwrap_or(u16::MAX);
             match classify(uri) {
-                Pattern::Exact => self.exact.entry(uri.clone()).or_default().push(Entry {
-                    route: route.clone(),
-                    rank: 3,
-                    uri: ui,
-                    len: 0,
-                    names: no_names.clone(),
-                    order,
-                }),
+                Pattern::Exact => {
+                    let list = self.exact.get_or_insert_with(uri, || (uri.clone(), Entries::new()));
+                    list.push(Entry { route: route.clone(), rank: 3, uri: ui, len: 0, names: no_names.clone(), order });
+                }
                 Pattern::Prefix(p) => {
                     let len = p.len();
                     let entry_len = u32::try_from(len).unwrap_or(u32::MAX);
@@ -480,23 +504,24 @@ impl RouteTable {
                         order,
                     };
                     // (The prefix is copied for its first route only.)
-                    match self.prefix.get_mut(p) {
-                        Some(list) => list.push(entry),
-                        None => {
-                            self.prefix.insert(p.to_owned(), smallvec::smallvec![entry]);
-                        }
-                    }
-                    if !self.prefix_lens.contains(&len) {
-                        self.prefix_lens.push(len);
+                    let mut new = false;
+                    let list = self.prefix.get_or_insert_with(p, || {
+                        new = true;
+                        (p.to_owned(), Entries::new())
+                    });
+                    list.push(entry);
+                    if new {
+                        count_prefix(&mut self.prefix_counts, len, true);
                     }
                 }
                 Pattern::Params { pattern, names } => {
                     let entry = Entry { route: route.clone(), rank: 2, uri: ui, len: 0, names: names.into(), order };
-                    match self.param_patterns.get(&pattern) {
-                        Some(&i) => self.param_lists[i].push(entry),
+                    let params = Arc::make_mut(&mut self.params);
+                    match params.patterns.get(&pattern) {
+                        Some(&i) => params.lists[i].push(entry),
                         None => {
-                            self.param_patterns.insert(pattern.clone(), self.param_lists.len());
-                            self.param_lists.push(vec![entry]);
+                            params.patterns.insert(pattern, params.lists.len());
+                            params.lists.push(vec![entry]);
                         }
                     }
                 }
@@ -504,15 +529,10 @@ impl RouteTable {
         }
     }
 
-    /// Puts every parameter pattern in matchit's router; the patterns it refuses.
-    fn index_params(&mut self) -> Vec<String> {
-        let mut problems = Vec::new();
-        for (pattern, &i) in &self.param_patterns {
-            if let Err(e) = self.params.insert(pattern.clone(), self.param_lists[i].clone()) {
-                problems.push(format!("route uri pattern `{pattern}`: {e}"));
-            }
-        }
-        problems
+    /// The prefix lengths a request probes, longest first.
+    fn sort_prefix_lens(&mut self) {
+        self.prefix_lens = self.prefix_counts.iter().map(|(len, _)| *len).collect();
+        self.prefix_lens.sort_unstable_by(|a, b| b.cmp(a));
     }
 
     /// Number of routes.
@@ -549,7 +569,7 @@ impl RouteTable {
                 f(e, TableKind::Exact, None);
             }
         }
-        if let Ok(m) = self.params.at(path) {
+        if let Ok(m) = self.params.router.at(path) {
             for e in m.value {
                 f(e, TableKind::Parameter, Some(&m.params));
             }
@@ -620,17 +640,34 @@ fn outranks(e: &Entry, best: Option<&Entry>) -> bool {
     }
 }
 
-/// Removes the entries `gone` picks from `key`'s list, and the key when none is left.
-fn drop_entries<K, Q>(map: &mut FastMap<K, Entries>, key: &Q, gone: impl Fn(&Entry) -> bool)
-where
-    K: std::borrow::Borrow<Q> + std::hash::Hash + Eq,
-    Q: std::hash::Hash + Eq + ?Sized,
-{
-    if let Some(list) = map.get_mut(key) {
-        list.retain(|e| !gone(e));
-        if list.is_empty() {
-            map.remove(key);
+/// Removes the entries `gone` picks from `key`'s list, and the key when none is left (then
+/// `true`).
+fn drop_entries<K: std::borrow::Borrow<str> + Clone>(
+    map: &mut Shards<K, Entries>,
+    key: &str,
+    gone: impl Fn(&Entry) -> bool,
+) -> bool {
+    let Some(list) = map.get_mut(key) else { return false };
+    list.retain(|e| !gone(e));
+    if list.is_empty() {
+        map.remove(key);
+        return true;
+    }
+    false
+}
+
+/// One prefix of length `len` more (`up`) or fewer in `counts`.
+fn count_prefix(counts: &mut Vec<(usize, u32)>, len: usize, up: bool) {
+    match counts.iter().position(|(l, _)| *l == len) {
+        Some(at) if up => counts[at].1 += 1,
+        Some(at) => {
+            counts[at].1 = counts[at].1.saturating_sub(1);
+            if counts[at].1 == 0 {
+                counts.swap_remove(at);
+            }
         }
+        None if up => counts.push((len, 1)),
+        None => {}
     }
 }
 
