@@ -146,14 +146,16 @@ fn entry_level_errors_partial_success_and_order() {
 
 #[test]
 fn expired_codes_answer_410_cached_or_not() {
-    // One "day" lasts one second in this test (WEIR_SHORT_URL_DAY_SECS).
-    let env = [("WEIR_SHORT_URL_DAY_SECS", "1")];
+    // One "day" lasts three seconds in this test (WEIR_SHORT_URL_DAY_SECS): expiry is counted
+    // in whole seconds, so a one-second day could end a moment after creation, before the
+    // first visit on a loaded machine (it failed so here once).
+    let env = [("WEIR_SHORT_URL_DAY_SECS", "3")];
     let (p, w) = gateway_with(&env, "", "");
     let r = create(&p, &json!([{"origin_url": "https://soon.example/", "valid_day": "1"}, {"origin_url": "https://later.example/", "valid_day": "100"}])).json();
     let soon = path_of(r["data"][0]["data"]["short_url"].as_str().unwrap_or_default());
     let later = path_of(r["data"][1]["data"]["short_url"].as_str().unwrap_or_default());
     assert_eq!(get(p.node(), &soon).status, 302);
-    std::thread::sleep(Duration::from_millis(2100));
+    std::thread::sleep(Duration::from_millis(3200));
     let r = get(p.node(), &soon);
     assert_eq!(
         (r.status, r.json()["error_msg"].as_str().map(|m| m.contains("expired"))),
