@@ -1,7 +1,7 @@
 //! One route changed among many: what the etcd provider's rebuild costs (issue 25's "one route
 //! change applied at 10k routes"), without etcd or sockets, so that it can run under callgrind.
 //!
-//!   cargo bench --bench snapshot_churn -- [ROUTES] [CHANGES]
+//!   cargo bench --bench snapshot_churn -- [ROUTES] [CHANGES] [plugins]
 //!   valgrind --tool=callgrind target/release/deps/snapshot_churn-* 10000 20
 //!
 //! Each change rewrites one route's value, as a watch event does, and goes through what
@@ -20,12 +20,17 @@ fn main() {
     let mut args = std::env::args().skip(1).filter(|a| a != "--bench");
     let routes: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(10_000);
     let changes: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(200);
+    // `plugins`: every route has one plugin of its own (an instance per route to carry over).
+    let plugins = args.next().is_some_and(|a| a == "plugins");
     let catalog = weir::plugins_catalog();
     let enabled = catalog.enable(&catalog.names());
     let prefix = "/weir";
     let mut values: Values = (0..routes)
         .map(|i| {
-            let v = json!({"uri": format!("/cold/{i}"), "upstream": {"nodes": {"127.0.0.1:18481": 1}}});
+            let mut v = json!({"uri": format!("/cold/{i}"), "upstream": {"nodes": {"127.0.0.1:18481": 1}}});
+            if plugins {
+                v["plugins"] = json!({"proxy-rewrite": {"headers": {"set": {"x-route": format!("cold{i}")}}}});
+            }
             (format!("{prefix}/routes/cold{i}"), v)
         })
         .collect();

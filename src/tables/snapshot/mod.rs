@@ -222,9 +222,26 @@ pub enum Mode<'p> {
     Apply(Option<&'p Snapshot>),
 }
 
-/// Key of a reusable plugin instance: plugin, owner `(kind, id)`, and the fingerprints of its
-/// configuration and of the plugin's metadata.
-pub(crate) type InstanceKey = (&'static str, &'static str, String, Fingerprint, Fingerprint);
+/// A plugin instance a later build may reuse: its plugin, the fingerprints of its configuration
+/// and of the plugin's metadata, and whether it named upstream objects by id
+/// (`Services::upstream_by_id`).
+#[derive(Clone)]
+pub(crate) struct Reusable {
+    plugin: &'static str,
+    conf: Fingerprint,
+    meta: Fingerprint,
+    instance: Arc<dyn PluginInstance>,
+    names_upstreams: bool,
+}
+
+/// The key of a resource's reusable instances: `kind/id` (kinds have no `/`).
+pub(crate) fn owner_key(kind: &str, id: &str) -> String {
+    let mut key = String::with_capacity(kind.len() + 1 + id.len());
+    key.push_str(kind);
+    key.push('/');
+    key.push_str(id);
+    key
+}
 
 /// A complete, validated set of resources. Immutable: changes publish a new snapshot.
 #[derive(Default)]
@@ -274,9 +291,9 @@ pub struct Snapshot {
     /// Compiled upstreams of upstream objects, services and stream routes by owner `(kind, id)`,
     /// for the next build to reuse (a route's own is reused with the route, `compile.rs`).
     compiled_by_owner: Compiled,
-    /// Plugin instances by [`InstanceKey`], for the next build to reuse, and whether each named
-    /// upstream objects by id (`Services::upstream_by_id`).
-    instances: FastMap<InstanceKey, (Arc<dyn PluginInstance>, bool)>,
+    /// Plugin instances by owner ([`owner_key`]), for the next build to reuse; in shards that a
+    /// patched snapshot shares but for its changed routes'.
+    instances: crate::tables::shards::Shards<String, Vec<Reusable>>,
     /// Fingerprint of the set of upstream ids: instances that named upstreams are rebuilt (and
     /// their names checked again) when it changes.
     upstream_ids: Fingerprint,

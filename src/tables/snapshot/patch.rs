@@ -55,7 +55,20 @@ impl Snapshot {
             enabled,
             base,
             issues: Vec::new(),
-            snap: Snapshot { certs: self.certs.clone(), upstream_ids: self.upstream_ids, ..Snapshot::default() },
+            snap: Snapshot {
+                certs: self.certs.clone(),
+                upstream_ids: self.upstream_ids,
+                // The instances a patch keeps: all but the changed routes' (which it builds or
+                // takes over again, as a build does).
+                instances: {
+                    let mut kept = self.instances.clone();
+                    for change in changes {
+                        kept.remove(&owner_key("routes", change.id));
+                    }
+                    kept
+                },
+                ..Snapshot::default()
+            },
             cache: &mut cache,
             check_only: validate,
             previous: Some(self),
@@ -164,12 +177,6 @@ impl Builder<'_> {
         let gone_refs: Vec<&Arc<CompiledRoute>> = gone.iter().collect();
         let table = prev.table.patched(&gone_refs, &added, compiled).ok()?;
 
-        // Plugin instances: those of the changed routes are this patch's.
-        let changed: std::collections::HashSet<&str> = changes.iter().map(|c| c.id).collect();
-        let mut instances = prev.instances.clone();
-        instances.retain(|key, _| !(key.1 == "routes" && changed.contains(key.2.as_str())));
-        instances.extend(std::mem::take(&mut self.snap.instances));
-
         let snap = Snapshot {
             routes,
             services: prev.services.clone(),
@@ -191,7 +198,7 @@ impl Builder<'_> {
             index: prev.index.clone(),
             routes_by_id: true,
             compiled_by_owner: prev.compiled_by_owner.clone(),
-            instances,
+            instances: std::mem::take(&mut self.snap.instances),
             upstream_ids: prev.upstream_ids,
             consumer_state: prev.consumer_state.clone(),
         };
@@ -419,7 +426,15 @@ mod tests {
             o
         };
         assert_eq!(owners(patched), owners(built));
-        let instances = |s: &Snapshot| s.instances.keys().map(|k| (k.0, k.1, k.2.clone())).collect::<BTreeSet<_>>();
+        let instances = |s: &Snapshot| {
+            let mut all = BTreeSet::new();
+            for owner in s.instances.keys() {
+                for r in s.instances.get(owner).into_iter().flatten() {
+                    all.insert((owner.clone(), r.plugin, r.conf));
+                }
+            }
+            all
+        };
         assert_eq!(instances(patched), instances(built));
         assert_eq!(patched.table.reads_form(), built.table.reads_form());
     }

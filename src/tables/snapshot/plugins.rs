@@ -296,13 +296,9 @@ impl Builder<'_> {
         consumers: &ConsumerState,
         path: &str,
     ) -> Option<Arc<dyn PluginInstance>> {
-        let key: InstanceKey = (
-            entry.name,
-            kind,
-            id.to_owned(),
-            fingerprint(entry.name, conf),
-            metadata.map_or([0, 0], |m| fingerprint("plugin_metadata", m)),
-        );
+        let owner = owner_key(kind, id);
+        let conf_print = fingerprint(entry.name, conf);
+        let meta_print = metadata.map_or([0, 0], |m| fingerprint("plugin_metadata", m));
         let consumers_reused = self
             .previous
             .and_then(|p| p.consumer_state.as_ref())
@@ -312,10 +308,18 @@ impl Builder<'_> {
         if !self.check_only && (consumers_reused || !depends_on_consumers) {
             let same_ids = self.previous.is_some_and(|p| p.upstream_ids == self.snap.upstream_ids);
             // One that named upstreams is reused only while the same upstream ids exist.
-            let found = self.previous.and_then(|p| p.instances.get(&key)).filter(|(_, names)| !names || same_ids);
-            if let Some((found, names)) = found {
-                self.snap.instances.insert(key, (found.clone(), *names));
-                return Some(found.clone());
+            let found = self.previous.and_then(|p| p.instances.get(&owner)).and_then(|list| {
+                list.iter().find(|r| {
+                    r.plugin == entry.name
+                        && r.conf == conf_print
+                        && r.meta == meta_print
+                        && (!r.names_upstreams || same_ids)
+                })
+            });
+            if let Some(found) = found.cloned() {
+                let instance = found.instance.clone();
+                self.keep_instance(&owner, found);
+                return Some(instance);
             }
         }
         let services = Nested {
@@ -339,7 +343,14 @@ impl Builder<'_> {
         match built {
             Ok(instance) => {
                 if !self.check_only {
-                    self.snap.instances.insert(key, (instance.clone(), names_upstreams));
+                    let reusable = Reusable {
+                        plugin: entry.name,
+                        conf: conf_print,
+                        meta: meta_print,
+                        instance: instance.clone(),
+                        names_upstreams,
+                    };
+                    self.keep_instance(&owner, reusable);
                 }
                 Some(instance)
             }
@@ -348,6 +359,13 @@ impl Builder<'_> {
                 None
             }
         }
+    }
+}
+
+impl Builder<'_> {
+    /// Records an instance of this build for the next one to reuse.
+    fn keep_instance(&mut self, owner: &str, reusable: Reusable) {
+        self.snap.instances.get_or_insert_with(owner, || (owner.to_owned(), Vec::new())).push(reusable);
     }
 }
 
