@@ -4,7 +4,7 @@
 //! Counting follows the Prometheus plugin's pattern: each data-plane thread owns its counters
 //! (a thread-local map from route id to counters, a plain load and store per counter, no locked
 //! instruction, no allocation once the route was seen on that thread); a route seen for the first
-//! time on a thread registers its counters in [`ALL`], the only lock, taken then and by the
+//! time on a thread registers its counters in `ALL`, the only lock, taken then and by the
 //! sampler. Nothing is counted until the control server turns counting on ([`enable`]): with
 //! `gateway.enable_control: false` a request pays one relaxed load.
 //!

@@ -13,12 +13,12 @@
 //! | `accounts/<hash>` | the ACME account's credentials | for good |
 //!
 //! An instance whose certificate is due takes the entry's lock (a put if absent, bound to a lease
-//! of [`LEASE_TTL`] kept alive while it orders), checks under it that no other instance renewed
+//! of `LEASE_TTL` kept alive while it orders), checks under it that no other instance renewed
 //! meanwhile and that the fleet is not backing off, orders, and writes the result. Every instance
-//! follows the key space ([`follow`]): certificates are mirrored into the local `data/acme/`
+//! follows the key space (`follow`): certificates are mirrored into the local `data/acme/`
 //! files the certificate table reads (which also serve when etcd is down at start), and challenge
 //! answers join the maps the data plane answers from, so any instance answers the CA. A crashed
-//! orderer's lease runs out after [`LEASE_TTL`] and takes its lock and challenges with it.
+//! orderer's lease runs out after `LEASE_TTL` and takes its lock and challenges with it.
 
 use std::sync::{Arc, Weak};
 use std::time::Duration;

@@ -1,6 +1,6 @@
 //! `limit-conn`: bounds what is in progress at once per key, with a burst that is delayed
 //! rather than refused. One name for two plugins, as APISIX has it: on HTTP routes it counts
-//! requests in progress ([`http`]); on stream routes it counts connections ([`stream`]).
+//! requests in progress (`http`); on stream routes it counts connections (`stream`).
 
 mod conf;
 mod http;

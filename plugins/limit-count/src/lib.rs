@@ -3,9 +3,9 @@
 //! `show_limit_quota_header`, the Redis policies).
 //!
 //! Counters live in a store chosen by `policy`: `local` keeps them in this process, in the
-//! plugin's bounded store ([`local`]); the Redis policies keep them in Redis, shared by every
-//! instance naming the same server ([`shared`]), optionally counted locally between syncs
-//! ([`sync`]). Counters belong to the plugin, not to a snapshot, so a reload that keeps a
+//! plugin's bounded store (`local`); the Redis policies keep them in Redis, shared by every
+//! instance naming the same server (`shared`), optionally counted locally between syncs
+//! (`sync`). Counters belong to the plugin, not to a snapshot, so a reload that keeps a
 //! route's configuration keeps its counts; a changed configuration starts new windows (as
 //! APISIX keys counters by configuration version), unless the route is in a `group`.
 

@@ -5,7 +5,7 @@
 //! Requests over `rate` and within `burst` wait in the access phase (on the worker's timer: the
 //! worker serves others meanwhile) until the rate allows them, or go at once with `nodelay`;
 //! beyond `burst` they are rejected. Buckets live in the plugin's bounded local store
-//! ([`bucket`]) or in Redis ([`shared`]).
+//! (`bucket`) or in Redis (`shared`).
 
 mod bucket;
 mod shared;

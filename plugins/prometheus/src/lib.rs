@@ -7,7 +7,7 @@
 //! with the raw path. The scrape adds what the host and other plugins register through
 //! `weir_plugin::metrics` (connections, requests, upstream health, node info, short-url).
 //!
-//! Recording takes no lock: each worker thread counts into series of its own ([`record`]),
+//! Recording takes no lock: each worker thread counts into series of its own (`record`),
 //! registered once in a shared list that the scrape merges.
 
 mod phases;

@@ -3,7 +3,7 @@
 //!
 //! A data-plane worker serves all its connections on one thread, so `std::thread::sleep` in a
 //! hook would stall every one of them; [`sleep`] parks only the request that awaits it. The
-//! host's workers (and [`testing::run`](crate::testing)) run their futures with a timer; a
+//! host's workers (and `testing::run`) run their futures with a timer; a
 //! future polled outside any runtime finds no timer and ends at once, with a warning, rather
 //! than panic on a request.
 //!

@@ -5,7 +5,7 @@
 //! segments resolved, slashes merged, escapes of unreserved characters decoded, the rest kept
 //! upper-case: docs/data-plane.md), then `?` and the query as the client sent it; and, when the
 //! URI has `%` escapes, against the same text decoded once, which is what the upstream
-//! application reads (see [`view`]). So `^/admin` blocks `//admin`, `/x/../admin` and
+//! application reads (see `view`). So `^/admin` blocks `//admin`, `/x/../admin` and
 //! `/%61dmin`, and `<script` blocks `?q=%3Cscript`.
 
 mod view;

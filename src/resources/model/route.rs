@@ -113,7 +113,7 @@ struct RouteDoc {
 
 /// A route as kept in memory: what requests and the router read are fields; what most routes
 /// leave out (names, labels, lists) sits behind one pointer, so that 10,000 routes cost 192
-/// bytes each here rather than 384. Reads and writes the [`RouteDoc`] shape.
+/// bytes each here rather than 384. Reads and writes the `RouteDoc` shape.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(from = "RouteDoc", into = "RouteDoc")]
 pub struct Route {

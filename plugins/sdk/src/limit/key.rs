@@ -5,7 +5,7 @@
 //!   `http_x_user`, `arg_k`...; a leading `$` is accepted). Resolved without allocating: a header
 //!   variable's header name is made at build.
 //! - `var_combination`: `key` is a template of variables (`$remote_addr $consumer_name`),
-//!   compiled with the SDK's [`template`](crate::template) engine (a misspelled variable refuses
+//!   compiled with the SDK's [`template`] engine (a misspelled variable refuses
 //!   the configuration). Rendered into a per-thread buffer, so no allocation per request either.
 //! - `constant`: `key` as written: one counter for every request.
 //!

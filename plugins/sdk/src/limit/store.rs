@@ -12,7 +12,7 @@
 //! 8 of list links, the value) plus its index slot (about 20 bytes): ~60 bytes for the
 //! limiters' 16-24-byte values. Slabs grow up to their share and no further.
 //!
-//! Every store registers itself with [`stats`](super::stats), which exports its key count and
+//! Every store registers itself with [`stats`], which exports its key count and
 //! evictions to Prometheus.
 
 use std::collections::HashMap;

@@ -283,7 +283,7 @@ pub fn list_within(
     Ok((links, more, way))
 }
 
-/// Links a trigram is counted in at most by [`rarest_trigram`]'s probe (about 0.1 ms each).
+/// Links a trigram is counted in at most by `rarest_trigram`'s probe (about 0.1 ms each).
 pub const PROBE: i64 = 1000;
 
 /// How long a probe's count is reused. Counts only steer the choice of a way (the `ILIKE` test

@@ -1,5 +1,5 @@
 //! Talking to a limiter's Redis: one connection per worker thread and target (so workers never
-//! wait on each other; plain TCP ones are the pipelined [`super::lean`] connection, TLS and
+//! wait on each other; plain TCP ones are the pipelined `super::lean` connection, TLS and
 //! Cluster ones the `redis` crate's), each call bounded by `redis_timeout`, and a breaker:
 //! when a call fails the target is marked down for [`DOWN_FOR`], and calls in that time fail
 //! at once instead of waiting (the caller rejects or lets through, by `allow_degradation`).

@@ -1,4 +1,4 @@
-//! The bytes of RESP2, Redis's protocol, for the limiters' own connection ([`super::lean`]):
+//! The bytes of RESP2, Redis's protocol, for the limiters' own connection (`super::lean`):
 //! commands packed straight into a connection's write buffer, and replies parsed incrementally
 //! (sans-IO) from its read buffer. Also the limiters' script calls ([`Script`], [`ScriptCall`]),
 //! whose keys and arguments are collected in one buffer so that either client (this one, or
