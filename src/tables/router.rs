@@ -256,9 +256,11 @@ struct Entry {
     len: u32,
     /// Parameter names by position.
     names: Arc<[Arc<str>]>,
-    /// The route's place in definition order (ties). Kept here rather than in the route, so
-    /// that a route unchanged by a rebuild is the same `CompiledRoute` even when routes before
-    /// it come or go.
+    /// The route's rank in definition order among the entries of its list (ties: entries of
+    /// different lists never tie, their rank, length or URI differ). A build numbers every
+    /// route; a patch numbers again only the lists it adds to. Kept here rather than in the
+    /// route, so that a route unchanged by a rebuild is the same `CompiledRoute` even when
+    /// routes before it come or go.
     order: u32,
 }
 
@@ -394,17 +396,33 @@ impl RouteTable {
     /// every entry again (the shards of entries it does not touch are shared with this table).
     /// Definition order must be id order (a provider whose order is its keys', etcd): the
     /// entries of one URI that a change touches are ordered again by their routes' ids (ties are
-    /// only ever broken within one URI's entries). Routes whose parameter pattern matchit
-    /// refuses are reported, as [`RouteTable::build`] does.
+    /// only ever broken within one list: one exact URI, one prefix or one parameter pattern).
+    /// The parameter patterns matchit refuses are the error, as [`RouteTable::build`] reports
+    /// them.
     pub fn patched(
         &self,
         gone: &[&Arc<CompiledRoute>],
         added: &[Arc<CompiledRoute>],
         routes: Vec<Arc<CompiledRoute>>,
     ) -> Result<RouteTable, Vec<String>> {
+        // A parameter route coming or going builds matchit's router again (from the patterns'
+        // lists, copied): the old router is not copied first.
+        let touches_params = gone
+            .iter()
+            .copied()
+            .chain(added)
+            .any(|r| r.uri_names.iter().any(|u| matches!(classify(u), Pattern::Params { .. })));
+        let params = match touches_params {
+            true => Arc::new(ParamTable {
+                router: matchit::Router::new(),
+                patterns: self.params.patterns.clone(),
+                lists: self.params.lists.clone(),
+            }),
+            false => self.params.clone(),
+        };
         let mut t = RouteTable {
             exact: self.exact.clone(),
-            params: self.params.clone(),
+            params,
             prefix: self.prefix.clone(),
             prefix_lens: Vec::new(),
             prefix_counts: self.prefix_counts.clone(),

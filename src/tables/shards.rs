@@ -3,10 +3,15 @@
 //! The route table holds one entry per URI: 10,000 for 10,000 routes. Copying all of them to
 //! change one (a route change applied as a patch, `RouteTable::patched`) cost more than the rest
 //! of the patch together. Here the entries live in [`SHARDS`] hash tables behind `Arc`s, picked by
-//! the top bits of the key's hash: a copy of the map copies the `Arc`s, and a change copies the
-//! one shard it touches (about 1/64 of the entries) when another table still holds it. A lookup
+//! six bits of the key's hash: a copy of the map copies the `Arc`s, and a change copies the one
+//! shard it touches (about 1/64 of the entries) when another table still holds it. A lookup
 //! hashes the key once, as a `HashMap`'s does (foldhash, seeded per process: keys are the
 //! operator's, see `crate::fastmap`).
+//!
+//! The shard's bits are 32 to 37: hashbrown takes a slot's position from the low bits and its
+//! one-byte filter from the top seven, so keys that share a shard still differ in both (shard by
+//! the top bits and every key of a shard would share six of the filter's seven bits, and each
+//! probe would compare strings with half its group).
 
 use std::borrow::Borrow;
 use std::hash::BuildHasher;
@@ -14,11 +19,11 @@ use std::sync::Arc;
 
 use hashbrown::HashTable;
 
-/// How many shards a map has (a power of two: the top bits of a hash pick one).
+/// How many shards a map has (a power of two: six bits of a hash pick one).
 pub const SHARDS: usize = 64;
 
-/// `SHARDS` as the number of top hash bits that pick a shard.
-const SHARD_BITS: u32 = SHARDS.trailing_zeros();
+/// Where the bits that pick a shard start in a hash (see the module's doc).
+const SHARD_SHIFT: u32 = 32;
 
 /// A map from `K` (a string) to `V`, in shards shared between copies.
 pub struct Shards<K, V> {
@@ -47,7 +52,7 @@ impl<K: Borrow<str>, V> Shards<K, V> {
     #[inline(always)]
     fn place(&self, key: &str) -> (u64, usize) {
         let hash = self.hasher.hash_one(key);
-        (hash, (hash >> (u64::BITS - SHARD_BITS)) as usize & (SHARDS - 1))
+        (hash, (hash >> SHARD_SHIFT) as usize & (SHARDS - 1))
     }
 
     /// The value of `key` (on the request path: inlined into the route lookup).

@@ -156,16 +156,16 @@ impl ParseCache {
     }
 
     /// Folds what a patch ([`Snapshot::patch_routes`]) parsed into the cache the last build left,
-    /// as used by it, and drops the entries of the routes the patch replaced or removed (no
-    /// other entry is made from the same JSON: a route's id is in it). Nothing happens while a
-    /// build holds the cache: the next build's parses are what it keeps.
-    pub(super) fn fold_patch(self, gone: &[&Arc<Route>]) {
+    /// as used by it, and drops every route entry of the ids the patch `changed` (their earlier
+    /// versions, including those of a patch that found the cache held by a build and could not
+    /// fold). Nothing happens while a build holds the cache: the next build's parses are what it
+    /// keeps.
+    pub(super) fn fold_patch(self, changed: &[&str]) {
         let mut held = PARSED.lock();
         let Some(cache) = held.as_mut() else { return };
-        if !gone.is_empty() {
-            let replaced = |e: &ParsedEntry| gone.iter().any(|g| std::ptr::addr_eq(Arc::as_ptr(&e.0), Arc::as_ptr(g)));
-            cache.entries.retain(|_, e| !replaced(e));
-        }
+        let replaced =
+            |e: &ParsedEntry| e.0.downcast_ref::<Route>().is_some_and(|r| changed.contains(&r.id.0.as_str()));
+        cache.entries.retain(|_, e| !replaced(e));
         let build = cache.build;
         cache.entries.extend(self.entries.into_iter().map(|(print, (v, ok, _))| (print, (v, ok, build))));
     }

@@ -11,8 +11,9 @@
 //! full build of the same set would be (a changed route is invalid, names what does not exist,
 //! or carries a plugin that checks its configuration together with other resources' as
 //! limit-count does), it gives up and the caller builds the whole set, whose messages name the
-//! entry and the reason. The snapshot patched must hold the provider's whole set in key order
-//! (etcd, with nothing skipped): the caller knows, this module does not check.
+//! entry and the reason. The snapshot patched must hold the provider's whole set (etcd, with
+//! nothing skipped): the caller knows that, this module cannot; that its routes are in id order
+//! with no id twice (the provider's key order) it checks (`Snapshot::routes_by_id`).
 
 use std::collections::HashMap;
 
@@ -77,18 +78,18 @@ impl Snapshot {
             patching: true,
             route_chains: FastMap::default(),
         };
-        let (snapshot, gone) = builder.patch(changes)?;
+        let snapshot = builder.patch(changes)?;
         if !validate {
-            let gone: Vec<&Arc<Route>> = gone.iter().map(|r| &r.route).collect();
-            cache.fold_patch(&gone);
+            let changed: Vec<&str> = changes.iter().map(|c| c.id).collect();
+            cache.fold_patch(&changed);
         }
         Some(snapshot)
     }
 }
 
 impl Builder<'_> {
-    /// The patched snapshot, and the compiled routes it replaced or removed.
-    fn patch(mut self, changes: &[RouteChange<'_>]) -> Option<(Snapshot, Vec<Arc<CompiledRoute>>)> {
+    /// The patched snapshot.
+    fn patch(mut self, changes: &[RouteChange<'_>]) -> Option<Snapshot> {
         let prev = self.previous?;
         // Routes found by their ids: no index entry moves when one comes or goes.
         if !prev.routes_by_id {
@@ -100,15 +101,19 @@ impl Builder<'_> {
         // The serving routes, in id order, and their compiled forms at the same places.
         let place = |id: &str| prev.routes.binary_search_by(|r| r.id.0.as_str().cmp(id));
         let serving = prev.table.routes();
+        if serving.len() != prev.routes.len() {
+            return None;
+        }
+        self.prefetch(changes);
         let mut gone: Vec<Arc<CompiledRoute>> = Vec::new();
         let mut fresh: Vec<Option<NewRoute>> = Vec::with_capacity(changes.len());
         for (n, change) in changes.iter().enumerate() {
             if changes[..n].iter().any(|c| c.id == change.id) {
                 return None;
             }
-            let before = match place(change.id) {
-                Ok(at) => Some(serving.get(at).filter(|c| &*c.id == change.id)?),
-                Err(_) => None,
+            let (before, at) = match place(change.id) {
+                Ok(at) => (Some(serving.get(at).filter(|c| &*c.id == change.id)?), at),
+                Err(at) => (None, at),
             };
             // A configuration checked together with others' comes and goes with a full build.
             if before.is_some_and(|b| self.checked_together(&b.route)) {
@@ -119,7 +124,7 @@ impl Builder<'_> {
             }
             fresh.push(match change.value {
                 None => None,
-                Some(item) => Some(self.route(item, change.id, before, &consumers, &meta)?),
+                Some(item) => Some(self.route((at, item), change.id, before, &consumers, &meta)?),
             });
         }
         if !self.issues.is_empty() {
@@ -202,14 +207,31 @@ impl Builder<'_> {
             upstream_ids: prev.upstream_ids,
             consumer_state: prev.consumer_state.clone(),
         };
-        Some((snap, gone))
+        Some(snap)
+    }
+
+    /// Resolves the names the changed routes' own upstreams have, all at once (as a full
+    /// build prefetches every name it meets) and before they are compiled.
+    fn prefetch(&self, changes: &[RouteChange<'_>]) {
+        let Some(dns) = crate::dns::service().filter(|_| !self.check_only) else { return };
+        let mut queries = Vec::new();
+        for item in changes.iter().filter_map(|c| c.value) {
+            let Some(conf) = item.get("upstream") else { continue };
+            // (A value that does not parse is refused when its route is checked.)
+            if let Ok(u) = serde_json::from_value::<Upstream>(conf.clone()) {
+                queries.extend(crate::tables::upstream::dns_queries(&u));
+            }
+        }
+        if !queries.is_empty() {
+            dns.prefetch(queries, crate::dns::FIRST_ANSWER_WAIT);
+        }
     }
 
     /// One changed route, checked and compiled as a full build would (its upstream reused from
     /// `before`, its previous version, while the same).
     fn route(
         &mut self,
-        item: &Value,
+        (at, item): (usize, &Value),
         id: &str,
         before: Option<&Arc<CompiledRoute>>,
         consumers: &plugins::ConsumerState,
@@ -217,7 +239,7 @@ impl Builder<'_> {
     ) -> Option<NewRoute> {
         let prev = self.previous?;
         let schema = KindSchemas::get().kind("route");
-        let (o, r, (print, _)) = self.parse_entry::<Route>(schema, ("routes", 0, item), None)?;
+        let (o, r, (print, _)) = self.parse_entry::<Route>(schema, ("routes", at, item), None)?;
         if r.id.0 != id {
             return None;
         }
@@ -257,14 +279,17 @@ impl Builder<'_> {
                 merge_chains(&service_chain, &route_chain)
             }
         };
+        // A shared upstream whose DNS answers changed since it was compiled would be compiled
+        // again by a full build: that is one to leave to it.
+        let shared = |c: Option<&Arc<CompiledUpstream>>| c.filter(|c| c.dns_current()).cloned();
         let upstream = match (&r.upstream, &r.upstream_id) {
             (Some(u), _) => Some(self.own_upstream(&r, u, before)),
-            (None, Some(uid)) => Some(prev.upstream_objects.get(&uid.0)?.clone()),
+            (None, Some(uid)) => Some(shared(prev.upstream_objects.get(&uid.0))?),
             (None, None) => match &service {
                 None => None,
                 Some(s) => match (&s.upstream, &s.upstream_id) {
-                    (Some(_), _) => Some(prev.compiled_by_owner.get(&("services", s.id.0.clone()))?.clone()),
-                    (None, Some(uid)) => Some(prev.upstream_objects.get(&uid.0)?.clone()),
+                    (Some(_), _) => Some(shared(prev.compiled_by_owner.get(&("services", s.id.0.clone())))?),
+                    (None, Some(uid)) => Some(shared(prev.upstream_objects.get(&uid.0))?),
                     (None, None) => None,
                 },
             },
@@ -288,19 +313,13 @@ impl Builder<'_> {
     }
 
     /// A route's own upstream: its previous version's while the configuration and the DNS
-    /// answers it was built from are the same, else compiled (its names resolved first, as a
-    /// full build prefetches them).
+    /// answers it was built from are the same, else compiled (its names resolved beforehand,
+    /// [`Builder::prefetch`]).
     fn own_upstream(&self, r: &Route, u: &Upstream, before: Option<&Arc<CompiledRoute>>) -> Arc<CompiledUpstream> {
         let identities = &self.snap.certs.identities;
         let old = before.and_then(|p| p.upstream.as_ref()).filter(|c| c.owner.0 == "routes");
         if let Some(c) = old.filter(|c| *c.conf == *u && c.dns_current() && c.identity_current(identities)) {
             return c.clone();
-        }
-        if let Some(dns) = crate::dns::service().filter(|_| !self.check_only) {
-            let queries: Vec<crate::dns::Query> = crate::tables::upstream::dns_queries(u).collect();
-            if !queries.is_empty() {
-                dns.prefetch(queries, crate::dns::FIRST_ANSWER_WAIT);
-            }
         }
         let (c, warnings) =
             CompiledUpstream::compile(("routes", Arc::from(r.id.0.as_str())), Arc::new(u.clone()), identities);
@@ -530,6 +549,12 @@ mod tests {
         if dice.roll(5) == 0 {
             r["hosts"] = json!(["s.example"]);
         }
+        if dice.roll(6) == 0 {
+            // Several URIs: entries in several lists.
+            let second = dice.pick(&["/y", "/pre/*", "/p/:z/c", "/x"]);
+            r.as_object_mut().map(|o| o.remove("uri"));
+            r["uris"] = json!([uri, second]);
+        }
         match dice.roll(8) {
             0 => {
                 r.as_object_mut().map(|o| o.remove("upstream"));
@@ -555,7 +580,7 @@ mod tests {
         let ids = ["a", "b", "c", "d", "e", "f", "g", "10", "9", "a1"];
         let mut dice = Dice(0x9e37_79b9_7f4a_7c15);
         let (mut patched, mut gave_up) = (0, 0);
-        for _ in 0..600 {
+        for _ in 0..800 {
             let mut before = Vec::new();
             for id in ids {
                 if dice.roll(3) != 0 {

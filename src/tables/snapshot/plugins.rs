@@ -398,7 +398,8 @@ struct Nested<'b> {
     enabled: &'b EnabledSet,
     consumers: &'b ConsumerState,
     check_only: bool,
-    /// The resources being built, by `(kind, id)`: which upstream objects exist.
+    /// The resources that exist, by `(kind, id)` (this build's, or in a patch the snapshot
+    /// patched): which upstream objects exist.
     index: &'b FastMap<(&'static str, String), usize>,
     /// The instance named upstream objects by id (reused only while the same ids exist).
     names_upstreams: std::sync::atomic::AtomicBool,
