@@ -430,7 +430,6 @@ impl RouteTable {
             reads_form: false,
             routes,
         };
-        let mut params_changed = false;
         let same = |e: &Entry, r: &Arc<CompiledRoute>| Arc::ptr_eq(&e.route, r);
         for g in gone {
             for uri in g.uri_names.iter() {
@@ -448,7 +447,6 @@ impl RouteTable {
                         if let Some(&i) = params.patterns.get(&pattern) {
                             params.lists[i].retain(|e| !same(e, g));
                         }
-                        params_changed = true;
                     }
                 }
             }
@@ -474,13 +472,12 @@ impl RouteTable {
                         if let Some(&i) = params.patterns.get(&pattern) {
                             by_id(&mut params.lists[i]);
                         }
-                        params_changed = true;
                     }
                 }
             }
         }
         // matchit's router is built again only when a parameter route came or went.
-        if params_changed {
+        if touches_params {
             let params = Arc::make_mut(&mut t.params);
             params.compact();
             let problems = params.index();
@@ -489,20 +486,16 @@ impl RouteTable {
             }
         }
         t.sort_prefix_lens();
-        let reads_form = |r: &Arc<CompiledRoute>| {
-            r.vars.as_ref().is_some_and(|v| v.variables().iter().any(|n| n.starts_with("post_arg_")))
-        };
         t.reads_form = match gone.iter().any(|r| reads_form(r)) {
-            true => t.routes.iter().any(reads_form),
-            false => self.reads_form || added.iter().any(reads_form),
+            true => t.routes.iter().any(|r| reads_form(r)),
+            false => self.reads_form || added.iter().any(|r| reads_form(r)),
         };
         Ok(t)
     }
 
     /// Puts the entries of `route` (one per URI) in the table, at place `order`.
     fn add(&mut self, route: &Arc<CompiledRoute>, order: u32, no_names: &Arc<[Arc<str>]>) {
-        self.reads_form |=
-            route.vars.as_ref().is_some_and(|v| v.variables().iter().any(|n| n.starts_with("post_arg_")));
+        self.reads_form |= reads_form(route);
         for (i, uri) in route.uri_names.iter().enumerate() {
             let ui = u16::try_from(i).unwrap_or(u16::MAX);
             match classify(uri) {
@@ -672,6 +665,11 @@ fn drop_entries<K: std::borrow::Borrow<str> + Clone>(
         return true;
     }
     false
+}
+
+/// Whether some `vars` of `route` reads a form body argument (`post_arg_*`).
+fn reads_form(route: &CompiledRoute) -> bool {
+    route.vars.as_ref().is_some_and(|v| v.variables().iter().any(|n| n.starts_with("post_arg_")))
 }
 
 /// One prefix of length `len` more (`up`) or fewer in `counts`.

@@ -37,19 +37,11 @@ impl Builder<'_> {
         }
         // Reused while its configuration and the DNS answers it was built from are the same
         // (`same_conf`: known to be, the owner being the very entry it was compiled from).
-        let current_of = |c: &Arc<CompiledUpstream>, u: &Upstream, same_conf: bool| {
-            (same_conf || *c.conf == *u) && c.dns_current() && c.identity_current(&self.snap.certs.identities)
-        };
+        let identities = &self.snap.certs.identities;
+        let current_of =
+            |c: &Arc<CompiledUpstream>, u: &Upstream, same_conf: bool| still_current(c, u, same_conf, identities);
         let fresh = |owner: (&'static str, &str), u: &Upstream| {
-            let (c, warnings) = CompiledUpstream::compile(
-                (owner.0, Arc::from(owner.1)),
-                Arc::new(u.clone()),
-                &self.snap.certs.identities,
-            );
-            for w in warnings {
-                log::warn!("{}[{}]: upstream: {w}", owner.0, owner.1);
-            }
-            let c = Arc::new(c);
+            let c = compile_upstream(owner, u, identities);
             all.borrow_mut().push(c.clone());
             c
         };
@@ -173,6 +165,30 @@ impl Builder<'_> {
         }
         self.snap.global_chain = Arc::new(Chain::from(global));
     }
+}
+
+/// Whether `c`, compiled for `u` (`same_conf`: known to be; else compared), is still what
+/// compiling it again would give: the same DNS answers and client identity.
+pub(super) fn still_current(
+    c: &CompiledUpstream,
+    u: &Upstream,
+    same_conf: bool,
+    identities: &HashMap<String, Arc<crate::mtls::ClientIdentity>>,
+) -> bool {
+    (same_conf || *c.conf == *u) && c.dns_current() && c.identity_current(identities)
+}
+
+/// `u` compiled for `owner` (its warnings logged under the owner's name).
+pub(super) fn compile_upstream(
+    owner: (&'static str, &str),
+    u: &Upstream,
+    identities: &HashMap<String, Arc<crate::mtls::ClientIdentity>>,
+) -> Arc<CompiledUpstream> {
+    let (c, warnings) = CompiledUpstream::compile((owner.0, Arc::from(owner.1)), Arc::new(u.clone()), identities);
+    for w in warnings {
+        log::warn!("{}[{}]: upstream: {w}", owner.0, owner.1);
+    }
+    Arc::new(c)
 }
 
 /// Finds, for a route of this build, the previous snapshot's compiled route made from the very

@@ -310,7 +310,7 @@ impl Snapshot {
     /// Where the route `id` is in [`Snapshot::routes`] (and in the route table's list).
     pub(crate) fn route_place(&self, id: &str) -> Option<usize> {
         match self.routes_by_id {
-            true => self.routes.binary_search_by(|r| r.id.0.as_str().cmp(id)).ok(),
+            true => by_id(&self.routes, id).ok(),
             false => self.index.get(&("routes", id.to_owned())).copied(),
         }
     }
@@ -626,6 +626,12 @@ impl Builder<'_> {
         }
         Ok(self.snap)
     }
+}
+
+/// Where route `id` is in `routes` kept in id order ([`Snapshot::routes_by_id`]), or where it
+/// would go.
+fn by_id(routes: &[Arc<Route>], id: &str) -> Result<usize, usize> {
+    routes.binary_search_by(|r| r.id.0.as_str().cmp(id))
 }
 
 /// A JSON dump of a resource, as the control server reports it (defaults filled, ids as strings).

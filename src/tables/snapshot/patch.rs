@@ -99,7 +99,6 @@ impl Builder<'_> {
         let meta: HashMap<String, PluginMetadata> =
             prev.plugin_metadata.iter().map(|m| (m.id.clone(), m.clone())).collect();
         // The serving routes, in id order, and their compiled forms at the same places.
-        let place = |id: &str| prev.routes.binary_search_by(|r| r.id.0.as_str().cmp(id));
         let serving = prev.table.routes();
         if serving.len() != prev.routes.len() {
             return None;
@@ -111,7 +110,7 @@ impl Builder<'_> {
             if changes[..n].iter().any(|c| c.id == change.id) {
                 return None;
             }
-            let (before, at) = match place(change.id) {
+            let (before, at) = match by_id(&prev.routes, change.id) {
                 Ok(at) => (Some(serving.get(at).filter(|c| &*c.id == change.id)?), at),
                 Err(at) => (None, at),
             };
@@ -142,7 +141,7 @@ impl Builder<'_> {
         upstreams.extend(prev.compiled_upstreams.iter().cloned());
         let mut added = Vec::new();
         for (change, new) in changes.iter().zip(fresh) {
-            let before = match routes.binary_search_by(|r| r.id.0.as_str().cmp(change.id)) {
+            let before = match by_id(&routes, change.id) {
                 Ok(at) => {
                     let old = compiled[at].clone();
                     match &new {
@@ -318,15 +317,10 @@ impl Builder<'_> {
     fn own_upstream(&self, r: &Route, u: &Upstream, before: Option<&Arc<CompiledRoute>>) -> Arc<CompiledUpstream> {
         let identities = &self.snap.certs.identities;
         let old = before.and_then(|p| p.upstream.as_ref()).filter(|c| c.owner.0 == "routes");
-        if let Some(c) = old.filter(|c| *c.conf == *u && c.dns_current() && c.identity_current(identities)) {
-            return c.clone();
+        match old.filter(|c| compile::still_current(c, u, false, identities)) {
+            Some(c) => c.clone(),
+            None => compile::compile_upstream(("routes", &r.id.0), u, identities),
         }
-        let (c, warnings) =
-            CompiledUpstream::compile(("routes", Arc::from(r.id.0.as_str())), Arc::new(u.clone()), identities);
-        for w in warnings {
-            log::warn!("routes[{}]: upstream: {w}", r.id.0);
-        }
-        Arc::new(c)
     }
 }
 
