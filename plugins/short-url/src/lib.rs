@@ -146,7 +146,8 @@ pub struct VisitsAttr {
     #[serde(default = "default_flush")]
     #[schemars(range(min = 0.01, max = 4.0))]
     pub flush_interval: f64,
-    /// Visits written in one transaction at most (default 1000).
+    /// Distinct counts (code, day, user-agent class, referer host) written in one transaction at
+    /// most; visits to one code on one day from one class and referer fold into one (default 1000).
     #[serde(default = "default_batch")]
     #[schemars(range(min = 1, max = 100_000))]
     pub batch_size: u32,

@@ -1,8 +1,9 @@
 //! Visit recording off the redirect path: a redirect classifies the user agent, takes the
 //! referer's host and hashes the client IP with the current salt, then hands the visit to a
-//! bounded buffer without waiting ([`Sink::record`]). A flusher thread writes what the buffer
-//! holds every `flush_interval` (or as soon as `batch_size` visits wait) in one transaction per
-//! batch. A full buffer drops the visit and counts it (`short_url_visits_dropped_total`).
+//! bounded buffer without waiting ([`Sink::record`]). A flusher thread folds the buffer into
+//! per-code counts and writes them every `flush_interval` (or once `batch_size` distinct keys
+//! wait) in one transaction. A full buffer drops the visit and counts it
+//! (`short_url_visits_dropped_total`).
 
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -12,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::RwLock;
 
-use crate::store::links::{flush_visits, UaClass, Visit};
+use crate::store::links::{flush_visits, UaClass, Visit, VisitBatch};
 use crate::store::{Conn, Connector};
 
 /// Visits recorded (written to storage).
@@ -104,7 +105,8 @@ pub struct Settings {
     pub buffer: usize,
     /// Longest wait of a visit before it is written.
     pub flush_interval: Duration,
-    /// Visits per write transaction at most.
+    /// Distinct keys (code, day, class, referer host) per write transaction at most; also the
+    /// number of buffered visits that wakes the flusher to fold them.
     pub batch_size: usize,
     /// Salt rotation.
     pub salt_rotate_secs: i64,
@@ -163,14 +165,17 @@ impl Sink {
     }
 }
 
-/// Writes what the buffer holds every `flush_interval`, or sooner when woken by a full batch.
+/// Folds the buffer into a [`VisitBatch`] whenever woken, and writes the batch every
+/// `flush_interval`, or sooner once it holds `batch_size` distinct keys. Visits to a hot code fold
+/// into the same few rows, so the number of write transactions does not grow with traffic.
 fn flusher(connector: Arc<dyn Connector>, rx: Receiver<Visit>, s: Settings, sink: std::sync::Weak<Sink>) {
     let mut conn = None;
     let mut last_error: Option<Instant> = None;
     let batch_size = s.batch_size.max(1);
-    let mut batch = Vec::with_capacity(batch_size.min(100_000));
+    let mut batch = VisitBatch::default();
+    let mut deadline = Instant::now() + s.flush_interval;
     loop {
-        let deadline = Instant::now() + s.flush_interval;
+        // Sleep until the deadline, or until a redirect wakes us because `batch_size` visits wait.
         loop {
             let now = Instant::now();
             if now >= deadline {
@@ -182,29 +187,36 @@ fn flusher(connector: Arc<dyn Connector>, rx: Receiver<Visit>, s: Settings, sink
                 _ => break,
             }
         }
+        // Fold what waits, writing whenever the batch is full. At most one buffer's worth per
+        // pass, so a steady stream cannot keep us from the deadline.
         let mut closed = false;
-        loop {
-            batch.clear();
-            while batch.len() < batch_size {
-                match rx.try_recv() {
-                    Ok(v) => batch.push(v),
-                    Err(TryRecvError::Empty) => break,
-                    Err(TryRecvError::Disconnected) => {
-                        closed = true;
-                        break;
+        let mut taken = 0;
+        while taken < s.buffer.max(1) {
+            match rx.try_recv() {
+                Ok(v) => {
+                    taken += 1;
+                    batch.add(v);
+                    if batch.keys() >= batch_size {
+                        write(&*connector, &mut conn, &mut last_error, &batch);
+                        batch.clear();
                     }
                 }
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => {
+                    closed = true;
+                    break;
+                }
             }
-            if let Some(k) = sink.upgrade() {
-                k.pending.fetch_sub(batch.len(), Ordering::Relaxed);
+        }
+        if let Some(k) = sink.upgrade() {
+            k.pending.fetch_sub(taken, Ordering::Relaxed);
+        }
+        if closed || Instant::now() >= deadline {
+            if batch.visits() > 0 {
+                write(&*connector, &mut conn, &mut last_error, &batch);
+                batch.clear();
             }
-            if batch.is_empty() {
-                break;
-            }
-            write(&*connector, &mut conn, &mut last_error, &batch);
-            if batch.len() < batch_size {
-                break;
-            }
+            deadline = Instant::now() + s.flush_interval;
         }
         if closed {
             return;
@@ -216,14 +228,15 @@ fn write(
     connector: &dyn Connector,
     conn: &mut Option<Box<dyn Conn>>,
     last_error: &mut Option<Instant>,
-    batch: &[Visit],
+    batch: &VisitBatch,
 ) {
+    let n = batch.visits();
     if conn.is_none() {
         match connector.connect() {
             Ok(c) => *conn = Some(c),
             Err(e) => {
                 if last_error.is_none_or(|t| t.elapsed() > Duration::from_secs(60)) {
-                    log::warn!("short-url: visits not written ({e}); dropping {} visits", batch.len());
+                    log::warn!("short-url: visits not written ({e}); dropping {n} visits");
                     *last_error = Some(Instant::now());
                 }
             }
@@ -231,15 +244,15 @@ fn write(
     }
     match conn.as_mut().map(|c| flush_visits(c.as_mut(), batch)) {
         Some(Ok(())) => {
-            RECORDED.fetch_add(batch.len() as u64, Ordering::Relaxed);
+            RECORDED.fetch_add(n, Ordering::Relaxed);
         }
         Some(Err(e)) => {
-            log::warn!("short-url: {} visits not written: {e}", batch.len());
+            log::warn!("short-url: {n} visits not written: {e}");
             *conn = None;
-            DROPPED.fetch_add(batch.len() as u64, Ordering::Relaxed);
+            DROPPED.fetch_add(n, Ordering::Relaxed);
         }
         None => {
-            DROPPED.fetch_add(batch.len() as u64, Ordering::Relaxed);
+            DROPPED.fetch_add(n, Ordering::Relaxed);
         }
     }
 }
@@ -264,6 +277,68 @@ mod tests {
         assert_eq!(referer_host("http://u:p@x.org/").as_deref(), Some("x.org"));
         assert_eq!(referer_host("http://[::1]:80/").as_deref(), Some("::1"));
         assert_eq!(referer_host("").as_deref(), None);
+    }
+
+    /// A burst of visits to one code, far more than `batch_size`, is written in one transaction
+    /// when the interval ends: the code's sample holds one flush's 20 rows, not one per
+    /// `batch_size` visits. Distinct codes still split into batches of `batch_size`.
+    #[test]
+    fn a_hot_code_folds_into_one_write_per_interval() {
+        use crate::store::links::{self, RECENT_PER_CODE};
+        use crate::store::NewEntry;
+        let dir = std::env::temp_dir().join(format!("weir-short-url-fold-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let connector: Arc<dyn Connector> = Arc::new(crate::store::sqlite::Sqlite::new(dir.join("t.db")));
+        let mut conn = connector.connect().unwrap_or_else(|e| panic!("{e}"));
+        let codes: Vec<String> =
+            std::iter::once("hot".to_owned()).chain((0..250).map(|i| format!("c{i:03}"))).collect();
+        for code in &codes {
+            let e = NewEntry { origin_url: format!("https://{code}.example/"), ..NewEntry::default() };
+            assert_eq!(links::insert_full(&mut *conn, code, &e, 1), Ok(true));
+        }
+        let settings = Settings {
+            buffer: 100_000,
+            flush_interval: Duration::from_secs(1),
+            batch_size: 100,
+            salt_rotate_secs: 86_400,
+        };
+        let sink = Sink::start(connector, settings);
+        let visit = |code: &str, at: i64| Visit {
+            code: code.to_owned(),
+            at,
+            referer: Some("news.example".into()),
+            class: UaClass::Browser,
+            country: None,
+            ip_hash: 7,
+        };
+        // 100 bursts of 200 over about 0.3 s: each wakes the flusher, which folds and waits.
+        for burst in 0..100 {
+            for i in 0..200 {
+                sink.record(visit("hot", 1_000 + burst * 200 + i));
+            }
+            std::thread::sleep(Duration::from_millis(3));
+        }
+        for code in &codes[1..] {
+            sink.record(visit(code, 1_000));
+        }
+        let one = |conn: &mut dyn Conn, sql: &str| conn.query(sql, &[]).ok().and_then(|r| r[0][0].int());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while one(&mut *conn, "SELECT sum(visits) FROM short_url_codes") != Some(20_250) {
+            assert!(Instant::now() < deadline, "visits not written in time");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let hot = links::get(&mut *conn, "hot").ok().flatten().map(|l| l.visits);
+        assert_eq!(hot, Some(20_000));
+        let rows = one(&mut *conn, "SELECT count(*) FROM short_url_visits WHERE code = 'hot'").unwrap_or(0);
+        // One flush keeps 20 rows; the deadline may split the burst in two. Written per
+        // `batch_size` visits it would be about 100 flushes and 2,000 rows.
+        assert!(rows == RECENT_PER_CODE as i64 || rows == 2 * RECENT_PER_CODE as i64, "{rows} sample rows");
+        assert_eq!(
+            one(&mut *conn, "SELECT n FROM short_url_visit_stats WHERE code = 'hot' AND referer = 'news.example'"),
+            Some(20_000)
+        );
+        drop(sink);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! Links with options, the management queries and visits, written once in the SQL both backends
 //! share (see [`Conn::query`]): tables `short_url_codes`, `short_url_tags`, `short_url_visits`.
 
+use std::collections::{HashMap, VecDeque};
+
 use super::{Conn, NewEntry, Val};
 
 /// The columns of a link, in [`Link::from_row`] order.
@@ -550,38 +552,100 @@ const ROWS_PER_INSERT: usize = 100;
 /// counted (in `short_url_visit_stats` and the link's counters).
 pub const RECENT_PER_CODE: usize = 20;
 
-/// Writes a batch of visits in one transaction, aggregated: one UPSERT per (code, day, class,
-/// referer host) into `short_url_visit_stats`, one counter UPDATE per code, and a visit row only
-/// for the newest [`RECENT_PER_CODE`] visits of each code in the batch (the page of recent
-/// visits is a sample; counts, the per-day series and totals are exact). After a crash either
-/// all of the batch is there or none of it, and the counters always equal the aggregates.
-pub fn flush_visits(conn: &mut dyn Conn, visits: &[Visit]) -> Result<(), String> {
-    use std::collections::HashMap;
-    let mut stats: HashMap<(&str, i64, UaClass, &str), i64> = HashMap::new();
-    let mut per_code: HashMap<&str, (i64, i64, usize)> = HashMap::new();
-    for v in visits {
-        *stats
-            .entry((v.code.as_str(), v.at.div_euclid(86_400), v.class, v.referer.as_deref().unwrap_or("")))
-            .or_default() += 1;
-        let e = per_code.entry(&v.code).or_default();
-        e.0 += 1;
-        e.1 += i64::from(v.class == UaClass::Bot);
-    }
-    // The newest RECENT_PER_CODE of each code: walk the batch backwards (it is in arrival order).
-    let mut recent: Vec<&Visit> = Vec::new();
-    for v in visits.iter().rev() {
-        if let Some(e) = per_code.get_mut(v.code.as_str()) {
-            if e.2 < RECENT_PER_CODE {
-                e.2 += 1;
-                recent.push(v);
+/// Visits folded in memory until they are written: a count per (code, day, class, referer
+/// host), each code's totals, and each code's newest [`RECENT_PER_CODE`] visits. However many
+/// visits a hot code gets, it folds into a few rows; only distinct keys grow the batch.
+#[derive(Default)]
+pub struct VisitBatch {
+    /// Codes in order of first arrival, with their totals and newest visits.
+    codes: Vec<CodeVisits>,
+    /// Code -> its index in `codes`.
+    code_index: HashMap<String, usize>,
+    /// Referer host -> its index in `referers` (interned: a key then holds no string).
+    referer_index: HashMap<String, usize>,
+    referers: Vec<String>,
+    /// (code index, day, class, referer index or `NO_REFERER`) -> visits.
+    stats: HashMap<(usize, i64, UaClass, usize), i64>,
+    visits: u64,
+}
+
+struct CodeVisits {
+    code: String,
+    visits: i64,
+    bots: i64,
+    /// The newest visits, oldest first.
+    recent: VecDeque<Visit>,
+}
+
+const NO_REFERER: usize = usize::MAX;
+
+impl VisitBatch {
+    /// Folds one visit in; allocates only for a code or referer host the batch has not seen.
+    pub fn add(&mut self, v: Visit) {
+        self.visits += 1;
+        let code = match self.code_index.get(v.code.as_str()) {
+            Some(&i) => i,
+            None => {
+                let i = self.codes.len();
+                self.code_index.insert(v.code.clone(), i);
+                self.codes.push(CodeVisits { code: v.code.clone(), visits: 0, bots: 0, recent: VecDeque::new() });
+                i
             }
+        };
+        let referer = match v.referer.as_deref() {
+            None => NO_REFERER,
+            Some(host) => match self.referer_index.get(host) {
+                Some(&r) => r,
+                None => {
+                    let r = self.referers.len();
+                    self.referer_index.insert(host.to_owned(), r);
+                    self.referers.push(host.to_owned());
+                    r
+                }
+            },
+        };
+        *self.stats.entry((code, v.at.div_euclid(86_400), v.class, referer)).or_default() += 1;
+        let c = &mut self.codes[code];
+        c.visits += 1;
+        c.bots += i64::from(v.class == UaClass::Bot);
+        if c.recent.len() == RECENT_PER_CODE {
+            c.recent.pop_front();
         }
+        c.recent.push_back(v);
     }
-    recent.reverse();
-    let stats: Vec<_> = stats.into_iter().collect();
-    let mut counters: Vec<_> = per_code.into_iter().map(|(c, (n, b, _))| (c, n, b)).collect();
+
+    /// Rows of `short_url_visit_stats` the batch would write: what bounds its size.
+    pub fn keys(&self) -> usize {
+        self.stats.len()
+    }
+
+    /// Visits folded in.
+    pub fn visits(&self) -> u64 {
+        self.visits
+    }
+
+    /// Empties the batch, keeping its allocations.
+    pub fn clear(&mut self) {
+        self.codes.clear();
+        self.code_index.clear();
+        self.referer_index.clear();
+        self.referers.clear();
+        self.stats.clear();
+        self.visits = 0;
+    }
+}
+
+/// Writes a batch of visits in one transaction: one UPSERT per (code, day, class, referer host)
+/// into `short_url_visit_stats`, one counter UPDATE per code, and a visit row for each code's
+/// newest [`RECENT_PER_CODE`] visits (the page of recent visits is a sample; counts, the
+/// per-day series and totals are exact). After a crash either all of the batch is there or
+/// none of it, and the counters always equal the aggregates.
+pub fn flush_visits(conn: &mut dyn Conn, batch: &VisitBatch) -> Result<(), String> {
+    let recent: Vec<&Visit> = batch.codes.iter().flat_map(|c| &c.recent).collect();
+    let stats: Vec<_> = batch.stats.iter().collect();
+    let mut counters: Vec<&CodeVisits> = batch.codes.iter().collect();
     // A fixed order of row locks, so that two instances' flushes never deadlock on PostgreSQL.
-    counters.sort_unstable_by(|a, b| a.0.cmp(b.0));
+    counters.sort_unstable_by(|a, b| a.code.cmp(&b.code));
     conn.exec("BEGIN")?;
     let r = (|| {
         for chunk in recent.chunks(ROWS_PER_INSERT) {
@@ -605,7 +669,14 @@ pub fn flush_visits(conn: &mut dyn Conn, visits: &[Visit]) -> Result<(), String>
         for chunk in stats.chunks(ROWS_PER_INSERT) {
             let mut params = Vec::with_capacity(chunk.len() * 5);
             for ((code, day, class, referer), n) in chunk {
-                params.extend([(*code).into(), (*day).into(), class.as_str().into(), (*referer).into(), (*n).into()]);
+                let referer = batch.referers.get(*referer).map_or("", String::as_str);
+                params.extend([
+                    batch.codes[*code].code.as_str().into(),
+                    (*day).into(),
+                    class.as_str().into(),
+                    referer.into(),
+                    (**n).into(),
+                ]);
             }
             let sql = format!(
                 "INSERT INTO short_url_visit_stats (code, day, ua_class, referer, n) VALUES {}
@@ -614,10 +685,10 @@ pub fn flush_visits(conn: &mut dyn Conn, visits: &[Visit]) -> Result<(), String>
             );
             conn.execute(&sql, &params)?;
         }
-        for (code, n, bots) in counters {
+        for c in counters {
             conn.execute(
                 "UPDATE short_url_codes SET visits = visits + $2, bot_visits = bot_visits + $3 WHERE code = $1",
-                &[code.into(), n.into(), bots.into()],
+                &[c.code.as_str().into(), c.visits.into(), c.bots.into()],
             )?;
         }
         Ok(())
@@ -813,7 +884,12 @@ mod tests {
             }
         }
         let n = batch.len();
-        assert_eq!(flush_visits(&mut *conn, &batch), Ok(()));
+        let mut folded = VisitBatch::default();
+        for v in batch {
+            folded.add(v);
+        }
+        assert_eq!(folded.visits(), n as u64);
+        assert_eq!(flush_visits(&mut *conn, &folded), Ok(()));
         let one = |conn: &mut dyn Conn, sql: &str| conn.query(sql, &[]).ok().and_then(|r| r[0][0].int());
         assert_eq!(one(&mut *conn, "SELECT sum(visits) FROM short_url_codes"), Some(n as i64));
         assert_eq!(one(&mut *conn, "SELECT sum(n) FROM short_url_visit_stats"), Some(n as i64));
