@@ -729,7 +729,7 @@ pub(crate) mod suite {
 
     pub fn run(connector: Arc<dyn Connector>) {
         let scripted = Arc::new(Scripted(Mutex::new(vec![]), AtomicUsize::new(0)));
-        let store = Store::start(connector, scripted.clone(), 2);
+        let store = Store::start(connector.clone(), scripted.clone(), 2);
         // Create and read back, in order.
         let codes =
             block(store.create(vec![entry("http://a.example/1", None), entry("http://a.example/2", Some(500))], 100))
@@ -803,6 +803,9 @@ pub(crate) mod suite {
         flat.sort();
         flat.dedup();
         assert_eq!(flat.len(), 1600);
+        // Visit batches write the same counts on every backend.
+        let mut conn = connector.connect().unwrap_or_else(|e| panic!("{e}"));
+        links::tests::large_batch_check(&mut *conn);
     }
 }
 
@@ -848,6 +851,8 @@ mod tests {
         let mut u = url::Url::parse(&url).unwrap_or_else(|e| panic!("{e}"));
         u.set_path(&db);
         suite::run(Arc::new(postgres::Postgres::new(u.to_string())));
+        // FORCE: the store's reader threads may still hold their connections.
+        let _ = admin.batch_execute(&format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"));
     }
 
     #[test]
