@@ -671,7 +671,7 @@ pub fn flush_visits(conn: &mut dyn Conn, batch: &VisitBatch) -> Result<(), Strin
             }
             let sql = format!(
                 "INSERT INTO short_url_visits (code, at, referer, ua_class, country, ip_hash) VALUES {}",
-                placeholders(chunk.len(), 6)
+                placeholders(chunk.len(), &[""; 6])
             );
             conn.execute(&sql, &params)?;
         }
@@ -690,7 +690,7 @@ pub fn flush_visits(conn: &mut dyn Conn, batch: &VisitBatch) -> Result<(), Strin
             let sql = format!(
                 "INSERT INTO short_url_visit_stats (code, day, ua_class, referer, n) VALUES {}
                  ON CONFLICT (code, day, ua_class, referer) DO UPDATE SET n = short_url_visit_stats.n + excluded.n",
-                placeholders(chunk.len(), 5)
+                placeholders(chunk.len(), &[""; 5])
             );
             conn.execute(&sql, &params)?;
         }
@@ -698,19 +698,10 @@ pub fn flush_visits(conn: &mut dyn Conn, batch: &VisitBatch) -> Result<(), Strin
         // PostgreSQL the row locks follow the VALUES order, which is sorted.
         for chunk in counters.chunks(ROWS_PER_INSERT) {
             let mut params = Vec::with_capacity(chunk.len() * 3);
-            let mut rows = String::with_capacity(chunk.len() * 64);
-            for (i, c) in chunk.iter().enumerate() {
+            for c in chunk {
                 params.extend([c.code.as_str().into(), c.visits.into(), c.bots.into()]);
-                use std::fmt::Write;
-                let _ = write!(
-                    rows,
-                    "{}(CAST(${} AS TEXT), CAST(${} AS BIGINT), CAST(${} AS BIGINT))",
-                    if i > 0 { ", " } else { "" },
-                    3 * i + 1,
-                    3 * i + 2,
-                    3 * i + 3
-                );
             }
+            let rows = placeholders(chunk.len(), &["TEXT", "BIGINT", "BIGINT"]);
             let sql = format!(
                 "UPDATE short_url_codes SET visits = visits + v.column2, bot_visits = bot_visits + v.column3
                  FROM (VALUES {rows}) AS v WHERE short_url_codes.code = v.column1"
@@ -728,14 +719,21 @@ pub fn flush_visits(conn: &mut dyn Conn, batch: &VisitBatch) -> Result<(), Strin
     }
 }
 
-/// `($1, .., $width), ($width+1, ..), ..` for `rows` rows.
-fn placeholders(rows: usize, width: usize) -> String {
+/// `($1, .., $width), ($width+1, ..), ..` for `rows` rows of `casts.len()` columns; a column
+/// whose cast is not empty reads `CAST($n AS type)` (PostgreSQL infers no type for a bare
+/// parameter in a `VALUES` list that is not inserted anywhere).
+fn placeholders(rows: usize, casts: &[&str]) -> String {
     use std::fmt::Write;
+    let width = casts.len();
     let mut sql = String::with_capacity(rows * width * 5);
     for i in 0..rows {
         sql.push_str(if i > 0 { ",(" } else { "(" });
-        for j in 0..width {
-            let _ = write!(sql, "{}${}", if j > 0 { ", " } else { "" }, i * width + j + 1);
+        for (j, cast) in casts.iter().enumerate() {
+            let n = i * width + j + 1;
+            let _ = match *cast {
+                "" => write!(sql, "{}${n}", if j > 0 { ", " } else { "" }),
+                ty => write!(sql, "{}CAST(${n} AS {ty})", if j > 0 { ", " } else { "" }),
+            };
         }
         sql.push(')');
     }
