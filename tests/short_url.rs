@@ -343,6 +343,24 @@ fn pg_gateway(url: &str) -> (Prefix, Weir) {
 }
 
 #[test]
+fn a_server_error_is_logged_in_the_servers_words() {
+    let Some(base) = std::env::var("WEIR_TEST_POSTGRES_URL").ok().filter(|u| !u.is_empty()) else {
+        skip("a_server_error_is_logged_in_the_servers_words", "set WEIR_TEST_POSTGRES_URL (.ci/run does)");
+        return;
+    };
+    let mut url = url::Url::parse(&base).expect("WEIR_TEST_POSTGRES_URL is a URL");
+    url.set_path(&format!("weir_never_created_{}", std::process::id()));
+    let (p, w) = pg_gateway(url.as_str());
+    // The gateway starts (the store retries on demand) and says why the store is unavailable.
+    let r = create(&p, &json!([{"origin_url": "https://missing.example/"}]));
+    assert_eq!(r.status, 503, "{}", r.text());
+    let said = eventually(Duration::from_secs(5), || {
+        w.log_text().contains("3D000") && w.log_text().contains("does not exist")
+    });
+    assert!(said, "{}", w.log_text());
+}
+
+#[test]
 fn two_instances_share_one_postgres() {
     let Some(url) = postgres_db("share") else { return };
     let (a, wa) = pg_gateway(url.as_str());

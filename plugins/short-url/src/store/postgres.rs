@@ -92,8 +92,14 @@ pub fn check_url(url: &str) -> Result<(), String> {
     url.parse::<postgres::Config>().map(drop).map_err(|err| format!("storage.url: {err}"))
 }
 
+/// A driver error as the log and the answers give it. The driver's own text for an error the
+/// server sent is only "db error"; the server's words say what is wrong (a missing database, a
+/// refused password, a failed statement).
 fn e(err: postgres::Error) -> String {
-    err.to_string()
+    match err.as_db_error() {
+        Some(db) => format!("{} {}: {}", db.severity(), db.code().code(), db.message()),
+        None => err.to_string(),
+    }
 }
 
 /// `url` without its password, for logs.
