@@ -322,21 +322,6 @@ impl Relay {
     }
 }
 
-/// A fresh database on the test server, or None (test skipped) without WEIR_TEST_POSTGRES_URL.
-fn postgres_db(name: &str) -> Option<url::Url> {
-    let Some(base) = std::env::var("WEIR_TEST_POSTGRES_URL").ok().filter(|u| !u.is_empty()) else {
-        skip(name, "set WEIR_TEST_POSTGRES_URL to a PostgreSQL the tests may create databases in (.ci/run does)");
-        return None;
-    };
-    let db = format!("weir_{name}_{}", std::process::id());
-    let mut admin = postgres::Client::connect(&base, postgres::NoTls).expect("connect to WEIR_TEST_POSTGRES_URL");
-    let _ = admin.batch_execute(&format!("DROP DATABASE IF EXISTS {db}"));
-    admin.batch_execute(&format!("CREATE DATABASE {db}")).expect("create test database");
-    let mut u = url::Url::parse(&base).expect("WEIR_TEST_POSTGRES_URL is a URL");
-    u.set_path(&db);
-    Some(u)
-}
-
 fn pg_gateway(url: &str) -> (Prefix, Weir) {
     let attr = format!("plugin_attr:\n  short-url:\n    storage: {{backend: postgres, url: \"{url}\"}}\n");
     gateway_with(&[], "", &attr)
@@ -362,9 +347,9 @@ fn a_server_error_is_logged_in_the_servers_words() {
 
 #[test]
 fn two_instances_share_one_postgres() {
-    let Some(url) = postgres_db("share") else { return };
-    let (a, wa) = pg_gateway(url.as_str());
-    let (b, _wb) = pg_gateway(url.as_str());
+    let Some(db) = pg::PgDb::fresh("share") else { return };
+    let (a, wa) = pg_gateway(db.url());
+    let (b, _wb) = pg_gateway(db.url());
     assert!(wa.log_text().contains("short-url: storage postgres://"), "{}", wa.log_text());
     let r = create(&a, &json!([{"origin_url": "https://shared.example/"}])).json();
     let code = r["data"][0]["data"]["short_code"].as_str().unwrap_or_default().to_owned();
@@ -379,7 +364,8 @@ fn two_instances_share_one_postgres() {
 
 #[test]
 fn postgres_outage_answers_503_and_recovers() {
-    let Some(url) = postgres_db("outage") else { return };
+    let Some(db) = pg::PgDb::fresh("outage") else { return };
+    let url = db.parsed();
     let target: SocketAddr = format!("{}:{}", url.host_str().unwrap_or("127.0.0.1"), url.port().unwrap_or(5432))
         .parse()
         .expect("postgres host is an IP address in WEIR_TEST_POSTGRES_URL");
@@ -411,8 +397,8 @@ fn postgres_outage_answers_503_and_recovers() {
         create(&p, &json!([{"origin_url": "https://after.example/"}])).status == 200
     });
     assert!(recovered, "{}", w.log_text());
-    let mut db = postgres::Client::connect(url.as_str(), postgres::NoTls).expect("connect");
     let during: i64 = db
+        .client()
         .query_one("SELECT count(*) FROM short_url_codes WHERE origin_url LIKE 'https://during.example/%'", &[])
         .expect("count")
         .get(0);

@@ -351,6 +351,7 @@ pub fn path_str(p: &Path) -> String {
 }
 
 pub mod dns;
+pub mod pg;
 pub mod pki;
 pub mod redis;
 pub mod upstream;
