@@ -44,20 +44,6 @@ fn gateway(pg: Option<&str>, meta: &str, visits: &str) -> (Prefix, Weir) {
     (p, w)
 }
 
-fn pg_db(name: &str) -> Option<String> {
-    let Some(base) = std::env::var("WEIR_TEST_POSTGRES_URL").ok().filter(|u| !u.is_empty()) else {
-        skip(name, "set WEIR_TEST_POSTGRES_URL to a PostgreSQL the tests may create databases in (.ci/run does)");
-        return None;
-    };
-    let db = format!("weir_{name}_{}", std::process::id());
-    let mut admin = postgres::Client::connect(&base, postgres::NoTls).expect("connect to WEIR_TEST_POSTGRES_URL");
-    let _ = admin.batch_execute(&format!("DROP DATABASE IF EXISTS {db}"));
-    admin.batch_execute(&format!("CREATE DATABASE {db}")).expect("create test database");
-    let mut u = url::Url::parse(&base).expect("WEIR_TEST_POSTGRES_URL is a URL");
-    u.set_path(&db);
-    Some(u.to_string())
-}
-
 const JSON: (&str, &str) = ("Content-Type", "application/json");
 
 fn create_as(p: &Prefix, key: Option<&str>, body: &Value) -> Response {
@@ -254,15 +240,31 @@ fn options_and_management_on_sqlite() {
 
 #[test]
 fn options_and_management_on_postgres() {
-    let Some(url) = pg_db("manage") else { return };
-    options_and_management(Some(&url));
-    // Searches of 3+ characters are served by the pg_trgm index the gateway created.
-    let mut c = postgres::Client::connect(&url, postgres::NoTls).expect("connect");
-    let n: i64 = c
-        .query_one("SELECT count(*) FROM pg_indexes WHERE indexname = 'short_url_codes_search'", &[])
-        .map(|r| r.get(0))
-        .unwrap_or(0);
-    assert_eq!(n, 1, "the trigram search index exists");
+    let Some(db) = pg::PgDb::fresh("manage") else { return };
+    options_and_management(Some(db.url()));
+    // Searches of 3+ characters are served by the pg_trgm index the gateway created, on the
+    // texts' own table (kept by triggers), not on the links' rows.
+    let mut c = db.client();
+    let one = |c: &mut postgres::Client, sql: &str| -> i64 { c.query_one(sql, &[]).map(|r| r.get(0)).unwrap_or(-1) };
+    assert_eq!(one(&mut c, "SELECT count(*) FROM pg_indexes WHERE indexname = 'short_url_search_trgm'"), 1);
+    assert_eq!(
+        one(
+            &mut c,
+            "SELECT count(*) FROM pg_indexes WHERE tablename = 'short_url_codes' AND indexdef LIKE '%USING gin%'"
+        ),
+        0,
+        "no trigram index on the links' rows"
+    );
+    let texts = "SELECT count(*) FROM short_url_codes c JOIN short_url_search s USING (code)
+                 WHERE s.origin_url = c.origin_url AND s.title IS NOT DISTINCT FROM c.title AND s.tags IS NOT DISTINCT FROM c.tags";
+    let links = one(&mut c, "SELECT count(*) FROM short_url_codes");
+    assert!(links > 0);
+    assert_eq!(one(&mut c, "SELECT count(*) FROM short_url_search"), links, "a text row per link");
+    assert_eq!(one(&mut c, texts), links, "the texts as the links hold them, PATCHes included");
+    // The expiry sweep's DELETE takes the texts with it.
+    c.batch_execute("DELETE FROM short_url_codes WHERE code IN (SELECT code FROM short_url_codes LIMIT 1)")
+        .expect("delete a link");
+    assert_eq!(one(&mut c, "SELECT count(*) FROM short_url_search"), links - 1);
 }
 
 /// Owners: each consumer sees its own links only, others are 404; admins see and change all;
@@ -311,9 +313,9 @@ fn owners_on_sqlite() {
 
 #[test]
 fn owners_across_two_instances_on_one_postgres() {
-    let Some(url) = pg_db("owners") else { return };
-    let (a, _wa) = gateway(Some(&url), "", "");
-    let (b, _wb) = gateway(Some(&url), "", "");
+    let Some(db) = pg::PgDb::fresh("owners") else { return };
+    let (a, _wa) = gateway(Some(db.url()), "", "");
+    let (b, _wb) = gateway(Some(db.url()), "", "");
     owners(&a, &b);
 }
 
@@ -370,8 +372,20 @@ fn visits_on_sqlite() {
 
 #[test]
 fn visits_on_postgres() {
-    let Some(url) = pg_db("visits") else { return };
-    visits(Some(&url));
+    let Some(db) = pg::PgDb::fresh("visits") else { return };
+    visits(Some(db.url()));
+    // A visit's counter update leaves the search texts' rows alone: a row the counter update
+    // had rewritten would carry the same transaction id as its link's row.
+    let mut c = db.client();
+    let one = |c: &mut postgres::Client, sql: &str| -> i64 { c.query_one(sql, &[]).map(|r| r.get(0)).unwrap_or(-1) };
+    assert!(one(&mut c, "SELECT count(*) FROM short_url_codes WHERE visits > 0") > 0);
+    assert_eq!(
+        one(
+            &mut c,
+            "SELECT count(*) FROM short_url_codes c JOIN short_url_search s USING (code) WHERE c.visits > 0 AND s.xmin = c.xmin"
+        ),
+        0
+    );
 }
 
 #[test]
@@ -402,9 +416,9 @@ fn max_visits_and_bots() {
 
 #[test]
 fn max_visits_is_exact_across_two_instances_on_one_postgres() {
-    let Some(url) = pg_db("cap") else { return };
-    let (a, _wa) = gateway(Some(&url), "", "");
-    let (b, _wb) = gateway(Some(&url), "", "");
+    let Some(db) = pg::PgDb::fresh("cap") else { return };
+    let (a, _wa) = gateway(Some(db.url()), "", "");
+    let (b, _wb) = gateway(Some(db.url()), "", "");
     let code = code_of(
         &create_as(&a, None, &json!([{"origin_url": "https://cap.example/", "max_visits": 25}])).json()["data"][0],
     );
@@ -519,12 +533,12 @@ fn kill_9_during_visit_writes_loses_only_the_unflushed_batch() {
     assert!(db.exists());
 }
 
-#[test]
-fn a_common_search_term_pages_through_every_match_once() {
-    // 4,200 matches over 42 pages: whichever way SQLite finds each page (the trigram index or
-    // the walk of the list's order, store::links::list), every match comes once, nothing else.
-    let (p, _w) = gateway(None, "", "");
-    for batch in 0..42 {
+/// 5,200 matches over 52 pages: whichever way each page is found (SQLite: the trigram index or
+/// the walk of the list's order; PostgreSQL: more matches than it sorts from the codes found,
+/// so the walk; see store::links::list), every match comes once, nothing else.
+fn common_search_term(pg: Option<&str>) {
+    let (p, _w) = gateway(pg, "", "");
+    for batch in 0..52 {
         let many: Vec<Value> = (0..100)
             .map(|i| json!({"origin_url": format!("https://common.example/{}", batch * 100 + i), "tags": ["bulk"]}))
             .collect();
@@ -533,9 +547,9 @@ fn a_common_search_term_pages_through_every_match_once() {
     let rare: Vec<Value> = (0..3).map(|i| json!({"origin_url": format!("https://rare.example/{i}")})).collect();
     assert_eq!(create_as(&p, None, &json!(rare)).status, 200);
     let mut seen = Vec::new();
-    for page in 1..=43 {
+    for page in 1..=53 {
         let list = call(&p, None, "GET", &format!("?search=COMMON.example&page_size=100&page={page}"), None).json();
-        assert_eq!(list["data"]["has_more"], page < 42, "page {page}");
+        assert_eq!(list["data"]["has_more"], page < 52, "page {page}");
         for item in list["data"]["items"].as_array().into_iter().flatten() {
             assert!(item["origin_url"].as_str().is_some_and(|u| u.starts_with("https://common.example/")), "{item}");
             seen.push(item["short_code"].as_str().unwrap_or_default().to_owned());
@@ -544,15 +558,29 @@ fn a_common_search_term_pages_through_every_match_once() {
     let mut unique = seen.clone();
     unique.sort();
     unique.dedup();
-    assert_eq!((seen.len(), unique.len()), (4200, 4200));
+    assert_eq!((seen.len(), unique.len()), (5200, 5200));
     // With a filter that keeps none of them, and ordered by visits.
     assert!(codes(&call(&p, None, "GET", "?search=common.example&tag=none", None).json()).is_empty());
     assert_eq!(
         codes(&call(&p, None, "GET", "?search=common.example&order_by=-visits&page_size=7", None).json()).len(),
         7
     );
-    // A rare term among them.
+    // Terms held by fewer links: three, and one of the common ones (by its number).
     assert_eq!(codes(&call(&p, None, "GET", "?search=rare.example", None).json()).len(), 3);
+    let one = call(&p, None, "GET", "?search=common.example%2F4321", None).json();
+    assert_eq!(one["data"]["items"].as_array().map(Vec::len), Some(1), "{one}");
+    assert_eq!(one["data"]["items"][0]["origin_url"], "https://common.example/4321");
+}
+
+#[test]
+fn a_common_search_term_pages_through_every_match_once() {
+    common_search_term(None);
+}
+
+#[test]
+fn a_common_search_term_pages_through_every_match_once_on_postgres() {
+    let Some(db) = pg::PgDb::fresh("common") else { return };
+    common_search_term(Some(db.url()));
 }
 
 /// A MaxMind DB file (format 2.0, IPv4, 24-bit records) mapping `net`/`bits` to a Country

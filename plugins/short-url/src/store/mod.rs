@@ -272,14 +272,26 @@ pub trait Conn: Send {
     /// named `short_url_*` (SQLite drops the prefix), `ILIKE` is case-insensitive matching
     /// (SQLite: `LIKE`), parameters are `$1`, `$2`... in order of first use.
     fn query(&mut self, sql: &str, params: &[Val]) -> Result<Vec<Vec<Val>>, String>;
+    /// [`Conn::query`], planned for these very parameters each time (PostgreSQL: an unnamed
+    /// statement, not the connection's prepared one, whose cached generic plan cannot know how
+    /// many links hold a search term: it scanned every link for a rare one).
+    fn query_planned(&mut self, sql: &str, params: &[Val]) -> Result<Vec<Vec<Val>>, String> {
+        self.query(sql, params)
+    }
     /// Like [`Conn::query`], for a statement without rows: the rows it changed.
     fn execute(&mut self, sql: &str, params: &[Val]) -> Result<u64, String>;
     /// A condition that narrows a search to the codes whose origin_url, title or tags may contain
     /// the term bound at `param` (as an FTS5 query, see [`fts_all_trigrams`]) through a full-text
-    /// index, when this backend has one (SQLite: FTS5 trigram; PostgreSQL uses its `pg_trgm`
-    /// index for `ILIKE` by itself). The `ILIKE` test still decides.
+    /// index, when this backend has one (SQLite: FTS5 trigram). The `ILIKE` test still decides.
     fn search_index(&self, _param: &str) -> Option<String> {
         None
+    }
+    /// Whether this backend keeps the links' texts in a table of their own,
+    /// `short_url_search (code, origin_url, title, tags)`, with a trigram index that serves
+    /// `ILIKE` (PostgreSQL, with `pg_trgm`; the index is not on the links' rows, so that a
+    /// visit's counter update writes no trigram entries). `links::list` then searches there.
+    fn search_texts(&self) -> bool {
+        false
     }
     /// The counts of trigram probes kept with this connection (see `links::list`), where
     /// searches have a trigram index to probe.
