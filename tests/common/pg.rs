@@ -44,6 +44,12 @@ impl PgDb {
     }
 }
 
+/// The first column of the first row of `sql`, a count, or -1 when the statement fails (a
+/// missing table, say), so that an assertion on it fails with the value.
+pub fn count(c: &mut postgres::Client, sql: &str) -> i64 {
+    c.query_one(sql, &[]).map(|r| r.get(0)).unwrap_or(-1)
+}
+
 impl Drop for PgDb {
     fn drop(&mut self) {
         // FORCE: a gateway that outlived the test may still hold connections.

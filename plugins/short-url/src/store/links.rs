@@ -370,7 +370,7 @@ fn search_texts(conn: &mut dyn Conn, q: &ListQuery, scope: &Scope, term: &str) -
     Ok((conn.query_planned(&sql, &params)?, Way::Common))
 }
 
-/// Links of the list's order a PostgreSQL search tests first ([`search_texts`]).
+/// Links of the list's order a PostgreSQL search tests first (see [`list`]).
 pub const PREFIX: i64 = 1000;
 
 /// Links a trigram is counted in at most by `rarest_trigram`'s probe (about 0.1 ms each).

@@ -188,6 +188,16 @@ static NO_SEARCH_INDEX: std::sync::atomic::AtomicBool = std::sync::atomic::Atomi
 /// extension, so the database owner may create it. Where that fails, searches scan the links,
 /// and this is logged once per process.
 fn search_index(tx: &mut postgres::Transaction<'_>) -> Result<bool, String> {
+    // An instance of an older version (a rolling upgrade) re-creates the trigram index on the
+    // links' rows that migration 5 dropped; every visit would pay for it again until dropped.
+    let stale =
+        tx.query_opt("SELECT 1 FROM pg_indexes WHERE indexname = 'short_url_codes_search'", &[]).map_err(e)?.is_some();
+    if stale {
+        tx.batch_execute("DROP INDEX IF EXISTS short_url_codes_search").map_err(e)?;
+        log::info!(
+            "short-url: dropped short_url_codes_search, which an older version made (searches use short_url_search)"
+        );
+    }
     let have =
         tx.query_opt("SELECT 1 FROM pg_indexes WHERE indexname = 'short_url_search_trgm'", &[]).map_err(e)?.is_some();
     if have || NO_SEARCH_INDEX.load(std::sync::atomic::Ordering::Relaxed) {
