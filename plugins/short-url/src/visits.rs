@@ -150,15 +150,21 @@ impl Sink {
 
     /// Buffers a visit without waiting; a full buffer drops it (counted).
     pub fn record(&self, v: Visit) {
+        // Counted before it is sent: the flusher may take it off the channel (and subtract it)
+        // before this thread runs again, and `pending` must never go below zero. Counting after
+        // the send let the flusher's subtraction come first and wrap the counter, which a debug
+        // build caught as an overflow under load.
+        let waiting = self.pending.fetch_add(1, Ordering::Relaxed) + 1;
         match self.tx.try_send(v) {
             Ok(()) => {
-                if self.pending.fetch_add(1, Ordering::Relaxed) + 1 == self.batch_size {
+                if waiting == self.batch_size {
                     if let Some(t) = &self.flusher {
                         t.unpark();
                     }
                 }
             }
             Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
+                self.pending.fetch_sub(1, Ordering::Relaxed);
                 DROPPED.fetch_add(1, Ordering::Relaxed);
             }
         }
