@@ -257,6 +257,12 @@ fn like_pattern(term: &str) -> String {
     format!("%{}%", term.replace('\\', "\\\\").replace('%', "\\%").replace('_', "\\_"))
 }
 
+/// The search test on a link's texts, the `ILIKE` pattern bound at `pattern` (see
+/// [`like_pattern`]).
+fn texts_match(pattern: &str) -> String {
+    format!("origin_url ILIKE {pattern} ESCAPE '\\' OR title ILIKE {pattern} ESCAPE '\\' OR tags ILIKE {pattern} ESCAPE '\\'")
+}
+
 /// How a page of links is narrowed to a search's matches, besides the `ILIKE` test on the
 /// links' texts ([`list_sql`]).
 #[derive(Clone, Copy)]
@@ -334,26 +340,13 @@ fn search_texts(conn: &mut dyn Conn, q: &ListQuery, scope: &Scope, term: &str) -
     if rows.len() > q.page_size as usize {
         return Ok((rows, Way::Common));
     }
-    conn.exec("BEGIN")?;
-    let found = (|| {
+    let found = super::transaction(conn, |conn| {
         conn.exec("SET LOCAL enable_seqscan = off")?;
         conn.query_planned(
-            "SELECT code FROM short_url_search
-             WHERE origin_url ILIKE $1 ESCAPE '\\' OR title ILIKE $1 ESCAPE '\\' OR tags ILIKE $1 ESCAPE '\\'
-             LIMIT $2",
+            &format!("SELECT code FROM short_url_search WHERE {} LIMIT $2", texts_match("$1")),
             &[like_pattern(term).into(), (FOUND + 1).into()],
         )
-    })();
-    let found = match found {
-        Ok(found) => {
-            conn.exec("COMMIT")?;
-            found
-        }
-        Err(e) => {
-            let _ = conn.exec("ROLLBACK");
-            return Err(e);
-        }
-    };
+    })?;
     if found.len() as i64 <= FOUND {
         let codes: Vec<String> = found.iter().filter_map(|r| r.first().and_then(Val::text)).collect();
         let (sql, params) = list_sql(conn, q, scope, Narrow::Codes(&codes.join(",")));
@@ -464,8 +457,7 @@ fn list_sql(conn: &dyn Conn, q: &ListQuery, scope: &Scope, narrow: Narrow<'_>) -
     }
     if let Some(s) = &q.search {
         let p = bind(&mut params, like_pattern(s).into());
-        let test =
-            format!("(origin_url ILIKE {p} ESCAPE '\\' OR title ILIKE {p} ESCAPE '\\' OR tags ILIKE {p} ESCAPE '\\')");
+        let test = format!("({})", texts_match(&p));
         match narrow {
             Narrow::Scan => sql.push_str(&format!(" AND {test}")),
             Narrow::Fts(query) => {
@@ -507,8 +499,7 @@ fn list_sql(conn: &dyn Conn, q: &ListQuery, scope: &Scope, narrow: Narrow<'_>) -
 
 /// Writes the changeable fields of `link` (origin_url, validity, max_visits, tags, title).
 pub fn update(conn: &mut dyn Conn, link: &Link) -> Result<bool, String> {
-    conn.exec("BEGIN")?;
-    let r = (|| {
+    super::transaction(conn, |conn| {
         forget_indexed_texts(conn, link)?;
         let n = conn.execute(
             "UPDATE short_url_codes SET origin_url = $2, expires_at = $3, valid_since = $4, max_visits = $5,
@@ -528,14 +519,7 @@ pub fn update(conn: &mut dyn Conn, link: &Link) -> Result<bool, String> {
             set_tags(conn, &link.code, &link.tags)?;
         }
         Ok(n == 1)
-    })();
-    match r {
-        Ok(v) => conn.exec("COMMIT").map(|_| v),
-        Err(e) => {
-            let _ = conn.exec("ROLLBACK");
-            Err(e)
-        }
-    }
+    })
 }
 
 /// Before `link`'s texts (origin_url, title, tags) change, removes their entry from the trigram
@@ -757,8 +741,7 @@ pub fn flush_visits(conn: &mut dyn Conn, batch: &VisitBatch) -> Result<(), Strin
     });
     let mut counters: Vec<&CodeVisits> = batch.codes.iter().collect();
     counters.sort_unstable_by(|a, b| a.code.cmp(&b.code));
-    conn.exec("BEGIN")?;
-    let r = (|| {
+    super::transaction(conn, |conn| {
         for chunk in recent.chunks(ROWS_PER_INSERT) {
             let mut params = Vec::with_capacity(chunk.len() * 6);
             for v in chunk {
@@ -811,14 +794,7 @@ pub fn flush_visits(conn: &mut dyn Conn, batch: &VisitBatch) -> Result<(), Strin
             conn.execute(&sql, &params)?;
         }
         Ok(())
-    })();
-    match r {
-        Ok(()) => conn.exec("COMMIT"),
-        Err(e) => {
-            let _ = conn.exec("ROLLBACK");
-            Err(e)
-        }
-    }
+    })
 }
 
 /// `($1, .., $width), ($width+1, ..), ..` for `rows` rows of `casts.len()` columns; a column

@@ -567,14 +567,29 @@ fn writer(connector: Arc<dyn Connector>, codes: Arc<dyn CodeGen>, rx: Receiver<W
     }
 }
 
+/// Runs `f` in a transaction: committed when it returns `Ok`, rolled back when it returns `Err`
+/// (then nothing it did stays).
+pub(crate) fn transaction<T>(
+    conn: &mut dyn Conn,
+    f: impl FnOnce(&mut dyn Conn) -> Result<T, String>,
+) -> Result<T, String> {
+    conn.exec("BEGIN")?;
+    match f(conn) {
+        Ok(v) => conn.exec("COMMIT").map(|()| v),
+        Err(e) => {
+            let _ = conn.exec("ROLLBACK");
+            Err(e)
+        }
+    }
+}
+
 /// One transaction for all jobs, one savepoint per job. `Err`: nothing was committed.
 fn write_group(
     conn: &mut dyn Conn,
     jobs: &[WriteJob],
     codes: &dyn CodeGen,
 ) -> Result<Vec<Result<Vec<Stored>, StoreError>>, String> {
-    conn.exec("BEGIN")?;
-    let run = |conn: &mut dyn Conn| -> Result<Vec<Result<Vec<Stored>, StoreError>>, String> {
+    transaction(conn, |conn| {
         let mut results = Vec::with_capacity(jobs.len());
         for job in jobs {
             codes.start_batch();
@@ -641,17 +656,7 @@ fn write_group(
             }
         }
         Ok(results)
-    };
-    match run(conn) {
-        Ok(results) => {
-            conn.exec("COMMIT")?;
-            Ok(results)
-        }
-        Err(e) => {
-            let _ = conn.exec("ROLLBACK");
-            Err(e)
-        }
-    }
+    })
 }
 
 /// Runs `Conn::maintain` ten times a second until the store is dropped: small, frequent
