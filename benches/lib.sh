@@ -57,3 +57,15 @@ bench_cleanup() {
   wait 2>/dev/null || true
   rm -rf "$WORK"
 }
+
+# cpu_ticks PID...: CPU time (user + system, in clock ticks) the processes and their threads
+# have used so far. On a shared machine a proxy's CPU time per request repeats far better than
+# its req/s, and it is not capped by the load generator's core.
+cpu_ticks() {
+  local t=0 p
+  for p in "$@"; do t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat"))); done
+  echo "$t"
+}
+
+# us_per TICKS N: microseconds of CPU per unit, for TICKS clock ticks spent on N units.
+us_per() { awk -v t="$1" -v n="$2" -v hz="$(getconf CLK_TCK)" 'BEGIN {printf "%.1f", n ? t * 1e6 / hz / n : 0}'; }

@@ -96,19 +96,27 @@ start_weir() {
 }
 stop_weir() { kill "$WEIR_PID"; wait "$WEIR_PID" 2>/dev/null || true; WEIR_PID=; }
 
-# run NAME PORT [header] -> prints "NAME req/s p50_ms p99_ms rss_kib"
+# run NAME PORT [header] -> prints "NAME req/s p50_ms p99_ms rss_kib cpu_us_per_request" (the
+# proxy's CPU time per request repeats better than req/s here, and the load tool's core does
+# not cap it)
 run() {
   local name=$1 port=$2 header=${3:-}
   local args=(-t1 -c"$CONNS" -d"${DURATION}s" --latency)
   [ -n "$header" ] && args+=(-H "$header")
+  local pids=$WEIR_PID
+  [ "$port" = "$NGINX_PORT" ] && pids=$(pgrep -P "$(cat "$WORK/peer/nginx.pid")" | tr '\n' ' ')
+  # shellcheck disable=SC2086 # one argument per pid
+  local before; before=$(cpu_ticks $pids)
   local out; out=$(taskset -c "$LOAD_CPU" wrk "${args[@]}" "http://127.0.0.1:$port/bench")
+  # shellcheck disable=SC2086
+  local cpu; cpu=$(us_per $(($(cpu_ticks $pids) - before)) "$(awk '/requests in/ {print $1}' <<<"$out")")
   local rps p50 p99 rss=0
   rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out")
   p50=$(awk '$1=="50%" {print $2}' <<<"$out")
   p99=$(awk '$1=="99%" {print $2}' <<<"$out")
   if [ "$port" = "$WEIR_PORT" ]; then rss=$(ps -o rss= -p "$WEIR_PID" | tr -d ' '); fi
   if [ "$port" = "$NGINX_PORT" ]; then rss=$(ps -o rss= --ppid "$(cat "$WORK/peer/nginx.pid")" | awk '{s+=$1} END {print s}'); fi
-  echo "$name $rps $(ms "$p50") $(ms "$p99") $rss"
+  echo "$name $rps $(ms "$p50") $(ms "$p99") $rss $cpu"
 }
 # wrk prints 1.23ms / 456.00us / 1.2s
 ms() { awk -v v="$1" 'BEGIN { if (v ~ /us$/) { sub(/us/,"",v); print v/1000 } else if (v ~ /ms$/) { sub(/ms/,"",v); print v } else { sub(/s/,"",v); print v*1000 } }'; }
@@ -134,17 +142,18 @@ python3 - "$RESULTS" <<'PY'
 import statistics, sys
 rows = {}
 for line in open(sys.argv[1]):
-    name, rps, p50, p99, rss = line.split()
-    rows.setdefault(name, []).append((float(rps), float(p50), float(p99), int(rss)))
-med = {k: tuple(statistics.median(x[i] for x in v) for i in range(4)) for k, v in rows.items()}
-print(f"{'scenario':18} {'req/s':>10} {'p50 ms':>8} {'p99 ms':>8} {'RSS MiB':>8}")
-for k, (rps, p50, p99, rss) in med.items():
-    print(f"{k:18} {rps:10.0f} {p50:8.3f} {p99:8.3f} {rss/1024:8.1f}")
+    name, rps, p50, p99, rss, cpu = line.split()
+    rows.setdefault(name, []).append((float(rps), float(p50), float(p99), int(rss), float(cpu)))
+med = {k: tuple(statistics.median(x[i] for x in v) for i in range(5)) for k, v in rows.items()}
+print(f"{'scenario':18} {'req/s':>10} {'p50 ms':>8} {'p99 ms':>8} {'RSS MiB':>8} {'CPU us/req':>11}")
+for k, (rps, p50, p99, rss, cpu) in med.items():
+    print(f"{k:18} {rps:10.0f} {p50:8.3f} {p99:8.3f} {rss/1024:8.1f} {cpu:11.1f}")
 n = med.get("nginx-plain")
 w = med.get("weir-plain")
 if n and w:
     print(f"\nweir/nginx req/s (plain):          {w[0]/n[0]:.3f}  (issue 9 target >= 1.05)")
     print(f"weir/nginx p99 (plain):            {w[2]/n[2]:.3f}  (issue 9 target <= 1.10)")
+    print(f"nginx/weir CPU per request (plain): {n[4]/w[4]:.3f}  (above 1: Weir spends less)")
     if "weir-plugins" in med:
         print(f"weir plugins / nginx plain req/s:  {med['weir-plugins'][0]/n[0]:.3f}  (issue 9 target >= 0.95)")
     if "weir-checks" in med:

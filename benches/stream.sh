@@ -11,10 +11,12 @@
 # Scenarios, alternating weir / nginx each round:
 #   throughput   one long connection downloading a 64 MiB file over and over: MB/s
 #   conns        16 clients, each connection: connect, ~100-byte request, 1 KiB answer, close:
-#                connections/s
+#                connections/s, and the proxy's CPU time per connection (which the load tool's
+#                core does not cap)
 #   idle         RSS per idle proxied connection (2,000 open through the proxy)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. benches/lib.sh
 DURATION=${DURATION:-8}
 ROUNDS=${ROUNDS:-3}
 SCENARIOS=${SCENARIOS:-throughput conns}
@@ -93,13 +95,15 @@ curl -sf -o /dev/null "http://127.0.0.1:$NGINX_PORT/1k" || { echo "nginx stream 
 mbps() { awk '/Transfer\/sec/ { v=$2; u=v; gsub(/[0-9.]/,"",u); gsub(/[A-Za-z]/,"",v);
   m = (u=="GB") ? 1024 : (u=="MB") ? 1 : (u=="KB") ? 1/1024 : 1/1048576; print v*m }'; }
 
-run() { # NAME PORT SCENARIO -> "NAME-SCENARIO value"
-  local name=$1 port=$2 scenario=$3 out
+run() { # NAME PORT SCENARIO PIDS... -> "NAME-SCENARIO value" (conns: also "NAME-cpu us/conn")
+  local name=$1 port=$2 scenario=$3 out before; shift 3
   case $scenario in
     throughput) out=$(taskset -c "$LOAD_CPU" wrk -t1 -c1 -d"${DURATION}s" "http://127.0.0.1:$port/64m")
                 echo "$name-$scenario $(mbps <<<"$out")" ;;
-    conns) out=$(taskset -c "$LOAD_CPU" wrk -t1 -c16 -d"${DURATION}s" -H "Connection: close" "http://127.0.0.1:$port/1k")
-           echo "$name-$scenario $(awk '/Requests\/sec/ {print $2}' <<<"$out")" ;;
+    conns) before=$(cpu_ticks "$@")
+           out=$(taskset -c "$LOAD_CPU" wrk -t1 -c16 -d"${DURATION}s" -H "Connection: close" "http://127.0.0.1:$port/1k")
+           echo "$name-$scenario $(awk '/Requests\/sec/ {print $2}' <<<"$out")"
+           echo "$name-cpu $(us_per $(($(cpu_ticks "$@") - before)) "$(awk '/requests in/ {print $1}' <<<"$out")")" ;;
   esac
 }
 
@@ -129,13 +133,14 @@ PY
 
 RESULTS="$WORK/results"
 : > "$RESULTS"
+nginx_workers=$(pgrep -P "$(cat "$WORK/peer/nginx.pid")" | tr '\n' ' ')
 for round in $(seq 1 "$ROUNDS"); do
   for scenario in $SCENARIOS; do
-    run weir "$WEIR_PORT" "$scenario" | tee -a "$RESULTS"
-    run nginx "$NGINX_PORT" "$scenario" | tee -a "$RESULTS"
+    run weir "$WEIR_PORT" "$scenario" "$WEIR_PID" | tee -a "$RESULTS"
+    # shellcheck disable=SC2086 # one argument per worker pid
+    run nginx "$NGINX_PORT" "$scenario" $nginx_workers | tee -a "$RESULTS"
   done
 done
-nginx_workers=$(pgrep -P "$(cat "$WORK/peer/nginx.pid")" | tr '\n' ' ')
 echo "weir-idle $(idle weir "$WEIR_PORT" "$WEIR_PID")" | tee -a "$RESULTS"
 echo "nginx-idle $(idle nginx "$NGINX_PORT" $nginx_workers)" | tee -a "$RESULTS"
 
@@ -148,10 +153,10 @@ for line in open(sys.argv[1]):
     name, v = line.split()
     rows.setdefault(name, []).append(float(v))
 med = {k: statistics.median(v) for k, v in rows.items()}
-units = {"throughput": "MB/s", "conns": "conn/s", "idle": "bytes/conn"}
+units = {"throughput": "MB/s", "conns": "conn/s", "cpu": "us CPU/conn", "idle": "bytes/conn"}
 print(f"{'scenario':12} {'weir':>12} {'nginx':>12} {'weir/nginx':>11}")
-for s in ("throughput", "conns", "idle"):
+for s in ("throughput", "conns", "cpu", "idle"):
     w, n = med.get(f"weir-{s}", 0), med.get(f"nginx-{s}", 0)
-    target = {"idle": "(target <= 16384 bytes)", "conns": "(target >= 1.10)"}.get(s, "(target >= 1.00)")
-    print(f"{s:12} {w:12.0f} {n:12.0f} {(w / n if n else 0):11.3f}   {units[s]} {target}")
+    target = {"idle": "(target <= 16384 bytes)", "conns": "(target >= 1.10)", "cpu": "(lower is better)"}.get(s, "(target >= 1.00)")
+    print(f"{s:12} {w:12.1f} {n:12.1f} {(w / n if n else 0):11.3f}   {units[s]} {target}")
 PY

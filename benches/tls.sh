@@ -12,9 +12,11 @@
 #   https      wrk, 16 keep-alive connections over TLS 1.3 (HTTP/1.1)
 #   handshake  wrk with `Connection: close`: one full TLS handshake per request
 #   h2         h2load, 16 connections x 10 concurrent streams, TLS + ALPN h2
-# Output: one line per run, then medians and the weir/nginx ratios (targets: >= 1.0 each).
+# Output: one line per run (req/s, and the proxy's CPU time per request), then medians, the
+# weir/nginx req/s ratios and the nginx/weir CPU-per-request ratios (targets: >= 1.0 each).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. benches/lib.sh
 DURATION=${DURATION:-8}
 ROUNDS=${ROUNDS:-3}
 CONNS=${CONNS:-16}
@@ -119,31 +121,37 @@ start_weir() {
 }
 stop_weir() { kill "$WEIR_PID"; wait "$WEIR_PID" 2>/dev/null || true; WEIR_PID=; }
 
-# run NAME PORT SCENARIO -> "NAME-SCENARIO req/s"
+# run NAME PORT SCENARIO PID -> "NAME-SCENARIO req/s cpu-us-per-request" (PID: the proxy's
+# serving process, whose CPU time per request repeats far better than req/s on a shared machine)
 run() {
-  local name=$1 port=$2 scenario=$3 out rps
+  local name=$1 port=$2 scenario=$3 pid=$4 out rps n before after
   local url="https://127.0.0.1:$port/bench"
+  before=$(cpu_ticks "$pid")
   case $scenario in
     https) out=$(taskset -c "$LOAD_CPU" wrk -t1 -c"$CONNS" -d"${DURATION}s" "$url")
-           rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out") ;;
+           rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out"); n=$(awk '/requests in/ {print $1}' <<<"$out") ;;
     handshake) out=$(taskset -c "$LOAD_CPU" wrk -t1 -c"$CONNS" -d"${DURATION}s" -H "Connection: close" "$url")
-           rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out") ;;
+           rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out"); n=$(awk '/requests in/ {print $1}' <<<"$out") ;;
     h2) out=$(taskset -c "$LOAD_CPU" h2load -c"$CONNS" -m10 -D"$DURATION" --warm-up-time=1 "$url" 2>&1)
         rps=$(awk '/^finished in/ {gsub(",", "", $4); print $4}' <<<"$out")
+        # CPU time includes the 1 s warm-up, whose requests h2load does not count: at the same rate.
+        n=$(awk -v r="${rps:-0}" -v d="$DURATION" 'BEGIN {printf "%d", r * (d + 1)}')
         local failed; failed=$(awk '/^requests:/ {print $10}' <<<"$out")
         [ "${failed:-0}" = "0" ] || echo "  ($name h2: $failed failed requests)" >&2 ;;
   esac
-  echo "$name-$scenario ${rps:-0}"
+  after=$(cpu_ticks "$pid")
+  echo "$name-$scenario ${rps:-0} $(us_per $((after - before)) "${n:-0}")"
 }
 
 RESULTS="$WORK/results"
 : > "$RESULTS"
 [ "$(curl -skf "https://127.0.0.1:$NGINX_PORT/bench" | wc -c)" = 1024 ] || { echo "nginx peer does not answer 200 with 1 KiB"; cat "$WORK/peer/error.log"; exit 1; }
 start_weir
+NGINX_WORKER=$(pgrep -P "$(cat "$WORK/peer/nginx.pid")" | head -1)
 for round in $(seq 1 "$ROUNDS"); do
   for scenario in ${SCENARIOS:-https handshake h2}; do
-    run weir "$WEIR_PORT" "$scenario" | tee -a "$RESULTS"
-    run nginx "$NGINX_PORT" "$scenario" | tee -a "$RESULTS"
+    run weir "$WEIR_PORT" "$scenario" "$WEIR_PID" | tee -a "$RESULTS"
+    run nginx "$NGINX_PORT" "$scenario" "$NGINX_WORKER" | tee -a "$RESULTS"
   done
 done
 stop_weir
@@ -152,13 +160,16 @@ echo
 echo "median of $ROUNDS rounds, ${DURATION}s each, $CONNS connections, proxy on cpu $PROXY_CPU, load+upstream on cpu $LOAD_CPU"
 python3 - "$RESULTS" <<'PY'
 import statistics, sys
-rows = {}
+rows, cpu = {}, {}
 for line in open(sys.argv[1]):
-    name, rps = line.split()
+    name, rps, us = line.split()
     rows.setdefault(name, []).append(float(rps))
+    cpu.setdefault(name, []).append(float(us))
 med = {k: statistics.median(v) for k, v in rows.items()}
-print(f"{'scenario':12} {'weir req/s':>11} {'nginx req/s':>12} {'weir/nginx':>11}")
+mcpu = {k: statistics.median(v) for k, v in cpu.items()}
+print(f"{'scenario':12} {'weir req/s':>11} {'nginx req/s':>12} {'weir/nginx':>11}   {'CPU us/req weir':>16} {'nginx':>6} {'nginx/weir':>11}")
 for s in ("https", "handshake", "h2"):
     w, n = med.get(f"weir-{s}", 0), med.get(f"nginx-{s}", 0)
-    print(f"{s:12} {w:11.0f} {n:12.0f} {(w / n if n else 0):11.3f}   (target >= 1.00)")
+    cw, cn = mcpu.get(f"weir-{s}", 0), mcpu.get(f"nginx-{s}", 0)
+    print(f"{s:12} {w:11.0f} {n:12.0f} {(w / n if n else 0):11.3f}   {cw:16.1f} {cn:6.1f} {(cn / cw if cw else 0):11.3f}   (targets >= 1.00)")
 PY
