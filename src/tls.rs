@@ -10,22 +10,33 @@ use rustls::crypto::CryptoProvider;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
 
-/// The crypto backend of every TLS user (listeners, upstreams, ACME, session tickets): ring,
-/// or aws-lc-rs when built with the `aws-lc` feature (measured in docs/data-plane.md).
-#[cfg(feature = "aws-lc")]
-pub use rustls::crypto::aws_lc_rs as backend;
-/// The crypto backend of every TLS user (listeners, upstreams, ACME, session tickets): ring,
-/// or aws-lc-rs when built with the `aws-lc` feature (measured in docs/data-plane.md).
-#[cfg(not(feature = "aws-lc"))]
+/// The crypto backend of every TLS user (listeners, upstreams, ACME, session tickets): ring.
+/// With the `aws-lc` feature, X25519 key exchange comes from aws-lc-rs ([`base_provider`]).
 pub use rustls::crypto::ring as backend;
 
-/// The [`backend`]'s crypto provider, shared by upstream and listener TLS.
-pub fn provider() -> Arc<CryptoProvider> {
-    static PROVIDER: OnceLock<Arc<CryptoProvider>> = OnceLock::new();
-    PROVIDER.get_or_init(|| Arc::new(backend::default_provider())).clone()
+/// The [`backend`]'s provider; with the `aws-lc` feature its X25519 is aws-lc-rs', which
+/// computes it in about half ring's time. The rest stays ring's: aws-lc-rs as the whole provider
+/// spent more CPU per full handshake than ring with aws-lc-rs' X25519 alone (docs/data-plane.md,
+/// TLS termination).
+pub fn base_provider() -> CryptoProvider {
+    #[allow(unused_mut)] // changed only with the `aws-lc` feature
+    let mut provider = backend::default_provider();
+    #[cfg(feature = "aws-lc")]
+    for group in &mut provider.kx_groups {
+        if group.name() == rustls::NamedGroup::X25519 {
+            *group = rustls::crypto::aws_lc_rs::kx_group::X25519;
+        }
+    }
+    provider
 }
 
-/// The TLS listeners' provider: the [`backend`]'s, with the AES-128-GCM suites first. A
+/// The [`base_provider`], shared by upstream and listener TLS.
+pub fn provider() -> Arc<CryptoProvider> {
+    static PROVIDER: OnceLock<Arc<CryptoProvider>> = OnceLock::new();
+    PROVIDER.get_or_init(|| Arc::new(base_provider())).clone()
+}
+
+/// The TLS listeners' provider: the [`base_provider`], with the AES-128-GCM suites first. A
 /// listener picks by this order, not the client's (`ignore_client_order`), except for a client
 /// that lists ChaCha20-Poly1305 first ([`prefers_chacha`]: one without AES hardware), which gets
 /// its own order; BoringSSL and Go choose among AES-GCM suites and honour such clients the same
@@ -42,7 +53,7 @@ fn listener_suites() -> &'static Arc<CryptoProvider> {
     static PROVIDER: OnceLock<Arc<CryptoProvider>> = OnceLock::new();
     PROVIDER.get_or_init(|| {
         use rustls::CipherSuite as S;
-        let mut provider = backend::default_provider();
+        let mut provider = base_provider();
         let aes128 = |s: &rustls::SupportedCipherSuite| {
             matches!(
                 s.suite(),
@@ -73,11 +84,11 @@ pub fn prefers_chacha(suites: &[rustls::CipherSuite]) -> bool {
     )
 }
 
-/// Makes the [`backend`] rustls' process-wide default, for TLS users that build their
+/// Makes the [`base_provider`] rustls' process-wide default, for TLS users that build their
 /// configuration without naming a provider (tonic's etcd client): with the `aws-lc` feature
 /// both providers are built in, and rustls would otherwise refuse to guess (a panic).
 pub fn install_default_provider() {
-    let _ = backend::default_provider().install_default();
+    let _ = base_provider().install_default();
 }
 
 /// The system's root certificates, loaded once.
@@ -191,5 +202,27 @@ mod tests {
         assert!(!super::prefers_chacha(&[grease, S::TLS13_AES_256_GCM_SHA384, S::TLS13_CHACHA20_POLY1305_SHA256]));
         assert!(super::prefers_chacha(&[S::TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256]));
         assert!(!super::prefers_chacha(&[]));
+    }
+
+    #[test]
+    fn x25519_comes_first_and_from_the_chosen_crypto() {
+        use rustls::crypto::SupportedKxGroup;
+        use rustls::NamedGroup;
+        let provider = super::base_provider();
+        assert_eq!(provider.kx_groups.first().map(|g| g.name()), Some(NamedGroup::X25519));
+        #[cfg(feature = "aws-lc")]
+        let want: &dyn SupportedKxGroup = rustls::crypto::aws_lc_rs::kx_group::X25519;
+        #[cfg(not(feature = "aws-lc"))]
+        let want: &dyn SupportedKxGroup = rustls::crypto::ring::kx_group::X25519;
+        assert!(std::ptr::addr_eq(provider.kx_groups[0], want));
+        // Everything else is ring's, with either build.
+        let ring = rustls::crypto::ring::default_provider();
+        assert_eq!(provider.cipher_suites.len(), ring.cipher_suites.len());
+        assert!(provider
+            .kx_groups
+            .iter()
+            .skip(1)
+            .zip(ring.kx_groups.iter().skip(1))
+            .all(|(a, b)| std::ptr::addr_eq(*a, *b)));
     }
 }
