@@ -343,7 +343,12 @@ fn sighup_reloads_plugins() {
         get(p.control(), "/v1/schema").json()["plugins"].get("key-auth").is_some()
     });
     assert!(reloaded, "{}", w.log_text());
-    assert!(w.log_text().contains("SIGHUP: plugins reloaded"), "{}", w.log_text());
+    // Logged after the reload took effect: awaited, not read once.
+    assert!(
+        eventually(Duration::from_secs(2), || w.log_text().contains("SIGHUP: plugins reloaded")),
+        "{}",
+        w.log_text()
+    );
 }
 
 #[test]

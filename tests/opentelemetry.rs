@@ -411,7 +411,11 @@ fn a_collector_that_is_down_is_counted_and_requests_go_on() {
         assert_eq!(get(p.node(), &format!("/y/{i}")).status, 200);
     }
     assert!(eventually(Duration::from_secs(10), || metric(&p, "weir_opentelemetry_spans_failed_total") >= 20.0));
-    assert!(w.log_text().contains("opentelemetry: export to"), "the outage is logged");
+    // Logged just after the failed spans are counted: awaited, not read once.
+    assert!(
+        eventually(Duration::from_secs(2), || w.log_text().contains("opentelemetry: export to")),
+        "the outage is logged"
+    );
 }
 
 #[test]
