@@ -457,11 +457,10 @@ fn list_sql(conn: &dyn Conn, q: &ListQuery, scope: &Scope, narrow: Narrow<'_>) -
     }
     if let Some(s) = &q.search {
         let p = bind(&mut params, like_pattern(s).into());
-        let test = format!("({})", texts_match(&p));
+        sql.push_str(&format!(" AND ({})", texts_match(&p)));
         match narrow {
-            Narrow::Scan => sql.push_str(&format!(" AND {test}")),
+            Narrow::Scan | Narrow::Prefix(_) => {}
             Narrow::Fts(query) => {
-                sql.push_str(&format!(" AND {test}"));
                 let phrase = bind(&mut params, query.into());
                 if let Some(cond) = conn.search_index(&phrase) {
                     sql.push_str(" AND ");
@@ -472,9 +471,8 @@ fn list_sql(conn: &dyn Conn, q: &ListQuery, scope: &Scope, narrow: Narrow<'_>) -
             }
             Narrow::Codes(codes) => {
                 let list = bind(&mut params, codes.into());
-                sql.push_str(&format!(" AND code = ANY(string_to_array({list}, ',')) AND {test}"));
+                sql.push_str(&format!(" AND code = ANY(string_to_array({list}, ','))"));
             }
-            Narrow::Prefix(_) => sql.push_str(&format!(" AND {test}")),
         }
     }
     if let Some(t) = &q.tag {

@@ -367,18 +367,23 @@ impl Conn for PgConn {
     }
     fn query(&mut self, sql: &str, params: &[Val]) -> Result<Vec<Vec<Val>>, String> {
         let stmt = self.prepared(sql)?;
-        let refs: Vec<&(dyn ToSql + Sync)> = params.iter().map(|p| p as &(dyn ToSql + Sync)).collect();
-        let rows = self.client.query(&stmt, &refs).map_err(e)?;
-        rows.iter().map(|r| (0..r.len()).map(|i| val_of(r, i)).collect()).collect()
+        values(&self.client.query(&stmt, &refs(params)).map_err(e)?)
     }
     fn query_planned(&mut self, sql: &str, params: &[Val]) -> Result<Vec<Vec<Val>>, String> {
-        let refs: Vec<&(dyn ToSql + Sync)> = params.iter().map(|p| p as &(dyn ToSql + Sync)).collect();
-        let rows = self.client.query(sql, &refs).map_err(e)?;
-        rows.iter().map(|r| (0..r.len()).map(|i| val_of(r, i)).collect()).collect()
+        values(&self.client.query(sql, &refs(params)).map_err(e)?)
     }
     fn execute(&mut self, sql: &str, params: &[Val]) -> Result<u64, String> {
         let stmt = self.prepared(sql)?;
-        let refs: Vec<&(dyn ToSql + Sync)> = params.iter().map(|p| p as &(dyn ToSql + Sync)).collect();
-        self.client.execute(&stmt, &refs).map_err(e)
+        self.client.execute(&stmt, &refs(params)).map_err(e)
     }
+}
+
+/// `params` as the driver takes them.
+fn refs(params: &[Val]) -> Vec<&(dyn ToSql + Sync)> {
+    params.iter().map(|p| p as &(dyn ToSql + Sync)).collect()
+}
+
+/// Every column of every row, as [`Val`]s.
+fn values(rows: &[postgres::Row]) -> Result<Vec<Vec<Val>>, String> {
+    rows.iter().map(|r| (0..r.len()).map(|i| val_of(r, i)).collect()).collect()
 }
