@@ -35,7 +35,9 @@ pub struct DnsServer {
 impl DnsServer {
     /// A server on 127.0.0.1 (a free port) whose answers carry `ttl` seconds.
     pub fn start(ttl: u32) -> DnsServer {
-        let socket = UdpSocket::bind(("127.0.0.1", super::free_port())).expect("bind the DNS server");
+        // Port 0: the kernel picks a free UDP port. `free_port` finds a free TCP port, and the UDP
+        // port of that number may be taken (another test's socket): a bind failed so once.
+        let socket = UdpSocket::bind(("127.0.0.1", 0)).expect("bind the DNS server");
         socket.set_read_timeout(Some(Duration::from_millis(100))).expect("timeout");
         let addr = socket.local_addr().expect("addr");
         let zone = Arc::new(Mutex::new(Zone { ttl, ..Zone::default() }));
