@@ -10,7 +10,15 @@ cd "$(dirname "$0")/.."
 fail() { echo "package check failed: $*" >&2; [ -f "${log:-/dev/null}" ] && tail -n 40 "$log" >&2; exit 1; }
 
 command -v cargo-deb >/dev/null 2>&1 || cargo install -q cargo-deb --locked
-cargo deb -q >/dev/null
+# PROFILE=dev packages the binary a `cargo test` or `cargo build` already made (target/debug/weir),
+# without building again (CI does so); by default the release build is made and packaged.
+if [ "${PROFILE:-release}" = release ]; then
+  cargo deb -q >/dev/null
+else
+  bin="${CARGO_TARGET_DIR:-target}/$([ "$PROFILE" = dev ] && echo debug || echo "$PROFILE")/weir"
+  [ -x "$bin" ] || fail "no $bin to package: build it first (cargo build --profile $PROFILE)"
+  cargo deb -q --profile "$PROFILE" --no-build >/dev/null
+fi
 deb=$(ls -t "${CARGO_TARGET_DIR:-target}"/debian/weir_*_amd64.deb | head -n 1)
 echo "built $deb ($(du -h "$deb" | cut -f1))"
 grep -q './usr/bin/weir$' <<<"$(dpkg-deb --contents "$deb")" || fail "no /usr/bin/weir in the package"
