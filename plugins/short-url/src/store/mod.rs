@@ -744,6 +744,51 @@ pub(crate) mod suite {
         NewEntry { origin_url: url.into(), expires_at, ..NewEntry::default() }
     }
 
+    /// A purged link takes its tags, visit counts and visit rows with it. Its code can be handed
+    /// out again (drawn at random, or asked for as a `custom_code`), and the new link, of
+    /// another owner, must show nothing of the old one: no visits in its report, not listed
+    /// under the old link's tag.
+    fn purged_code_drawn_again_starts_clean(connector: &Arc<dyn Connector>, store: &Arc<Store>, scripted: &Scripted) {
+        use links::{UaClass, Visit, VisitBatch};
+        let mut conn = connector.connect().unwrap_or_else(|e| panic!("{e}"));
+        let old = NewEntry {
+            origin_url: "http://old.example/".into(),
+            expires_at: Some(600),
+            tags: vec!["old".into()],
+            owner: Some("alice".into()),
+            ..NewEntry::default()
+        };
+        assert_eq!(links::insert_full(&mut *conn, "Reused01", &old, 100), Ok(true));
+        let mut batch = VisitBatch::default();
+        for at in [110, 120, 86_400 + 5] {
+            let referer = Some("news.example".to_owned());
+            batch.add(Visit {
+                code: "Reused01".into(),
+                at,
+                referer,
+                class: UaClass::Browser,
+                country: None,
+                ip_hash: 7,
+            });
+        }
+        assert_eq!(links::flush_visits(&mut *conn, &batch), Ok(()));
+        let before = links::report(&mut *conn, "Reused01", 3650, 1, 100, 2 * 86_400).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(before.recent.len(), 3, "the old link's visits are there before the purge");
+
+        assert_eq!(store.purge_blocking(1000), Ok(1));
+        *scripted.0.lock() = vec!["Reused01".into()];
+        let again = block(store.create(vec![entry("http://new.example/", None)], 3 * 86_400));
+        assert_eq!(again, Ok(vec!["Reused01".to_owned()]));
+        let link = links::get(&mut *conn, "Reused01").ok().flatten().unwrap_or_else(|| panic!("the new link"));
+        assert_eq!((link.origin_url.as_str(), link.owner.as_deref()), ("http://new.example/", None));
+        assert_eq!((link.visits, link.bot_visits, link.tags.len()), (0, 0, 0));
+        let report = links::report(&mut *conn, "Reused01", 3650, 1, 100, 3 * 86_400).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(report, links::Report::default(), "the new link shows the old link's visits");
+        let by_tag = links::ListQuery { tag: Some("old".into()), ..links::ListQuery::default() };
+        let (listed, _) = links::list(&mut *conn, &by_tag, &links::Scope::All).unwrap_or_else(|e| panic!("{e}"));
+        assert!(listed.is_empty(), "the new link is listed under the old link's tag");
+    }
+
     pub fn run(connector: Arc<dyn Connector>) {
         let scripted = Arc::new(Scripted(Mutex::new(vec![]), AtomicUsize::new(0)));
         let store = Store::start(connector.clone(), scripted.clone(), 2);
@@ -796,6 +841,7 @@ pub(crate) mod suite {
         assert_eq!(c, Counts { codes: 6, expired: 1 });
         assert_eq!(store.purge_blocking(1000), Ok(1));
         assert_eq!(block(store.get(&codes[1])), Ok(None));
+        purged_code_drawn_again_starts_clean(&connector, &store, &scripted);
 
         // Concurrent batches are grouped and all committed with distinct codes.
         let rt = tokio::runtime::Builder::new_current_thread().build().unwrap_or_else(|e| panic!("{e}"));

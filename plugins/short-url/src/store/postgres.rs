@@ -357,13 +357,23 @@ impl Conn for PgConn {
         Ok(Counts { codes: codes as u64, expired: expired as u64 })
     }
     fn purge(&mut self, before: i64) -> Result<u64, String> {
-        // Deleted links stay as tombstones: their codes are never handed out again.
-        self.client
-            .execute(
-                "DELETE FROM short_url_codes WHERE expires_at IS NOT NULL AND expires_at < $1 AND deleted_at IS NULL",
+        // Deleted links stay as tombstones: their codes are never handed out again. A purged
+        // code can be (a `custom_code` asked for again), so its tags, visit counts and visit
+        // rows go with it, in the same statement (its search text goes by trigger).
+        let row = self
+            .client
+            .query_one(
+                "WITH gone AS (
+                     DELETE FROM short_url_codes WHERE expires_at IS NOT NULL AND expires_at < $1 AND deleted_at IS NULL
+                     RETURNING code),
+                 tags AS (DELETE FROM short_url_tags WHERE code IN (SELECT code FROM gone)),
+                 stats AS (DELETE FROM short_url_visit_stats WHERE code IN (SELECT code FROM gone)),
+                 visits AS (DELETE FROM short_url_visits WHERE code IN (SELECT code FROM gone))
+                 SELECT count(*) FROM gone",
                 &[&before],
             )
-            .map_err(e)
+            .map_err(e)?;
+        Ok(row.get::<_, i64>(0) as u64)
     }
     fn query(&mut self, sql: &str, params: &[Val]) -> Result<Vec<Vec<Val>>, String> {
         let stmt = self.prepared(sql)?;

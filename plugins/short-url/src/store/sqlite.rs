@@ -273,14 +273,21 @@ impl Conn for SqliteConn {
         self.0.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())).map_err(e)
     }
     fn purge(&mut self, before: i64) -> Result<u64, String> {
-        // Deleted links stay as tombstones: their codes are never handed out again.
-        let n = self
-            .0
+        // Deleted links stay as tombstones: their codes are never handed out again. A purged
+        // code can be (a `custom_code` asked for again), so its tags, visit counts and visit
+        // rows go with it, in the same transaction: the next link of that code starts clean.
+        let tx = self.0.transaction().map_err(e)?;
+        let gone = "SELECT code FROM codes WHERE expires_at IS NOT NULL AND expires_at < ?1 AND deleted_at IS NULL";
+        for table in ["tags", "visit_stats", "visits"] {
+            tx.execute(&format!("DELETE FROM {table} WHERE code IN ({gone})"), params![before]).map_err(e)?;
+        }
+        let n = tx
             .execute(
                 "DELETE FROM codes WHERE expires_at IS NOT NULL AND expires_at < ?1 AND deleted_at IS NULL",
                 params![before],
             )
             .map_err(e)?;
+        tx.commit().map_err(e)?;
         Ok(n as u64)
     }
     fn query_within(&mut self, sql: &str, params: &[Val], budget: u32) -> Result<Option<Vec<Vec<Val>>>, String> {
