@@ -155,6 +155,12 @@ pub struct VisitsAttr {
     #[serde(default = "default_salt")]
     #[schemars(range(min = 60))]
     pub salt_rotate_secs: u32,
+    /// Visit rows kept per code: the page of recent visits reaches back this far at least (a
+    /// code holds at most about twice as many between prunes); counts and the per-day series
+    /// stay exact (default 1000).
+    #[serde(default = "default_keep_recent")]
+    #[schemars(range(min = 20, max = 1_000_000))]
+    pub keep_recent: u32,
 }
 
 fn yes() -> bool {
@@ -172,6 +178,9 @@ fn default_batch() -> u32 {
 fn default_salt() -> u32 {
     86_400
 }
+fn default_keep_recent() -> u32 {
+    store::links::DEFAULT_KEEP_RECENT as u32
+}
 
 impl Default for VisitsAttr {
     fn default() -> Self {
@@ -181,6 +190,7 @@ impl Default for VisitsAttr {
             flush_interval: default_flush(),
             batch_size: default_batch(),
             salt_rotate_secs: default_salt(),
+            keep_recent: default_keep_recent(),
         }
     }
 }
@@ -734,6 +744,7 @@ impl Plugin for ShortUrl {
                 flush_interval: Duration::from_secs_f64(attr.visits.flush_interval),
                 batch_size: attr.visits.batch_size as usize,
                 salt_rotate_secs: i64::from(attr.visits.salt_rotate_secs),
+                keep_recent: i64::from(attr.visits.keep_recent),
             };
             (attr.visits, visits::Sink::start(connector.clone(), settings))
         });

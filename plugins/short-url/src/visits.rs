@@ -110,6 +110,8 @@ pub struct Settings {
     pub batch_size: usize,
     /// Salt rotation.
     pub salt_rotate_secs: i64,
+    /// Visit rows kept per code (see [`flush_visits`]).
+    pub keep_recent: i64,
 }
 
 /// The buffer and its flusher.
@@ -203,7 +205,7 @@ fn flusher(connector: Arc<dyn Connector>, rx: Receiver<Visit>, s: Settings, sink
                     taken += 1;
                     batch.add(v);
                     if batch.keys() >= batch_size {
-                        write(&*connector, &mut conn, &mut last_error, &batch);
+                        write(&*connector, &mut conn, &mut last_error, &batch, s.keep_recent);
                         batch.clear();
                     }
                 }
@@ -219,7 +221,7 @@ fn flusher(connector: Arc<dyn Connector>, rx: Receiver<Visit>, s: Settings, sink
         }
         if closed || Instant::now() >= deadline {
             if batch.visits() > 0 {
-                write(&*connector, &mut conn, &mut last_error, &batch);
+                write(&*connector, &mut conn, &mut last_error, &batch, s.keep_recent);
                 batch.clear();
             }
             deadline = Instant::now() + s.flush_interval;
@@ -235,6 +237,7 @@ fn write(
     conn: &mut Option<Box<dyn Conn>>,
     last_error: &mut Option<Instant>,
     batch: &VisitBatch,
+    keep_recent: i64,
 ) {
     let n = batch.visits();
     if conn.is_none() {
@@ -248,7 +251,7 @@ fn write(
             }
         }
     }
-    match conn.as_mut().map(|c| flush_visits(c.as_mut(), batch)) {
+    match conn.as_mut().map(|c| flush_visits(c.as_mut(), batch, keep_recent)) {
         Some(Ok(())) => {
             RECORDED.fetch_add(n, Ordering::Relaxed);
         }
@@ -307,6 +310,7 @@ mod tests {
             flush_interval: Duration::from_secs(1),
             batch_size: 100,
             salt_rotate_secs: 86_400,
+            keep_recent: links::DEFAULT_KEEP_RECENT,
         };
         let sink = Sink::start(connector, settings);
         let visit = |code: &str, at: i64| Visit {

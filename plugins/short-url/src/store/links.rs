@@ -636,6 +636,14 @@ const ROWS_PER_INSERT: usize = 100;
 /// counted (in `short_url_visit_stats` and the link's counters).
 pub const RECENT_PER_CODE: usize = 20;
 
+/// Visit rows kept per code by default (`visits.keep_recent`): the page of recent visits reaches
+/// back this far at least. Counts and the per-day series stay exact whatever is pruned.
+pub const DEFAULT_KEEP_RECENT: i64 = 1000;
+
+/// Visit rows a prune deletes at most, oldest first: rows a code holds beyond its bound since
+/// before the bound existed go over several flushes, never in one long write.
+const PRUNE_AT_MOST: i64 = 10_000;
+
 /// Visits folded in memory until they are written: a count per (code, day, class, referer
 /// host), each code's totals, and each code's newest [`RECENT_PER_CODE`] visits. However many
 /// visits a hot code gets, it folds into a few rows; only distinct keys grow the batch.
@@ -724,7 +732,14 @@ impl VisitBatch {
 /// newest [`RECENT_PER_CODE`] visits (the page of recent visits is a sample; counts, the
 /// per-day series and totals are exact). After a crash either all of the batch is there or
 /// none of it, and the counters always equal the aggregates.
-pub fn flush_visits(conn: &mut dyn Conn, batch: &VisitBatch) -> Result<(), String> {
+///
+/// A code's visit rows are bounded: when its visit count passes a multiple of `keep` (at least
+/// [`RECENT_PER_CODE`]), its rows older than its newest `keep` are deleted (at most
+/// [`PRUNE_AT_MOST`] per flush). A code thus holds fewer than `2 * keep + RECENT_PER_CODE` rows,
+/// where a hot code used to gain 20 rows every flush forever; a code with few visits is never
+/// looked at, so visits to many distinct codes cost nothing more.
+pub fn flush_visits(conn: &mut dyn Conn, batch: &VisitBatch, keep: i64) -> Result<(), String> {
+    let keep = keep.max(RECENT_PER_CODE as i64);
     let recent: Vec<&Visit> = batch.codes.iter().flat_map(|c| &c.recent).collect();
     // Every write in a fixed order (by code), so that two instances' flushes take row locks in
     // the same order and never deadlock on PostgreSQL.
@@ -779,6 +794,8 @@ pub fn flush_visits(conn: &mut dyn Conn, batch: &VisitBatch) -> Result<(), Strin
         }
         // One UPDATE per chunk of codes, joined to its counts (not one round trip per code): on
         // PostgreSQL the row locks follow the VALUES order, which is sorted.
+        // Each code's count after the update tells whether it passed a multiple of `keep`.
+        let mut to_prune = Vec::new();
         for chunk in counters.chunks(ROWS_PER_INSERT) {
             let mut params = Vec::with_capacity(chunk.len() * 3);
             for c in chunk {
@@ -787,12 +804,46 @@ pub fn flush_visits(conn: &mut dyn Conn, batch: &VisitBatch) -> Result<(), Strin
             let rows = placeholders(chunk.len(), &["TEXT", "BIGINT", "BIGINT"]);
             let sql = format!(
                 "UPDATE short_url_codes SET visits = visits + v.column2, bot_visits = bot_visits + v.column3
-                 FROM (VALUES {rows}) AS v WHERE short_url_codes.code = v.column1"
+                 FROM (VALUES {rows}) AS v WHERE short_url_codes.code = v.column1
+                 RETURNING code, visits"
             );
-            conn.execute(&sql, &params)?;
+            // (SQLite's RETURNING sees only the updated table: what was added comes from the
+            // chunk, sorted by code.)
+            for row in conn.query(&sql, &params)? {
+                let (Some(code), Some(after)) = (row.first().and_then(Val::text), row.get(1).and_then(Val::int)) else {
+                    continue;
+                };
+                let Ok(i) = chunk.binary_search_by(|c| c.code.as_str().cmp(&code)) else { continue };
+                if (after - chunk[i].visits).div_euclid(keep) != after.div_euclid(keep) {
+                    to_prune.push(code);
+                }
+            }
+        }
+        to_prune.sort_unstable();
+        for code in &to_prune {
+            prune_visit_rows(conn, code, keep)?;
         }
         Ok(())
     })
+}
+
+/// Deletes the visit rows of `code` older than its newest `keep` (at most [`PRUNE_AT_MOST`],
+/// oldest first), through the `(code, at)` index.
+fn prune_visit_rows(conn: &mut dyn Conn, code: &str, keep: i64) -> Result<(), String> {
+    let kept_last = conn.query(
+        "SELECT at, id FROM short_url_visits WHERE code = $1 ORDER BY at DESC, id DESC LIMIT 1 OFFSET $2",
+        &[code.into(), (keep - 1).into()],
+    )?;
+    let Some((at, id)) = kept_last.first().and_then(|r| Some((r.first()?.int()?, r.get(1)?.int()?))) else {
+        return Ok(());
+    };
+    conn.execute(
+        "DELETE FROM short_url_visits WHERE id IN (
+             SELECT id FROM short_url_visits WHERE code = $1 AND (at < $2 OR (at = $2 AND id < $3))
+             ORDER BY at, id LIMIT $4)",
+        &[code.into(), at.into(), id.into(), PRUNE_AT_MOST.into()],
+    )?;
+    Ok(())
 }
 
 /// `($1, .., $width), ($width+1, ..), ..` for `rows` rows of `casts.len()` columns; a column
@@ -997,7 +1048,7 @@ pub(crate) mod tests {
             folded.add(v);
         }
         assert_eq!(folded.visits(), n as u64);
-        assert_eq!(flush_visits(conn, &folded), Ok(()));
+        assert_eq!(flush_visits(conn, &folded, DEFAULT_KEEP_RECENT), Ok(()));
         let one = |conn: &mut dyn Conn, sql: &str| conn.query(sql, &[]).ok().and_then(|r| r[0][0].int());
         // Only this check's codes (the suite's own are eight characters long).
         let mine = "(code IN ('hot', 'warm') OR code LIKE 'c_____')";
@@ -1020,6 +1071,59 @@ pub(crate) mod tests {
             one(conn, "SELECT count(*) FROM short_url_visits WHERE code = 'warm'"),
             Some(RECENT_PER_CODE as i64)
         );
+    }
+
+    /// A code's visit rows are bounded by `keep`: each time its count passes a multiple of
+    /// `keep`, the rows older than its newest `keep` go. Counts and the per-day series stay
+    /// exact; a code with fewer visits than `keep` keeps them all. Run on every backend.
+    pub(crate) fn keep_recent_check(conn: &mut dyn Conn) {
+        let keep = 30;
+        for code in ["kept", "calm"] {
+            let e = NewEntry { origin_url: format!("https://{code}.example/"), ..NewEntry::default() };
+            assert_eq!(insert_full(conn, code, &e, 1), Ok(true));
+        }
+        let one = |conn: &mut dyn Conn, sql: &str| conn.query(sql, &[]).ok().and_then(|r| r[0][0].int());
+        let rows = |conn: &mut dyn Conn, code: &str| {
+            one(conn, &format!("SELECT count(*) FROM short_url_visits WHERE code = '{code}'")).unwrap_or(-1)
+        };
+        // Three flushes of 25 visits to `kept` (20 rows each), one visit to `calm` per flush.
+        let mut at = 10_000;
+        let mut after = Vec::new();
+        for _ in 0..3 {
+            let mut batch = VisitBatch::default();
+            for _ in 0..25 {
+                at += 1;
+                batch.add(Visit {
+                    code: "kept".into(),
+                    at,
+                    referer: None,
+                    class: UaClass::Other,
+                    country: None,
+                    ip_hash: 1,
+                });
+            }
+            batch.add(Visit {
+                code: "calm".into(),
+                at,
+                referer: None,
+                class: UaClass::Other,
+                country: None,
+                ip_hash: 1,
+            });
+            assert_eq!(flush_visits(conn, &batch, keep), Ok(()));
+            after.push(rows(conn, "kept"));
+        }
+        // 25 visits: 20 rows. 50 (past 30): 40 rows, pruned to 30. 75 (past 60): 50, pruned to 30.
+        assert_eq!(after, vec![20, 30, 30]);
+        let kept = get(conn, "kept").ok().flatten().unwrap_or_else(|| panic!("kept"));
+        assert_eq!(kept.visits, 75);
+        let report = report(conn, "kept", 10, 1, 100, 20_000).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(report.days.iter().map(|d| d.1).sum::<i64>(), 75, "the series stays exact");
+        // The newest 30: the last flush's 20 and the 10 newest of the one before.
+        let ats: Vec<i64> = report.recent.iter().map(|r| r.at).collect();
+        let kept_rows: Vec<i64> = (10_056..=10_075).rev().chain((10_041..=10_050).rev()).collect();
+        assert_eq!(ats, kept_rows);
+        assert_eq!(rows(conn, "calm"), 3, "a code below the bound keeps every row");
     }
 
     #[test]

@@ -771,7 +771,7 @@ pub(crate) mod suite {
                 ip_hash: 7,
             });
         }
-        assert_eq!(links::flush_visits(&mut *conn, &batch), Ok(()));
+        assert_eq!(links::flush_visits(&mut *conn, &batch, links::DEFAULT_KEEP_RECENT), Ok(()));
         let before = links::report(&mut *conn, "Reused01", 3650, 1, 100, 2 * 86_400).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(before.recent.len(), 3, "the old link's visits are there before the purge");
 
@@ -869,6 +869,7 @@ pub(crate) mod suite {
         // Visit batches write the same counts on every backend.
         let mut conn = connector.connect().unwrap_or_else(|e| panic!("{e}"));
         links::tests::large_batch_check(&mut *conn);
+        links::tests::keep_recent_check(&mut *conn);
     }
 }
 
