@@ -297,3 +297,59 @@ fn trailers_of_a_chunked_body_reach_an_http2_client() {
     assert!(text.contains("hello world"), "{text}");
     assert!(text.contains("t: 1"), "the trailer did not reach the client:\n{text}");
 }
+
+/// Sends `head` and `sent` bytes of its body, then waits: the answer and how long it took.
+fn stall_after(p: &Prefix, head: &str, sent: usize) -> (Response, Duration) {
+    let mut s = TcpStream::connect(p.node()).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(15))).expect("timeout");
+    s.write_all(head.as_bytes()).expect("head");
+    s.write_all(&vec![b'x'; sent]).expect("body");
+    let started = std::time::Instant::now();
+    let mut raw = Vec::new();
+    // Read to the end: the gateway closes the connection after its 408.
+    let _ = s.read_to_end(&mut raw);
+    (parse_response(&raw), started.elapsed())
+}
+
+/// `gateway.client_body_timeout` (nginx's): a client that stops sending a body it announced gets
+/// 408 and its connection closed, whether the body was being read whole (small) or streamed to
+/// the upstream (large), and the upstream is not blamed for it; a slow body that keeps moving is
+/// served. Without the limit both stalled requests held their connections for good.
+#[test]
+fn a_request_body_that_stalls_gets_408_and_one_that_trickles_is_served() {
+    let up = Scripted::start();
+    let p = Prefix::new(
+        "  client_body_timeout: 1\n",
+        "",
+        &format!(
+            r#"{{"routes": [{{"id": "1", "uri": "/*", "upstream": {{"type": "roundrobin", "nodes": {{"{}": 1}}, "retries": 0}}}}]}}"#,
+            up.addr
+        ),
+    );
+    let w = Weir::start(&p);
+    // Read whole before the upstream is contacted (64 KiB or less).
+    let (r, took) = stall_after(&p, "POST /small HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n", 9);
+    assert_eq!(r.status, 408, "{}", r.text());
+    assert_eq!(r.header("connection"), Some("close"));
+    assert!(r.text().contains("client_body_timeout"), "{}", r.text());
+    assert!(took < Duration::from_secs(5), "closed after {took:?}");
+    // Streamed to the upstream after its first 64 KiB.
+    let (r, took) = stall_after(&p, "POST /large HTTP/1.1\r\nHost: x\r\nContent-Length: 8388608\r\n\r\n", 100 << 10);
+    assert_eq!(r.status, 408, "{}", r.text());
+    assert!(took < Duration::from_secs(5), "closed after {took:?}");
+    let log = w.log_text();
+    assert!(!log.contains(" of route "), "the upstream was blamed:\n{log}");
+    // A body that trickles in, a part every 400 ms for 2 s, never waits a whole second.
+    let mut s = TcpStream::connect(p.node()).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(15))).expect("timeout");
+    s.write_all(b"POST /slow HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 5\r\n\r\n").expect("head");
+    for _ in 0..5 {
+        std::thread::sleep(Duration::from_millis(400));
+        s.write_all(b"x").expect("body");
+    }
+    let mut raw = Vec::new();
+    let _ = s.read_to_end(&mut raw);
+    let r = parse_response(&raw);
+    assert_eq!((r.status, r.text()), (200, "ok".to_owned()));
+    assert_eq!(up.requests.load(Ordering::SeqCst), 2, "the streamed request and the slow one reached the upstream");
+}

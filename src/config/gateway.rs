@@ -86,6 +86,13 @@ pub struct GatewaySection {
     #[serde(default = "worker_shutdown_timeout")]
     #[schemars(range(min = 0, max = 86400))]
     pub worker_shutdown_timeout: u32,
+    /// Seconds a request body may go without a byte from the client while the gateway reads it
+    /// (a plugin asked for it, or it is small or chunked and read before the upstream is
+    /// contacted): past it the request gets 408 and the connection closes (nginx's
+    /// `client_body_timeout`; default 60).
+    #[serde(default = "client_body_timeout")]
+    #[schemars(range(min = 1, max = 3600))]
+    pub client_body_timeout: u32,
     /// Defaults for `ssls[].acme` (directory, contact, challenge).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub acme: Option<SslAcme>,
@@ -93,6 +100,10 @@ pub struct GatewaySection {
 
 fn worker_shutdown_timeout() -> u32 {
     30
+}
+
+fn client_body_timeout() -> u32 {
+    60
 }
 
 fn dns_min_ttl() -> u32 {
@@ -333,6 +344,7 @@ impl Default for GatewaySection {
             dns_min_ttl: dns_min_ttl(),
             dns_max_ttl: dns_max_ttl(),
             worker_shutdown_timeout: worker_shutdown_timeout(),
+            client_body_timeout: client_body_timeout(),
             acme: None,
         }
     }

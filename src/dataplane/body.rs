@@ -18,7 +18,7 @@ use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
 use super::h1codec::Lines;
-use super::upstream_conn::H1Body;
+use super::upstream_conn::{H1Body, Timer};
 
 /// A client's request body: from Weir's HTTP/1.1 server, hyper's HTTP/2 or an HTTP/3 stream.
 pub enum ClientBody {
@@ -89,7 +89,9 @@ pub enum ProxyBody {
     Full(Option<Bytes>),
     /// The client's body: `prefix` (already read) first, then the rest; `len` from
     /// Content-Length when known. `stalled` is set while it waits on the client (the upstream
-    /// read timeout does not run then).
+    /// read timeout does not run then); a wait longer than `idle_limit` (`gateway.client_body_timeout`)
+    /// ends the body with an error and sets `gave_up`, so that the request is answered 408 and
+    /// the upstream is not blamed.
     /// `received` counts the body bytes read from the client so far (`$request_length`).
     Client {
         prefix: VecDeque<Bytes>,
@@ -97,14 +99,41 @@ pub enum ProxyBody {
         len: Option<u64>,
         stalled: Rc<Cell<bool>>,
         received: Rc<Cell<u64>>,
+        idle: Box<Timer>,
+        idle_limit: std::time::Duration,
+        gave_up: Rc<Cell<bool>>,
     },
 }
 
 impl ProxyBody {
-    /// The client's body, after the chunks already read (counted as received).
-    pub fn client(prefix: VecDeque<Bytes>, body: ClientBody, len: Option<u64>) -> Self {
+    /// The client's body, after the chunks already read (counted as received), waiting at most
+    /// `idle_limit` for each of its next bytes.
+    pub fn client(
+        prefix: VecDeque<Bytes>,
+        body: ClientBody,
+        len: Option<u64>,
+        idle_limit: std::time::Duration,
+    ) -> Self {
         let received = Rc::new(Cell::new(prefix.iter().map(|b| b.len() as u64).sum()));
-        ProxyBody::Client { prefix, body, len, stalled: Rc::new(Cell::new(false)), received }
+        ProxyBody::Client {
+            prefix,
+            body,
+            len,
+            stalled: Rc::new(Cell::new(false)),
+            received,
+            idle: Box::new(Timer::new()),
+            idle_limit,
+            gave_up: Rc::new(Cell::new(false)),
+        }
+    }
+
+    /// Set when a streamed client body stalled past its limit (the request is then the
+    /// client's fault: 408).
+    pub fn gave_up(&self) -> Option<Rc<Cell<bool>>> {
+        match self {
+            ProxyBody::Client { gave_up, .. } => Some(gave_up.clone()),
+            _ => None,
+        }
     }
 
     /// The counter of body bytes received from the client, for a streamed client body.
@@ -124,12 +153,21 @@ impl Body for ProxyBody {
         match self.get_mut() {
             ProxyBody::Empty => Poll::Ready(None),
             ProxyBody::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
-            ProxyBody::Client { prefix, body, stalled, received, .. } => {
+            ProxyBody::Client { prefix, body, stalled, received, idle, idle_limit, gave_up, .. } => {
                 if let Some(b) = prefix.pop_front() {
                     return Poll::Ready(Some(Ok(Frame::data(b))));
                 }
                 let polled = Pin::new(body).poll_frame(cx);
                 stalled.set(polled.is_pending());
+                if polled.is_pending() {
+                    if idle.expired(cx, 0, *idle_limit) {
+                        gave_up.set(true);
+                        let why = format!("client body stalled for {} s", idle_limit.as_secs());
+                        return Poll::Ready(Some(Err(std::io::Error::new(std::io::ErrorKind::TimedOut, why))));
+                    }
+                } else {
+                    idle.disarm();
+                }
                 match polled {
                     Poll::Ready(Some(Ok(frame))) => {
                         if let Some(data) = frame.data_ref() {

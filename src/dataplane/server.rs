@@ -297,6 +297,7 @@ impl DataPlane {
             let quic = if i == 0 { std::mem::take(&mut quic) } else { Vec::new() };
             let settings = WorkerSettings {
                 shutdown: Duration::from_secs(config.gateway.worker_shutdown_timeout.into()),
+                body_timeout: Duration::from_secs(config.gateway.client_body_timeout.into()),
                 rules,
                 real_ip: real_ip.clone(),
                 pp_to_upstream,
@@ -324,6 +325,8 @@ impl DataPlane {
 struct WorkerSettings {
     /// How long a stop waits for connections to finish (`gateway.worker_shutdown_timeout`).
     shutdown: Duration,
+    /// How long a body read waits for the client's next bytes (`gateway.client_body_timeout`).
+    body_timeout: Duration,
     rules: PathRules,
     real_ip: Option<Arc<super::real_ip::RealIp>>,
     pp_to_upstream: bool,
@@ -352,7 +355,7 @@ fn run_worker(
     // runtime wakes, and a finished-or-not check of a task costs far less than a poll of the body
     // waiting on the stop signal (once or more per connection).
     let body = local.spawn_local(async move {
-        let worker = Rc::new(Worker::new(settings.rules, settings.real_ip));
+        let worker = Rc::new(Worker::new(settings.rules, settings.real_ip, settings.body_timeout));
         let streams = Rc::new(StreamWorker { pp_to_upstream: settings.pp_to_upstream, ..Default::default() });
         let open = Rc::new(Cell::new(0usize));
         for listener in quic {

@@ -37,7 +37,7 @@ const READ_CHUNK: usize = 16 * 1024;
 /// Arming records a deadline; the tokio sleep is only moved when it would wake the task too
 /// late. A sleep left from an earlier, earlier-ending wait wakes the task before the deadline,
 /// and is then moved on to it: a request's timeouts cost a clock read, not a timer-wheel update.
-pub(super) struct Timer {
+pub struct Timer {
     sleep: Option<Pin<Box<Sleep>>>,
     /// The epoch it was armed in (None: disarmed).
     armed: Option<u32>,
@@ -45,11 +45,19 @@ pub(super) struct Timer {
     deadline: tokio::time::Instant,
 }
 
+impl Default for Timer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl Timer {
-    pub(super) fn new() -> Self {
+    /// A disarmed timer (no tokio sleep until first armed).
+    pub fn new() -> Self {
         Timer { sleep: None, armed: None, deadline: tokio::time::Instant::now() }
     }
-    fn disarm(&mut self) {
+    /// Stops the wait (the sleep stays, to be moved by the next arming).
+    pub fn disarm(&mut self) {
         self.armed = None;
     }
     /// Moves an armed timer's deadline to `after` from now (the sleep, set no later, still
@@ -68,7 +76,7 @@ impl Timer {
         }
     }
     /// Arms (unless armed in this epoch) and polls; true when the time is up.
-    fn expired(&mut self, cx: &mut Context<'_>, epoch: u32, after: Duration) -> bool {
+    pub fn expired(&mut self, cx: &mut Context<'_>, epoch: u32, after: Duration) -> bool {
         if self.armed != Some(epoch) {
             self.set_deadline(tokio::time::Instant::now() + after);
             self.armed = Some(epoch);

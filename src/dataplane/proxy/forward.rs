@@ -99,9 +99,9 @@ pub(super) async fn forward(
             Err(e) => return error_response(StatusCode::BAD_REQUEST, &format!("400 Bad Request: invalid path: {e}")),
         }
     };
-    let stalled = match &source {
-        Source::Stream(Some(ProxyBody::Client { stalled, .. })) => Some(stalled.clone()),
-        _ => None,
+    let (stalled, gave_up) = match &source {
+        Source::Stream(Some(body @ ProxyBody::Client { stalled, .. })) => (Some(stalled.clone()), body.gave_up()),
+        _ => (None, None),
     };
     let timeouts = fin.timeouts.unwrap_or(upstream.timeouts);
     let mut tried = Tried::default();
@@ -225,6 +225,15 @@ pub(super) async fn forward(
                     return upgraded(resp, t.client, fin, inflight, timeouts.read, held);
                 }
                 return respond(resp, fin, inflight);
+            }
+            Err(e) if gave_up.as_ref().is_some_and(|g| g.get()) => {
+                // The client stopped sending its body (`gateway.client_body_timeout`): its fault,
+                // not the node's (no health report, no retry), as nginx's 408.
+                log::debug!("client {}: {} (route {:?})", fin.ctx.remote_addr, e.reason, fin.ctx.route_id);
+                if begun.is_some() {
+                    measure::attempt_ends(&mut fin.ctx.measured, begun, node.addr, None, Some(&e.reason));
+                }
+                return gateway_error(StatusCode::REQUEST_TIMEOUT, &super::body_stalled(worker.body_timeout), fin);
             }
             Err(e) => {
                 log::warn!("upstream {} of route {:?}: {}", node.addr, fin.ctx.route_id, e.reason);

@@ -9,6 +9,7 @@ use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use http::{HeaderValue, StatusCode};
@@ -80,6 +81,8 @@ pub struct Worker {
     /// Set when the worker stops: HTTP/1.1 responses then carry `Connection: close`, so that
     /// keep-alive clients move to the next process on their next request.
     pub draining: Cell<bool>,
+    /// How long a body read waits for the client's next bytes (`gateway.client_body_timeout`).
+    body_timeout: Duration,
 }
 
 /// Counts one long-lived connection in [`Worker::held`] while it lives.
@@ -100,8 +103,9 @@ impl Drop for Held {
 }
 
 impl Worker {
-    /// A worker normalizing paths with `rules`, believing `real_ip`'s trusted proxies.
-    pub fn new(rules: PathRules, real_ip: Option<Arc<super::real_ip::RealIp>>) -> Self {
+    /// A worker normalizing paths with `rules`, believing `real_ip`'s trusted proxies, waiting
+    /// `body_timeout` at most for each part of a request body it reads.
+    pub fn new(rules: PathRules, real_ip: Option<Arc<super::real_ip::RealIp>>, body_timeout: Duration) -> Self {
         let pool = Rc::new(Pool::default());
         // Plugins' own requests on this thread share the worker's pool.
         super::outbound::set_worker_pool(pool.clone());
@@ -114,20 +118,29 @@ impl Worker {
             idle: Default::default(),
             held: Default::default(),
             draining: Cell::new(false),
+            body_timeout,
         }
     }
 }
 
 /// Reads the request body up to `limit` bytes. `Ok(Err(prefix))` when the body is longer: the
-/// chunks read so far, to be sent before the rest.
+/// chunks read so far, to be sent before the rest. A client that sends nothing of it for
+/// `timeout` (between two reads, as nginx's `client_body_timeout`) gets 408: without it, a body
+/// announced and never sent held its connection, and the request's memory, for good.
 async fn read_body(
     body: &mut ClientBody,
     limit: usize,
     remote: SocketAddr,
+    timeout: Duration,
 ) -> Result<Result<Bytes, Vec<Bytes>>, Response> {
     let mut chunks: Vec<Bytes> = Vec::new();
     let mut total = 0;
-    while let Some(frame) = body.frame().await {
+    loop {
+        let Ok(next) = tokio::time::timeout(timeout, body.frame()).await else {
+            log::debug!("client {remote}: request body stalled for {} s after {total} bytes", timeout.as_secs());
+            return Err(error_response(StatusCode::REQUEST_TIMEOUT, &body_stalled(timeout)));
+        };
+        let Some(frame) = next else { break };
         let frame = frame.map_err(|e| {
             // A client-side protocol error: one short line, never at error level.
             log::debug!("client {remote}: invalid request body: {e}");
@@ -160,6 +173,14 @@ async fn read_body(
     }))
 }
 
+/// The answer to a request whose body stalled for `timeout`.
+fn body_stalled(timeout: Duration) -> String {
+    format!(
+        "408 Request Timeout: the request body stalled (no bytes for {} s, gateway.client_body_timeout)",
+        timeout.as_secs()
+    )
+}
+
 /// Where the upstream request body comes from.
 enum Source {
     Empty,
@@ -177,7 +198,8 @@ pub async fn handle<B: Into<ClientBody>>(
 ) -> Response {
     // HTTP/1.x: read here, for the upgrade; HTTP/2 and HTTP/3 in `serve`, once `:authority`
     // may have become the Host field.
-    let fields = (req.version() < http::Version::HTTP_2).then(|| RequestFields::of(req.headers()));
+    let version = req.version();
+    let fields = (version < http::Version::HTTP_2).then(|| RequestFields::of(req.headers()));
     let upgrade_asked = fields.as_ref().is_some_and(|f| f.upgrade);
     // Taken apart here, not re-assembled around another body type: a request head is a few
     // hundred bytes to move.
@@ -190,6 +212,10 @@ pub async fn handle<B: Into<ClientBody>>(
     let mut resp = serve(parts, fields, body.into(), conn, gw, worker, upgrade_asked).await;
     if let Some(v) = alt_svc {
         resp.headers_mut().insert(http::header::ALT_SVC, v);
+    }
+    if resp.status() == StatusCode::REQUEST_TIMEOUT && version < http::Version::HTTP_2 {
+        // The body stalled (`read_body`): its rest is not waited for, the connection ends.
+        resp.headers_mut().insert(http::header::CONNECTION, HeaderValue::from_static("close"));
     }
     if upgrade_asked && resp.status() != StatusCode::SWITCHING_PROTOCOLS {
         // The framer stopped judging this connection's bytes at the upgrade request (`framing`):
@@ -323,7 +349,7 @@ async fn serve(
         && is_form(&parts.headers)
         && declared_len.is_some_and(|n| n <= REPLAYABLE_BODY)
     {
-        match Box::pin(read_body(&mut payload, REPLAYABLE_BODY as usize, remote)).await {
+        match Box::pin(read_body(&mut payload, REPLAYABLE_BODY as usize, remote, worker.body_timeout)).await {
             Ok(Ok(b)) => early_body = Some(b),
             Ok(Err(_)) => return error_response(StatusCode::PAYLOAD_TOO_LARGE, "413 Request Entity Too Large"),
             Err(resp) => return resp,
@@ -377,20 +403,23 @@ async fn serve(
         source = Source::Buffered(b);
     } else if has_body && (wants_body || small || chunked) {
         let limit = if wants_body { MAX_BUFFERED_BODY } else { REPLAYABLE_BODY as usize };
-        match read_body(&mut payload, limit, remote).await {
+        match read_body(&mut payload, limit, remote, worker.body_timeout).await {
             Ok(Ok(b)) => source = Source::Buffered(b),
             Ok(Err(_)) if wants_body => {
                 fin.ctx.status = 413;
                 return error_response(StatusCode::PAYLOAD_TOO_LARGE, "413 Request Entity Too Large");
             }
-            Ok(Err(prefix)) => source = Source::Stream(Some(ProxyBody::client(prefix.into(), payload, declared_len))),
+            Ok(Err(prefix)) => {
+                source =
+                    Source::Stream(Some(ProxyBody::client(prefix.into(), payload, declared_len, worker.body_timeout)))
+            }
             Err(resp) => {
                 fin.ctx.status = resp.status().as_u16();
                 return resp;
             }
         }
     } else if has_body {
-        source = Source::Stream(Some(ProxyBody::client(VecDeque::new(), payload, declared_len)));
+        source = Source::Stream(Some(ProxyBody::client(VecDeque::new(), payload, declared_len, worker.body_timeout)));
     }
     match &source {
         Source::Buffered(b) => fin.ctx.request_length += b.len() as u64,
