@@ -139,9 +139,30 @@ fn options_and_management(pg: Option<&str>) {
     // The same URL and options again: the existing code.
     let again = create_as(&p, None, &json!([{"origin_url": "https://plain.example/", "find_if_exists": true}])).json();
     assert_eq!(code_of(&again["data"][0]), plain);
+    // find_if_exists with a custom code matches that code only: never another code than asked.
+    for _ in 0..2 {
+        let own = json!([{"origin_url": "https://plain.example/", "find_if_exists": true, "custom_code": "plain-own"}]);
+        let r = create_as(&p, None, &own).json();
+        assert_eq!(code_of(&r["data"][0]), "plain-own", "{r}");
+    }
+    // A link past its max_visits answers 410: find_if_exists does not hand it out again.
+    let capped = json!([{"origin_url": "https://capped.example/", "find_if_exists": true, "max_visits": 1}]);
+    let first_capped = code_of(&create_as(&p, None, &capped).json()["data"][0]);
+    assert_eq!(get(p.node(), &format!("/s/{first_capped}")).status, 302);
+    assert_eq!(get(p.node(), &format!("/s/{first_capped}")).status, 410);
+    let next_capped = code_of(&create_as(&p, None, &capped).json()["data"][0]);
+    assert_ne!(next_capped, first_capped, "an exhausted link was handed out by find_if_exists");
+    assert_eq!(get(p.node(), &format!("/s/{next_capped}")).status, 302);
     // A lone taken custom code: envelope 409.
     let r = create_as(&p, None, &json!([{"origin_url": "https://y.example/", "custom_code": "guide-2030"}]));
     assert_eq!((r.status, r.json()["code"].as_u64()), (409, Some(409)), "{}", r.text());
+    // A taken code beside an invalid entry: the invalid one is the client's to fix, 400.
+    let r = create_as(
+        &p,
+        None,
+        &json!([{"origin_url": "https://y.example/", "custom_code": "guide-2030"}, {"origin_url": "ftp://bad"}]),
+    );
+    assert_eq!((r.status, r.json()["code"].as_u64()), (400, Some(400)), "{}", r.text());
 
     // GET one.
     let one = call(&p, None, "GET", "/guide-2030", None);
@@ -171,7 +192,7 @@ fn options_and_management(pg: Option<&str>) {
     let mut dedup = all.clone();
     dedup.sort();
     dedup.dedup();
-    assert_eq!((all.len(), dedup.len()), (27, 27), "every link once over the pages");
+    assert_eq!((all.len(), dedup.len()), (30, 30), "every link once over the pages");
     assert_eq!(codes(&call(&p, None, "GET", "?search=LIST.example%2F1", None).json()).len(), 11, "1, 10..19");
     assert_eq!(codes(&call(&p, None, "GET", "?search=the%20guide", None).json()), vec!["guide-2030"], "by title");
     assert_eq!(codes(&call(&p, None, "GET", "?search=launch", None).json()), vec!["guide-2030"], "by tag");
@@ -179,13 +200,15 @@ fn options_and_management(pg: Option<&str>) {
     assert_eq!(codes(&call(&p, None, "GET", "?tag=even&page_size=100", None).json()).len(), 13);
     assert_eq!(codes(&call(&p, None, "GET", "?since=2099-01-01T00:00:00Z", None).json()).len(), 0);
     assert_eq!(codes(&call(&p, None, "GET", "?until=2000-01-01T00:00:00Z", None).json()).len(), 0);
-    assert_eq!(codes(&call(&p, None, "GET", "?since=2000-01-01T00:00:00Z&page_size=100", None).json()).len(), 27);
+    assert_eq!(codes(&call(&p, None, "GET", "?since=2000-01-01T00:00:00Z&page_size=100", None).json()).len(), 30);
     for bad in ["?page=0", "?page_size=101", "?order_by=name", "?since=now", "?color=red"] {
         let r = call(&p, None, "GET", bad, None);
         assert_eq!((r.status, r.json()["code"].as_u64()), (400, Some(400)), "{bad}: {}", r.text());
     }
-    // Order by visits: the visited link first.
-    assert_eq!(browser(&p, &plain, "https://news.example/").status, 302);
+    // Order by visits: the most visited link first (the capped links above have one each).
+    for _ in 0..2 {
+        assert_eq!(browser(&p, &plain, "https://news.example/").status, 302);
+    }
     assert!(eventually(Duration::from_secs(5), || {
         codes(&call(&p, None, "GET", "?order_by=-visits&page_size=1", None).json()) == vec![plain.clone()]
     }));
@@ -207,6 +230,8 @@ fn options_and_management(pg: Option<&str>) {
     for (body, field) in [
         (json!({"origin_url": "ftp://x"}), "origin_url: "),
         (json!({"valid_until": "tomorrow"}), "valid_until: "),
+        // In the past: the sweep would delete the link within a minute and free its code.
+        (json!({"valid_until": "2020-01-01T00:00:00Z"}), "valid_until: must be in the future"),
         (json!({"shortCode": "x"}), "shortCode: "),
         (json!({"max_visits": -1}), "max_visits: "),
     ] {
@@ -461,7 +486,19 @@ fn qr_codes() {
         assert_eq!(r.status, 400, "{bad}");
         assert!(r.json()["message"].as_str().is_some(), "{}", r.text());
     }
-    assert_eq!(get(p.node(), "/s/Missing9/qr").status, 404);
+    let r = get(p.node(), "/s/Missing9/qr");
+    assert_eq!(r.status, 404);
+    assert!(r.text().contains("`Missing9`"), "the answer names the code: {}", r.text());
+    let r = get(p.node(), &format!("/s/{code}/"));
+    assert_eq!(r.status, 404);
+    assert!(r.text().contains("no short code in the path"), "{}", r.text());
+    // The rules of a redirect, without counting a visit: past max_visits, 410.
+    let capped = code_of(
+        &create_as(&p, None, &json!([{"origin_url": "https://qr-cap.example/", "max_visits": 1}])).json()["data"][0],
+    );
+    assert_eq!(get(p.node(), &format!("/s/{capped}/qr")).status, 200);
+    assert_eq!(get(p.node(), &format!("/s/{capped}")).status, 302);
+    assert_eq!(get(p.node(), &format!("/s/{capped}/qr")).status, 410);
     std::thread::sleep(Duration::from_millis(600));
     assert_eq!(
         call(&p, None, "GET", &format!("/{code}"), None).json()["data"]["visits"]["total"],

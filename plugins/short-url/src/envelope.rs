@@ -98,13 +98,15 @@ struct Envelope<'a> {
 /// The envelope for items: 200 `success`, 207 `partial success` (HTTP 200), or 400 (HTTP 400).
 pub fn respond(items: &[Item<'_>], now: i64) -> PluginResponse {
     let ok = items.iter().filter(|i| i.code == 200).count();
-    let some_conflict = items.iter().any(|i| i.code == 409);
+    // 409 only when every failure is a taken code (the docs' rule): a request that also holds
+    // an invalid entry is the client's to fix first, 400.
+    let only_conflicts = items.iter().all(|i| i.code == 409);
     let none_valid;
     let (code, message, status) = if ok == items.len() {
         (200, "success", StatusCode::OK)
     } else if ok > 0 {
         (207, "partial success", StatusCode::OK)
-    } else if some_conflict {
+    } else if only_conflicts {
         none_valid = format!("no entry was stored ({} rejected, a custom_code taken)", items.len());
         (409, none_valid.as_str(), StatusCode::CONFLICT)
     } else {

@@ -255,7 +255,7 @@ fn now() -> i64 {
 
 struct Meta {
     short_base: String,
-    base_url: Option<url::Url>,
+    base_urls: Vec<url::Url>,
     redirect_status: StatusCode,
     max_valid_day: u32,
     default_valid_day: Option<u32>,
@@ -312,14 +312,14 @@ impl Meta {
             bases.push((authority(&u), b.to_owned()));
         }
         let domains = bases.iter().map(|(d, _)| d.clone()).collect();
-        let base_url = Some(parsed);
+        let base_urls = bases.iter().filter_map(|(_, b)| url::Url::parse(b).ok()).collect();
         let max_valid_day = m.max_valid_day.unwrap_or(3650);
         if m.default_valid_day.is_some_and(|d| d > max_valid_day) {
             return Err("default_valid_day: larger than max_valid_day".into());
         }
         Ok(Meta {
             short_base,
-            base_url,
+            base_urls,
             redirect_status: StatusCode::from_u16(m.redirect_status.unwrap_or(302)).map_err(|e| e.to_string())?,
             max_valid_day,
             default_valid_day: m.default_valid_day,
@@ -347,7 +347,7 @@ impl Meta {
     }
     fn limits(&self) -> validate::Limits<'_> {
         validate::Limits {
-            short_base: self.base_url.as_ref(),
+            bases: &self.base_urls,
             max_valid_day: self.max_valid_day,
             default_valid_day: self.default_valid_day,
             day_secs: self.day_secs,
@@ -453,7 +453,12 @@ impl Instance {
             None => (ctx.path.rsplit('/').next().unwrap_or(""), false),
         };
         if !validate::is_code(code) {
-            return Flow::Respond(not_found(code));
+            let msg = if code.is_empty() {
+                "no short code in the path".to_owned()
+            } else {
+                format!("`{code}` is not a short code")
+            };
+            return Flow::Respond(PluginResponse::json(StatusCode::NOT_FOUND, &json!({"error_msg": msg})));
         }
         let code = code.to_owned();
         let qr_params = if qr {
@@ -487,7 +492,9 @@ impl Instance {
         let meta = self.meta.clone();
         let counted = !(meta.exclude_bots && class == store::links::UaClass::Bot);
         if let Some(link) = self.shared.cache.get(&code, now) {
-            if link.max_visits.is_none() || qr_params.is_some() || !counted {
+            // A capped link's count is in the database: a visit counts there, and a QR code
+            // (no visit) reads whether the cap was reached there too.
+            if link.max_visits.is_none() || (qr_params.is_none() && !counted) {
                 return Flow::Respond(answer(&meta, &link, now, qr_params, visit));
             }
         }
@@ -499,15 +506,17 @@ impl Instance {
         };
         let shared = self.shared.clone();
         Flow::wait(async move {
-            let link = match shared.cache.get(&code, now) {
+            let cached = shared.cache.get(&code, now).filter(|l| qr_params.is_none() || l.max_visits.is_none());
+            let link = match cached {
                 Some(l) => l,
-                None => match store.run(move |c| store::links::get(c, &code)).await {
-                    Ok(Some(l)) => {
+                // The code comes back with a miss, for the answer to name it.
+                None => match store.run(move |c| store::links::get(c, &code).map(|l| l.ok_or(code))).await {
+                    Ok(Ok(l)) => {
                         let l = Arc::new(l);
                         shared.cache.put(l.clone(), now);
                         l
                     }
-                    Ok(None) => return Flow::Respond(not_found(visit.as_ref().map_or("", |(_, v)| &v.code))),
+                    Ok(Err(code)) => return Flow::Respond(not_found(&code)),
                     Err(e) => return Flow::Respond(unavailable(&e)),
                 },
             };
@@ -579,6 +588,10 @@ fn answer(
         return r;
     }
     if let Some(p) = qr_params {
+        // The same rules as a redirect (without counting a visit): past max_visits, 410.
+        if link.max_visits.is_some_and(|m| link.cap_used >= m) {
+            return gone(&link.code, "has reached its max_visits");
+        }
         let url = format!("{}/{}", meta.base_of(link.domain.as_deref()), link.code);
         return match qr::render(&url, p) {
             Ok((ct, bytes)) => {
@@ -806,15 +819,17 @@ impl Plugin for ShortUrl {
                         let Some(store) = shared.store() else {
                             return ControlResponse::error(503, "storage is not configured");
                         };
-                        match store.get(&code).await {
-                            Ok(Some(r)) => ControlResponse::json(
+                        let wanted = code.clone();
+                        match store.run(move |c| store::links::get(c, &wanted)).await {
+                            Ok(Some(l)) => ControlResponse::json(
                                 200,
                                 &json!({
-                                    "code": r.code,
-                                    "origin_url": r.origin_url,
-                                    "created_at": r.created_at,
-                                    "expires_at": r.expires_at,
-                                    "expired": r.expires_at.is_some_and(|t| now() >= t),
+                                    "code": l.code,
+                                    "origin_url": l.origin_url,
+                                    "created_at": l.created_at,
+                                    "expires_at": l.expires_at,
+                                    "expired": l.expires_at.is_some_and(|t| now() >= t),
+                                    "deleted_at": l.deleted_at,
                                 }),
                             ),
                             Ok(None) => ControlResponse::error(404, format!("code[{code}] not found")),

@@ -234,28 +234,13 @@ pub(crate) fn handle(meta: &Arc<Meta>, shared: &Arc<Shared>, ctx: &mut RequestCt
             }
         }),
         (Target::Visits(code), Method::GET) => {
-            let (mut page, mut page_size, mut days) = (1u32, 50u32, 30i64);
+            let (mut page, mut page_size, mut days) = (1i64, 50i64, 30i64);
             for (k, v) in url::form_urlencoded::parse(ctx.query.as_bytes()) {
+                // The same bounds as the list's `page` (1,000,000) where they share a name.
                 let (slot, max): (&mut i64, i64) = match &*k {
                     "days" => (&mut days, 366),
-                    "page" | "page_size" => {
-                        let n = match v.parse::<u32>() {
-                            Ok(n) if n >= 1 && (k != "page_size" || n <= 500) => n,
-                            _ => {
-                                return request_error(
-                                    StatusCode::BAD_REQUEST,
-                                    &format!("{k}: `{v}` must be a whole number from 1 (page_size: to 500)"),
-                                    now,
-                                )
-                            }
-                        };
-                        if k == "page" {
-                            page = n;
-                        } else {
-                            page_size = n;
-                        }
-                        continue;
-                    }
+                    "page" => (&mut page, 1_000_000),
+                    "page_size" => (&mut page_size, 500),
                     _ => {
                         return request_error(
                             StatusCode::BAD_REQUEST,
@@ -275,6 +260,7 @@ pub(crate) fn handle(meta: &Arc<Meta>, shared: &Arc<Shared>, ctx: &mut RequestCt
                     }
                 }
             }
+            let (page, page_size) = (page as u32, page_size as u32);
             Flow::wait(async move {
                 let link = match visible(&store, &code, &scope, now).await {
                     Ok(l) => l,

@@ -12,8 +12,8 @@ pub const MAX_URL_BYTES: usize = 2048;
 
 /// What entry validation needs from the plugin metadata.
 pub struct Limits<'a> {
-    /// Parsed `short_base` (to refuse loops).
-    pub short_base: Option<&'a url::Url>,
+    /// Parsed `short_base` and `short_bases` (to refuse loops).
+    pub bases: &'a [url::Url],
     /// Largest `valid_day`.
     pub max_valid_day: u32,
     /// `valid_day` when absent (none: never expires).
@@ -87,15 +87,9 @@ pub fn fuzz_batch(body: &[u8]) {
 
 /// Runs `f` with the limits the fuzz targets use (`https://s.example/`, 365 days).
 fn with_fuzz_limits(f: impl FnOnce(&Limits<'_>)) {
-    let base = url::Url::parse("https://s.example/").ok();
+    let bases: Vec<url::Url> = url::Url::parse("https://s.example/").into_iter().collect();
     let domains = ["s.example".to_owned()];
-    f(&Limits {
-        short_base: base.as_ref(),
-        max_valid_day: 365,
-        default_valid_day: None,
-        day_secs: 86_400,
-        domains: &domains,
-    })
+    f(&Limits { bases: &bases, max_valid_day: 365, default_valid_day: None, day_secs: 86_400, domains: &domains })
 }
 
 fn fuzz_batch_with(body: &[u8], limits: &Limits<'_>) {
@@ -122,7 +116,7 @@ pub fn entry(v: &Value, limits: &Limits<'_>, now: i64) -> Result<NewEntry, Rejec
         Some(_) => return Err(Rejected { origin_url: None, message: "origin_url: must be a string".into() }),
     };
     let reject = |message: String| Rejected { origin_url: Some(origin.clone()), message };
-    check_url(&origin, limits.short_base).map_err(reject)?;
+    check_url(&origin, limits.bases).map_err(reject)?;
     let days = match obj.get("valid_day") {
         None | Some(Value::Null) => limits.default_valid_day,
         Some(v) => Some(valid_day(v, limits.max_valid_day).map_err(reject)?),
@@ -278,7 +272,7 @@ pub fn patch(body: &[u8], limits: &Limits<'_>, now: i64) -> Result<Patch, String
         let Some(u) = v.as_str() else {
             return Err("origin_url: must be a string".into());
         };
-        check_url(u, limits.short_base)?;
+        check_url(u, limits.bases)?;
         p.origin_url = Some(u.to_owned());
     }
     if obj.contains_key("valid_day") && obj.contains_key("valid_until") {
@@ -293,7 +287,16 @@ pub fn patch(body: &[u8], limits: &Limits<'_>, now: i64) -> Result<Patch, String
     if let Some(v) = obj.get("valid_until") {
         p.expires_at = Some(match v {
             Value::Null => None,
-            v => Some(rfc3339("valid_until", v)?),
+            v => {
+                // As at creation. A date in the past would have the sweep, which deletes links
+                // 7 days after they expire, delete this one within a minute and free its code
+                // for anyone to take (ending a link is DELETE: its code stays taken).
+                let t = rfc3339("valid_until", v)?;
+                if t <= now {
+                    return Err("valid_until: must be in the future (to end a link now, DELETE it)".into());
+                }
+                Some(t)
+            }
         });
     }
     if let Some(v) = obj.get("valid_since") {
@@ -366,7 +369,7 @@ fn fuzz_manage_with(data: &[u8], limits: &Limits<'_>) {
     }
 }
 
-fn check_url(s: &str, short_base: Option<&url::Url>) -> Result<(), String> {
+fn check_url(s: &str, bases: &[url::Url]) -> Result<(), String> {
     if s.is_empty() {
         return Err("origin_url: must not be empty".into());
     }
@@ -386,16 +389,68 @@ fn check_url(s: &str, short_base: Option<&url::Url>) -> Result<(), String> {
     if !u.username().is_empty() || u.password().is_some() {
         return Err("origin_url: must not contain a user name or password".into());
     }
-    if let Some(base) = short_base {
-        let same_origin = u.scheme() == base.scheme()
-            && u.host_str().map(str::to_ascii_lowercase) == base.host_str().map(str::to_ascii_lowercase)
-            && u.port_or_known_default() == base.port_or_known_default();
-        let base_path = base.path().trim_end_matches('/');
-        if same_origin && (u.path() == base_path || u.path().starts_with(&format!("{base_path}/"))) {
-            return Err("origin_url: points into this short-URL service (a redirect loop)".into());
-        }
+    if bases.iter().any(|base| points_into(&u, base)) {
+        return Err("origin_url: points into this short-URL service (a redirect loop)".into());
     }
     Ok(())
+}
+
+/// Whether `u` reaches the short-URL service under `base` as the gateway routes it: the same
+/// scheme, host and port, and a path at or under the base's once it is percent-decoded, its
+/// repeated slashes merged and its dot segments resolved, as the gateway does before matching
+/// routes (`//s/x` and `/%73/x` are `/s/x`). A host that is another name for the same server
+/// (an IP address for a name) is not recognized.
+fn points_into(u: &url::Url, base: &url::Url) -> bool {
+    let same_origin = u.scheme() == base.scheme()
+        && u.host_str().map(|h| h.trim_end_matches('.').to_ascii_lowercase())
+            == base.host_str().map(|h| h.trim_end_matches('.').to_ascii_lowercase())
+        && u.port_or_known_default() == base.port_or_known_default();
+    if !same_origin {
+        return false;
+    }
+    let path = routed_path(u.path());
+    let base_path = routed_path(base.path());
+    let base_path = base_path.trim_end_matches('/');
+    path == base_path || path.starts_with(&format!("{base_path}/"))
+}
+
+/// A URL path as the gateway matches it: percent-decoded (an invalid escape stays as it is),
+/// repeated slashes merged, `.` and `..` segments resolved.
+fn routed_path(path: &str) -> String {
+    let bytes = path.as_bytes();
+    let mut decoded = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        match (bytes[i], bytes.get(i + 1).copied().and_then(hex), bytes.get(i + 2).copied().and_then(hex)) {
+            (b'%', Some(h), Some(l)) => {
+                decoded.push((h * 16 + l) as u8);
+                i += 3;
+            }
+            (b, _, _) => {
+                decoded.push(b);
+                i += 1;
+            }
+        }
+    }
+    let decoded = String::from_utf8_lossy(&decoded);
+    let mut segments: Vec<&str> = Vec::new();
+    for seg in decoded.split('/').filter(|s| !s.is_empty() && *s != ".") {
+        if seg == ".." {
+            segments.pop();
+        } else {
+            segments.push(seg);
+        }
+    }
+    let mut out = String::with_capacity(decoded.len() + 1);
+    for seg in &segments {
+        out.push('/');
+        out.push_str(seg);
+    }
+    if out.is_empty() || decoded.ends_with('/') {
+        out.push('/');
+    }
+    out
 }
 
 fn valid_day(v: &Value, max: u32) -> Result<u32, String> {
@@ -428,7 +483,50 @@ mod tests {
     use serde_json::json;
 
     fn limits(base: &url::Url) -> Limits<'_> {
-        Limits { short_base: Some(base), max_valid_day: 3650, default_valid_day: None, day_secs: 86_400, domains: &[] }
+        Limits {
+            bases: std::slice::from_ref(base),
+            max_valid_day: 3650,
+            default_valid_day: None,
+            day_secs: 86_400,
+            domains: &[],
+        }
+    }
+
+    /// The loop check sees paths as the gateway routes them, under every short base.
+    #[test]
+    fn a_url_into_any_short_base_is_a_loop_however_its_path_is_spelled() {
+        let bases: Vec<url::Url> = ["http://127.0.0.1:9080/s", "https://sho.rt/s/", "https://go.example/"]
+            .iter()
+            .filter_map(|b| url::Url::parse(b).ok())
+            .collect();
+        let l = Limits { bases: &bases, max_valid_day: 3650, default_valid_day: None, day_secs: 86_400, domains: &[] };
+        for u in [
+            "http://127.0.0.1:9080/s/abc",
+            "http://127.0.0.1:9080//s/abc",
+            "http://127.0.0.1:9080/%73/abc",
+            "http://127.0.0.1:9080/x/..%2Fs/abc",
+            "http://127.0.0.1:9080/s",
+            "https://sho.rt/s/guide",
+            "https://SHO.RT.:443/s/guide",
+            "https://go.example/anything",
+        ] {
+            let r = entry(&json!({"origin_url": u}), &l, 0).err().map(|r| r.message).unwrap_or_default();
+            assert!(r.contains("redirect loop"), "{u}: {r:?}");
+        }
+        for u in
+            ["http://127.0.0.1:9080/short", "http://127.0.0.1:9081/s/abc", "http://sho.rt/s/guide", "https://sho.rt/sx"]
+        {
+            assert!(entry(&json!({"origin_url": u}), &l, 0).is_ok(), "{u}");
+        }
+    }
+
+    #[test]
+    fn a_patch_refuses_a_valid_until_in_the_past() {
+        let base = url::Url::parse("http://127.0.0.1:9080/s").unwrap_or_else(|e| panic!("{e}"));
+        let r = patch(br#"{"valid_until": "2020-01-01T00:00:00Z"}"#, &limits(&base), 1_800_000_000);
+        assert!(r.as_ref().is_err_and(|e| e.starts_with("valid_until: must be in the future")), "{r:?}");
+        let r = patch(br#"{"valid_until": "2030-01-01T00:00:00Z"}"#, &limits(&base), 1_800_000_000);
+        assert!(r.is_ok_and(|p| p.expires_at == Some(Some(1_893_456_000))));
     }
 
     #[test]

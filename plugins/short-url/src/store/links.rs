@@ -90,11 +90,15 @@ impl Scope {
 
 /// The code of a live link of the same owner, URL and options, among the links created with
 /// `find_if_exists` (only those are in the partial index on `origin_url`, so that plain creation
-/// does not pay for it).
+/// does not pay for it). Live: not deleted, not expired, not past its `max_visits` (it would
+/// answer 410). With a `custom_code`, only the link of that code matches (as Shlink's
+/// `findIfExists` with a custom slug): the answer is never another code than the one asked for.
 pub fn find_existing(conn: &mut dyn Conn, e: &NewEntry, now: i64) -> Result<Option<String>, String> {
     let rows = conn.query(
         "SELECT code FROM short_url_codes WHERE origin_url = $1 AND findable = 1 AND deleted_at IS NULL
            AND (expires_at IS NULL OR expires_at > $2)
+           AND (max_visits IS NULL OR cap_used < max_visits)
+           AND (CAST($9 AS TEXT) IS NULL OR code = CAST($9 AS TEXT))
            AND owner IS NOT DISTINCT FROM CAST($3 AS TEXT)
            AND valid_since IS NOT DISTINCT FROM CAST($4 AS BIGINT)
            AND max_visits IS NOT DISTINCT FROM CAST($5 AS BIGINT)
@@ -111,6 +115,7 @@ pub fn find_existing(conn: &mut dyn Conn, e: &NewEntry, now: i64) -> Result<Opti
             e.title.clone().into(),
             tags_text(&e.tags).into(),
             e.domain.clone().into(),
+            e.custom_code.clone().into(),
         ],
     )?;
     Ok(rows.first().and_then(|r| r.first()).and_then(Val::text))
