@@ -88,21 +88,32 @@ pub enum ProxyBody {
     /// A whole body.
     Full(Option<Bytes>),
     /// The client's body: `prefix` (already read) first, then the rest; `len` from
-    /// Content-Length when known. `stalled` is set while it waits on the client (the upstream
-    /// read timeout does not run then); a wait longer than `idle_limit` (`gateway.client_body_timeout`)
-    /// ends the body with an error and sets `gave_up`, so that the request is answered 408 and
-    /// the upstream is not blamed.
+    /// Content-Length when known. `wait` says whether it waits on the client (the upstream
+    /// read timeout does not run then), and turns to [`BodyWait::GaveUp`] when a wait outlasts
+    /// `idle_limit` (`gateway.client_body_timeout`): the body then ends with an error, and the
+    /// request is answered 408 without blaming the upstream.
     /// `received` counts the body bytes read from the client so far (`$request_length`).
     Client {
         prefix: VecDeque<Bytes>,
         body: ClientBody,
         len: Option<u64>,
-        stalled: Rc<Cell<bool>>,
+        wait: Rc<Cell<BodyWait>>,
         received: Rc<Cell<u64>>,
-        idle: Box<Timer>,
+        idle: Timer,
         idle_limit: std::time::Duration,
-        gave_up: Rc<Cell<bool>>,
     },
+}
+
+/// Where a streamed client body stands, for the upstream connection that pulls it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BodyWait {
+    /// Bytes come (or came last time it was polled).
+    #[default]
+    Flowing,
+    /// Waiting on the client.
+    Stalled,
+    /// The client sent nothing for `gateway.client_body_timeout`: the body ended in an error.
+    GaveUp,
 }
 
 impl ProxyBody {
@@ -115,31 +126,21 @@ impl ProxyBody {
         idle_limit: std::time::Duration,
     ) -> Self {
         let received = Rc::new(Cell::new(prefix.iter().map(|b| b.len() as u64).sum()));
-        ProxyBody::Client {
-            prefix,
-            body,
-            len,
-            stalled: Rc::new(Cell::new(false)),
-            received,
-            idle: Box::new(Timer::new()),
-            idle_limit,
-            gave_up: Rc::new(Cell::new(false)),
-        }
-    }
-
-    /// Set when a streamed client body stalled past its limit (the request is then the
-    /// client's fault: 408).
-    pub fn gave_up(&self) -> Option<Rc<Cell<bool>>> {
-        match self {
-            ProxyBody::Client { gave_up, .. } => Some(gave_up.clone()),
-            _ => None,
-        }
+        ProxyBody::Client { prefix, body, len, wait: Default::default(), received, idle: Timer::new(), idle_limit }
     }
 
     /// The counter of body bytes received from the client, for a streamed client body.
     pub fn received(&self) -> Option<Rc<Cell<u64>>> {
         match self {
             ProxyBody::Client { received, .. } => Some(received.clone()),
+            _ => None,
+        }
+    }
+
+    /// Where a streamed client body stands (none for other bodies).
+    pub fn wait(&self) -> Option<Rc<Cell<BodyWait>>> {
+        match self {
+            ProxyBody::Client { wait, .. } => Some(wait.clone()),
             _ => None,
         }
     }
@@ -153,15 +154,15 @@ impl Body for ProxyBody {
         match self.get_mut() {
             ProxyBody::Empty => Poll::Ready(None),
             ProxyBody::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
-            ProxyBody::Client { prefix, body, stalled, received, idle, idle_limit, gave_up, .. } => {
+            ProxyBody::Client { prefix, body, wait, received, idle, idle_limit, .. } => {
                 if let Some(b) = prefix.pop_front() {
                     return Poll::Ready(Some(Ok(Frame::data(b))));
                 }
                 let polled = Pin::new(body).poll_frame(cx);
-                stalled.set(polled.is_pending());
+                wait.set(if polled.is_pending() { BodyWait::Stalled } else { BodyWait::Flowing });
                 if polled.is_pending() {
                     if idle.expired(cx, 0, *idle_limit) {
-                        gave_up.set(true);
+                        wait.set(BodyWait::GaveUp);
                         let why = format!("client body stalled for {} s", idle_limit.as_secs());
                         return Poll::Ready(Some(Err(std::io::Error::new(std::io::ErrorKind::TimedOut, why))));
                     }

@@ -29,7 +29,7 @@ use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
 
-use super::body::ProxyBody;
+use super::body::{BodyWait, ProxyBody};
 use super::h1codec::ResponseHead;
 use super::upstream_conn::{Conn, H1Body, RequestHead};
 use crate::tables::upstream::{PoolKey, PoolSettings, Timeouts};
@@ -354,7 +354,7 @@ impl Pool {
         t: &Timeouts,
         head: &RequestHead<'_>,
         mut body: ProxyBody,
-        stalled: Option<Rc<Cell<bool>>>,
+        stalled: Option<Rc<Cell<BodyWait>>>,
         replay: bool,
     ) -> Result<http::Response<H1Body>, SendError> {
         let replayable = replay && !matches!(body, ProxyBody::Client { .. });

@@ -24,7 +24,7 @@ use http_body::{Body, Frame, SizeHint};
 use tokio::io::AsyncWrite;
 use tokio::time::Sleep;
 
-use super::body::ProxyBody;
+use super::body::{BodyWait, ProxyBody};
 use super::client::{Pool, SendError, Stream};
 use super::h1codec::{self, BodyLen, Chunked, Decoded, RequestBody, ResponseHead};
 use crate::tables::upstream::{PoolKey, PoolSettings, Timeouts};
@@ -132,7 +132,7 @@ pub struct Conn {
     send_timeout: Duration,
     read_timeout: Duration,
     /// Set while the request body waits on the client (no read timer then).
-    stalled: Option<Rc<Cell<bool>>>,
+    stalled: Option<Rc<Cell<BodyWait>>>,
     pub(super) key: PoolKey,
     pub(super) settings: PoolSettings,
     /// Requests served before the current one.
@@ -197,7 +197,7 @@ impl Conn {
     }
 
     fn stalled(&self) -> bool {
-        self.stalled.as_ref().is_some_and(|s| s.get())
+        self.stalled.as_ref().is_some_and(|s| s.get() == BodyWait::Stalled)
     }
 
     /// Reads what the socket has into `rbuf`; `Ok(0)` is the end of the stream. Pending waits
@@ -304,7 +304,7 @@ impl Conn {
         req: &RequestHead<'_>,
         mut body: ProxyBody,
         t: &Timeouts,
-        stalled: Option<Rc<Cell<bool>>>,
+        stalled: Option<Rc<Cell<BodyWait>>>,
     ) -> Result<ResponseHead, SendError> {
         self.epoch = self.epoch.wrapping_add(1);
         self.send_timeout = t.send;

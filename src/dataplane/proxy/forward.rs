@@ -11,7 +11,7 @@ use weir_plugin::{measure, RequestCtx};
 
 use super::finish::{error_response, gateway_error, respond, upgraded, Finish};
 use super::{Response, Source, Tunnel, Worker};
-use crate::dataplane::body::{Inbound, ProxyBody};
+use crate::dataplane::body::{BodyWait, Inbound, ProxyBody};
 use crate::dataplane::client::Pool;
 use crate::dataplane::headers::ProxyHeaders;
 use crate::dataplane::upstream_conn::RequestHead;
@@ -99,9 +99,9 @@ pub(super) async fn forward(
             Err(e) => return error_response(StatusCode::BAD_REQUEST, &format!("400 Bad Request: invalid path: {e}")),
         }
     };
-    let (stalled, gave_up) = match &source {
-        Source::Stream(Some(body @ ProxyBody::Client { stalled, .. })) => (Some(stalled.clone()), body.gave_up()),
-        _ => (None, None),
+    let stalled = match &source {
+        Source::Stream(Some(body)) => body.wait(),
+        _ => None,
     };
     let timeouts = fin.timeouts.unwrap_or(upstream.timeouts);
     let mut tried = Tried::default();
@@ -226,7 +226,7 @@ pub(super) async fn forward(
                 }
                 return respond(resp, fin, inflight);
             }
-            Err(e) if gave_up.as_ref().is_some_and(|g| g.get()) => {
+            Err(e) if stalled.as_ref().is_some_and(|w| w.get() == BodyWait::GaveUp) => {
                 // The client stopped sending its body (`gateway.client_body_timeout`): its fault,
                 // not the node's (no health report, no retry), as nginx's 408.
                 log::debug!("client {}: {} (route {:?})", fin.ctx.remote_addr, e.reason, fin.ctx.route_id);
