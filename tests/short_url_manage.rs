@@ -427,12 +427,18 @@ fn max_visits_and_bots() {
     for _ in 0..5 {
         assert_eq!(bot(&p, &code).status, 302, "bots do not count when excluded");
     }
+    // A HEAD (link checkers, previewers) is a look, not a visit: not counted, not recorded.
+    for _ in 0..5 {
+        let r = request(p.node(), "HEAD", &format!("/s/{code}"), &[("User-Agent", "Mozilla/5.0")], b"");
+        assert_eq!((r.status, r.header("location")), (302, Some("https://cap.example/")));
+    }
     for i in 0..3 {
         assert_eq!(browser(&p, &code, "").status, 302, "visit {i}");
     }
     let r = browser(&p, &code, "");
     assert_eq!(r.status, 410, "past max_visits: {}", r.text());
     assert!(r.text().contains("max_visits"));
+    assert_eq!(request(p.node(), "HEAD", &format!("/s/{code}"), &[], b"").status, 410, "a look obeys the cap");
     // Raising the cap lets it through again.
     let r = call(&p, None, "PATCH", &format!("/{code}"), Some(&json!({"max_visits": 4})));
     assert_eq!(r.status, 200);

@@ -469,9 +469,12 @@ impl Instance {
         } else {
             None
         };
+        // A QR fetch and a HEAD (link checkers, previewers, monitors) look at a link without
+        // visiting it: no visit is recorded and `max_visits` is not counted, but its rules apply.
+        let peek = qr_params.is_some() || ctx.method == weir_plugin::http::Method::HEAD;
         // What a visit records, taken now (the request is gone once this waits).
-        let visit = match (&qr_params, self.shared.visits()) {
-            (None, Some(sink)) => {
+        let visit = match (peek, self.shared.visits()) {
+            (false, Some(sink)) => {
                 let class = visits::classify(ctx.header("user-agent"));
                 Some((sink, class))
             }
@@ -492,10 +495,10 @@ impl Instance {
         let meta = self.meta.clone();
         let counted = !(meta.exclude_bots && class == store::links::UaClass::Bot);
         if let Some(link) = self.shared.cache.get(&code, now) {
-            // A capped link's count is in the database: a visit counts there, and a QR code
-            // (no visit) reads whether the cap was reached there too.
-            if link.max_visits.is_none() || (qr_params.is_none() && !counted) {
-                return Flow::Respond(answer(&meta, &link, now, qr_params, visit));
+            // A capped link's count is in the database: a visit counts there, and a look (no
+            // visit) reads whether the cap was reached there too.
+            if link.max_visits.is_none() || (!peek && !counted) {
+                return Flow::Respond(answer(&meta, &link, now, qr_params, visit, peek));
             }
         }
         let Some(store) = self.shared.store() else {
@@ -506,7 +509,7 @@ impl Instance {
         };
         let shared = self.shared.clone();
         Flow::wait(async move {
-            let cached = shared.cache.get(&code, now).filter(|l| qr_params.is_none() || l.max_visits.is_none());
+            let cached = shared.cache.get(&code, now).filter(|l| !peek || l.max_visits.is_none());
             let link = match cached {
                 Some(l) => l,
                 // The code comes back with a miss, for the answer to name it.
@@ -520,7 +523,7 @@ impl Instance {
                     Err(e) => return Flow::Respond(unavailable(&e)),
                 },
             };
-            if link.max_visits.is_some() && qr_params.is_none() && counted && unusable(&link, now).is_none() {
+            if link.max_visits.is_some() && !peek && counted && unusable(&link, now).is_none() {
                 // Capped: counted in the database, atomically, before the redirect.
                 let code = link.code.clone();
                 match store.run(move |c| store::links::hit(c, &code)).await {
@@ -532,7 +535,7 @@ impl Instance {
                     Err(e) => return Flow::Respond(unavailable(&e)),
                 }
             }
-            Flow::Respond(answer(&meta, &link, now, qr_params, visit))
+            Flow::Respond(answer(&meta, &link, now, qr_params, visit, peek))
         })
     }
 }
@@ -580,6 +583,7 @@ fn answer(
     now: i64,
     qr_params: Option<qr::Params>,
     visit: Option<(Arc<visits::Sink>, store::links::Visit)>,
+    peek: bool,
 ) -> PluginResponse {
     if let Some(r) = unusable(link, now) {
         if r.status == StatusCode::GONE && link.deleted_at.is_none() {
@@ -587,11 +591,12 @@ fn answer(
         }
         return r;
     }
+    // A look without a visit (QR code, HEAD; a visit was counted before it got here): the
+    // rules of a redirect, past max_visits too.
+    if peek && link.max_visits.is_some_and(|m| link.cap_used >= m) {
+        return gone(&link.code, "has reached its max_visits");
+    }
     if let Some(p) = qr_params {
-        // The same rules as a redirect (without counting a visit): past max_visits, 410.
-        if link.max_visits.is_some_and(|m| link.cap_used >= m) {
-            return gone(&link.code, "has reached its max_visits");
-        }
         let url = format!("{}/{}", meta.base_of(link.domain.as_deref()), link.code);
         return match qr::render(&url, p) {
             Ok((ct, bytes)) => {
