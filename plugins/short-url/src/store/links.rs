@@ -647,7 +647,7 @@ pub const DEFAULT_KEEP_RECENT: i64 = 1000;
 
 /// Visit rows a prune deletes at most, oldest first: rows a code holds beyond its bound since
 /// before the bound existed go over several flushes, never in one long write.
-const PRUNE_AT_MOST: i64 = 10_000;
+pub const PRUNE_AT_MOST: i64 = 10_000;
 
 /// Visits folded in memory until they are written: a count per (code, day, class, referer
 /// host), each code's totals, and each code's newest [`RECENT_PER_CODE`] visits. However many
