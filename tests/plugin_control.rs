@@ -36,8 +36,8 @@ fn with_radixtree_router_parameters_capture_one_segment() {
     p.write(
         "conf/config.yaml",
         &format!(
-            "gateway:\n  ssl: {{enable: false}}\n  node_listen: [{}]\n  control:\n    port: {}\n    router: radixtree_uri_with_parameter\n",
-            p.node_port, p.control_port
+            "gateway:\n  ssl: {{enable: false}}\n  node_listen: [{}]\n  control:\n    port: {}\n    router: radixtree_uri_with_parameter\nplugin_attr:\n  prometheus:\n    export_addr: {{ip: 127.0.0.1, port: {}}}\n",
+            p.node_port, p.control_port, p.metrics_port
         ),
     );
     let _w = Weir::start(&p);

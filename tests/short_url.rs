@@ -253,7 +253,7 @@ fn code_lookup_with_the_parameter_router() {
     let p = Prefix::new("    router: radixtree_uri_with_parameter\n", "", "");
     p.write(
         "conf/config.yaml",
-        &format!("gateway:\n  ssl: {{enable: false}}\n  node_listen: [{{ip: 127.0.0.1, port: {}}}]\n  worker_processes: 1\n  control:\n    port: {}\n    router: radixtree_uri_with_parameter\n", p.node_port, p.control_port),
+        &format!("gateway:\n  ssl: {{enable: false}}\n  node_listen: [{{ip: 127.0.0.1, port: {}}}]\n  worker_processes: 1\n  control:\n    port: {}\n    router: radixtree_uri_with_parameter\nplugin_attr:\n  prometheus:\n    export_addr: {{ip: 127.0.0.1, port: {}}}\n", p.node_port, p.control_port, p.metrics_port),
     );
     p.write_resources(&resources(&p, ""));
     let w = Weir::start(&p);
