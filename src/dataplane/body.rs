@@ -87,21 +87,32 @@ pub enum ProxyBody {
     Empty,
     /// A whole body.
     Full(Option<Bytes>),
-    /// The client's body: `prefix` (already read) first, then the rest; `len` from
-    /// Content-Length when known. `wait` says whether it waits on the client (the upstream
-    /// read timeout does not run then), and turns to [`BodyWait::GaveUp`] when a wait outlasts
-    /// `idle_limit` (`gateway.client_body_timeout`): the body then ends with an error, and the
-    /// request is answered 408 without blaming the upstream.
-    /// `received` counts the body bytes read from the client so far (`$request_length`).
-    Client {
-        prefix: VecDeque<Bytes>,
-        body: ClientBody,
-        len: Option<u64>,
-        wait: Rc<Cell<BodyWait>>,
-        received: Rc<Cell<u64>>,
-        idle: Timer,
-        idle_limit: std::time::Duration,
-    },
+    /// The client's body, streamed (boxed: every request moves its `ProxyBody` several times
+    /// on its way to the upstream connection, and most have none, so the enum stays small).
+    Client(Box<ClientStream>),
+}
+
+/// The client's body as it streams upstream: `prefix` (already read) first, then the rest;
+/// `len` from Content-Length when known. `wait` says whether it waits on the client (the
+/// upstream read timeout does not run then), and turns to [`BodyWait::GaveUp`] when a wait
+/// outlasts `idle_limit` (`gateway.client_body_timeout`): the body then ends with an error, and
+/// the request is answered 408 without blaming the upstream. `received` counts the body bytes
+/// read from the client so far (`$request_length`).
+pub struct ClientStream {
+    prefix: VecDeque<Bytes>,
+    body: ClientBody,
+    len: Option<u64>,
+    wait: Rc<Cell<BodyWait>>,
+    received: Rc<Cell<u64>>,
+    idle: Timer,
+    idle_limit: std::time::Duration,
+}
+
+impl ClientStream {
+    /// Content-Length, when the client gave one (else the upstream gets it chunked).
+    pub fn content_length(&self) -> Option<u64> {
+        self.len
+    }
 }
 
 /// Where a streamed client body stands, for the upstream connection that pulls it.
@@ -126,13 +137,14 @@ impl ProxyBody {
         idle_limit: std::time::Duration,
     ) -> Self {
         let received = Rc::new(Cell::new(prefix.iter().map(|b| b.len() as u64).sum()));
-        ProxyBody::Client { prefix, body, len, wait: Default::default(), received, idle: Timer::new(), idle_limit }
+        let (wait, idle) = (Default::default(), Timer::new());
+        ProxyBody::Client(Box::new(ClientStream { prefix, body, len, wait, received, idle, idle_limit }))
     }
 
     /// The counter of body bytes received from the client, for a streamed client body.
     pub fn received(&self) -> Option<Rc<Cell<u64>>> {
         match self {
-            ProxyBody::Client { received, .. } => Some(received.clone()),
+            ProxyBody::Client(c) => Some(c.received.clone()),
             _ => None,
         }
     }
@@ -140,7 +152,7 @@ impl ProxyBody {
     /// Where a streamed client body stands (none for other bodies).
     pub fn wait(&self) -> Option<Rc<Cell<BodyWait>>> {
         match self {
-            ProxyBody::Client { wait, .. } => Some(wait.clone()),
+            ProxyBody::Client(c) => Some(c.wait.clone()),
             _ => None,
         }
     }
@@ -154,7 +166,8 @@ impl Body for ProxyBody {
         match self.get_mut() {
             ProxyBody::Empty => Poll::Ready(None),
             ProxyBody::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
-            ProxyBody::Client { prefix, body, wait, received, idle, idle_limit, .. } => {
+            ProxyBody::Client(c) => {
+                let ClientStream { prefix, body, wait, received, idle, idle_limit, .. } = &mut **c;
                 if let Some(b) = prefix.pop_front() {
                     return Poll::Ready(Some(Ok(Frame::data(b))));
                 }
@@ -190,7 +203,7 @@ impl Body for ProxyBody {
         match self {
             ProxyBody::Empty => true,
             ProxyBody::Full(b) => b.is_none(),
-            ProxyBody::Client { .. } => false,
+            ProxyBody::Client(_) => false,
         }
     }
 
@@ -198,8 +211,7 @@ impl Body for ProxyBody {
         match self {
             ProxyBody::Empty => SizeHint::with_exact(0),
             ProxyBody::Full(b) => SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64)),
-            ProxyBody::Client { len: Some(n), .. } => SizeHint::with_exact(*n),
-            ProxyBody::Client { len: None, .. } => SizeHint::default(),
+            ProxyBody::Client(c) => c.len.map_or_else(SizeHint::default, SizeHint::with_exact),
         }
     }
 }

@@ -357,7 +357,7 @@ impl Pool {
         stalled: Option<Rc<Cell<BodyWait>>>,
         replay: bool,
     ) -> Result<http::Response<H1Body>, SendError> {
-        let replayable = replay && !matches!(body, ProxyBody::Client { .. });
+        let replayable = replay && !matches!(body, ProxyBody::Client(_));
         while let Some(mut conn) = pool.checkout(key, &settings) {
             let copy = if replayable { Some(clone_body(&body)) } else { None };
             match conn.exchange(head, body, t, stalled.clone()).await {

@@ -321,8 +321,7 @@ impl Conn {
         };
         let framing = match (&body, &full) {
             (_, Some(b)) => RequestBody::Length(b.len() as u64),
-            (ProxyBody::Client { len: Some(n), .. }, _) => RequestBody::Length(*n),
-            (ProxyBody::Client { len: None, .. }, _) => RequestBody::Chunked,
+            (ProxyBody::Client(c), _) => c.content_length().map_or(RequestBody::Chunked, RequestBody::Length),
             _ => RequestBody::None,
         };
         let mut wbuf = std::mem::take(&mut self.wbuf);
@@ -336,7 +335,7 @@ impl Conn {
             let back = if done == 0 { Some(if full.is_some() { ProxyBody::Full(full) } else { body }) } else { None };
             return Err(failure(done > 0, &e, back));
         }
-        if let ProxyBody::Client { .. } = body {
+        if let ProxyBody::Client(_) = body {
             match self.upload(body, framing == RequestBody::Chunked, head_request).await {
                 Ok(Some(head)) => {
                     // Answered before the whole body was sent: the connection is not reused.
