@@ -303,6 +303,7 @@ impl Meta {
         let short_base = m.short_base.unwrap_or_else(|| DEFAULT_SHORT_BASE.to_owned()).trim_end_matches('/').to_owned();
         let parsed = url::Url::parse(&short_base).map_err(|e| format!("short_base: {e}"))?;
         let mut bases = vec![(authority(&parsed), short_base.clone())];
+        let mut base_urls = vec![parsed];
         for (i, b) in m.short_bases.iter().enumerate() {
             let b = b.trim_end_matches('/');
             let u = url::Url::parse(b).map_err(|e| format!("short_bases[{i}]: {e}"))?;
@@ -310,9 +311,9 @@ impl Meta {
                 return Err(format!("short_bases[{i}]: `{b}` is not an http(s) URL with a host"));
             }
             bases.push((authority(&u), b.to_owned()));
+            base_urls.push(u);
         }
         let domains = bases.iter().map(|(d, _)| d.clone()).collect();
-        let base_urls = bases.iter().filter_map(|(_, b)| url::Url::parse(b).ok()).collect();
         let max_valid_day = m.max_valid_day.unwrap_or(3650);
         if m.default_valid_day.is_some_and(|d| d > max_valid_day) {
             return Err("default_valid_day: larger than max_valid_day".into());

@@ -226,20 +226,17 @@ pub(super) async fn forward(
                 }
                 return respond(resp, fin, inflight);
             }
-            Err(e) if stalled.as_ref().is_some_and(|w| w.get() == BodyWait::GaveUp) => {
-                // The client stopped sending its body (`gateway.client_body_timeout`): its fault,
-                // not the node's (no health report, no retry), as nginx's 408.
-                log::debug!("client {}: {} (route {:?})", fin.ctx.remote_addr, e.reason, fin.ctx.route_id);
-                if begun.is_some() {
-                    measure::attempt_ends(&mut fin.ctx.measured, begun, node.addr, None, Some(&e.reason));
-                }
-                return gateway_error(StatusCode::REQUEST_TIMEOUT, &super::body_stalled(worker.body_timeout), fin);
-            }
             Err(e) => {
-                log::warn!("upstream {} of route {:?}: {}", node.addr, fin.ctx.route_id, e.reason);
                 if begun.is_some() {
                     measure::attempt_ends(&mut fin.ctx.measured, begun, node.addr, None, Some(&e.reason));
                 }
+                if stalled.as_ref().is_some_and(|w| w.get() == BodyWait::GaveUp) {
+                    // The client stopped sending its body (`gateway.client_body_timeout`): its
+                    // fault, not the node's (no health report, no retry), as nginx's 408.
+                    log::debug!("client {}: {} (route {:?})", fin.ctx.remote_addr, e.reason, fin.ctx.route_id);
+                    return gateway_error(StatusCode::REQUEST_TIMEOUT, &super::body_stalled(worker.body_timeout), fin);
+                }
+                log::warn!("upstream {} of route {:?}: {}", node.addr, fin.ctx.route_id, e.reason);
                 last_timeout = e.timeout;
                 let report = if e.timeout { Report::Timeout } else { Report::TcpFailure };
                 let why = if e.timeout { "timeout: no response" } else { "tcp failure" };

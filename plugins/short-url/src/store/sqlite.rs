@@ -277,16 +277,12 @@ impl Conn for SqliteConn {
         // code can be (a `custom_code` asked for again), so its tags, visit counts and visit
         // rows go with it, in the same transaction: the next link of that code starts clean.
         let tx = self.0.transaction().map_err(e)?;
-        let gone = "SELECT code FROM codes WHERE expires_at IS NOT NULL AND expires_at < ?1 AND deleted_at IS NULL";
+        let expired = "expires_at IS NOT NULL AND expires_at < ?1 AND deleted_at IS NULL";
         for table in ["tags", "visit_stats", "visits"] {
-            tx.execute(&format!("DELETE FROM {table} WHERE code IN ({gone})"), params![before]).map_err(e)?;
+            let sql = format!("DELETE FROM {table} WHERE code IN (SELECT code FROM codes WHERE {expired})");
+            tx.execute(&sql, params![before]).map_err(e)?;
         }
-        let n = tx
-            .execute(
-                "DELETE FROM codes WHERE expires_at IS NOT NULL AND expires_at < ?1 AND deleted_at IS NULL",
-                params![before],
-            )
-            .map_err(e)?;
+        let n = tx.execute(&format!("DELETE FROM codes WHERE {expired}"), params![before]).map_err(e)?;
         tx.commit().map_err(e)?;
         Ok(n as u64)
     }
