@@ -393,6 +393,79 @@ fn a_session_resumes_on_every_tls_listener() {
     assert_eq!(again.get("resume.example.com"), Ok(200));
 }
 
+/// A client session store that counts the TLS 1.3 tickets the server sends.
+#[derive(Debug)]
+struct CountingTickets {
+    inner: rustls::client::ClientSessionMemoryCache,
+    received: AtomicUsize,
+}
+
+impl rustls::client::ClientSessionStore for CountingTickets {
+    fn set_kx_hint(&self, name: rustls::pki_types::ServerName<'static>, group: rustls::NamedGroup) {
+        self.inner.set_kx_hint(name, group)
+    }
+    fn kx_hint(&self, name: &rustls::pki_types::ServerName<'_>) -> Option<rustls::NamedGroup> {
+        self.inner.kx_hint(name)
+    }
+    fn set_tls12_session(
+        &self,
+        name: rustls::pki_types::ServerName<'static>,
+        value: rustls::client::Tls12ClientSessionValue,
+    ) {
+        self.inner.set_tls12_session(name, value)
+    }
+    fn tls12_session(
+        &self,
+        name: &rustls::pki_types::ServerName<'_>,
+    ) -> Option<rustls::client::Tls12ClientSessionValue> {
+        self.inner.tls12_session(name)
+    }
+    fn remove_tls12_session(&self, name: &rustls::pki_types::ServerName<'static>) {
+        self.inner.remove_tls12_session(name)
+    }
+    fn insert_tls13_ticket(
+        &self,
+        name: rustls::pki_types::ServerName<'static>,
+        value: rustls::client::Tls13ClientSessionValue,
+    ) {
+        self.received.fetch_add(1, Ordering::SeqCst);
+        self.inner.insert_tls13_ticket(name, value)
+    }
+    fn take_tls13_ticket(
+        &self,
+        name: &rustls::pki_types::ServerName<'static>,
+    ) -> Option<rustls::client::Tls13ClientSessionValue> {
+        self.inner.take_tls13_ticket(name)
+    }
+}
+
+/// One TLS 1.3 ticket per handshake, full or resumed: enough for a client that connects again
+/// and again (each resumption brings the next ticket), and what OpenSSL clients read cheapest.
+#[test]
+fn one_ticket_per_handshake_and_every_next_connection_resumes() {
+    let up = Upstream::start("u");
+    let pair = cert("tickets", &["tickets.example.com"]);
+    let p = Prefix::new("", "", "");
+    p.write_resources(&format!("{}ssls:\n{}", route_to(&up), ssl_entry("1", &["tickets.example.com"], &pair)));
+    let w = Weir::start(&p);
+    w.wait_ready(p.node());
+    let store = Arc::new(CountingTickets {
+        inner: rustls::client::ClientSessionMemoryCache::new(16),
+        received: AtomicUsize::new(0),
+    });
+    let mut config = (*client::config(true)).clone();
+    config.resumption = rustls::client::Resumption::store(store.clone());
+    let config = Arc::new(config);
+    for i in 0..4 {
+        let mut conn = client::Conn::open(&config, p.tls(), "tickets.example.com").expect("handshake");
+        let kind = conn.tls.conn.handshake_kind();
+        assert_eq!(kind, Some(if i == 0 { rustls::HandshakeKind::Full } else { rustls::HandshakeKind::Resumed }));
+        // The answer comes after the tickets: reading it has read them.
+        assert_eq!(conn.get("tickets.example.com"), Ok(200));
+        assert_eq!(store.received.load(Ordering::SeqCst), i + 1, "tickets after connection {i}");
+    }
+}
+
 /// The listener's suite order decides: AES-128-GCM-SHA256 even for a client that prefers
 /// AES-256-GCM-SHA384 (as OpenSSL, curl and wrk do); a client that lists ChaCha20 first (one
 /// without AES hardware) gets ChaCha20; a client offering only other suites is still served.

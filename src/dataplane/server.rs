@@ -133,6 +133,10 @@ impl<'a> TlsConfigs<'a> {
     }
 }
 
+/// The most TLS 1.3 tickets a client gets by asking for them (RFC 9149 `ticket_request`), as a
+/// client that opens several connections at once does to resume each of them.
+const MAX_TICKETS_ASKED: usize = 4;
+
 /// A TLS listener's configuration: TLS 1.3 and 1.2, certificates by SNI, ALPN `h2` when `h2`,
 /// and client certificates checked by `clients` (none: not asked for).
 fn listener_config(
@@ -155,6 +159,12 @@ fn listener_config(
     config.alpn_protocols.push(super::resolver::ACME_TLS_ALPN.to_vec());
     config.session_storage = sessions;
     config.ticketer = ticketer;
+    // One TLS 1.3 ticket per handshake, more when the client asks (RFC 9149, up to
+    // `MAX_TICKETS_ASKED`): clients keep the newest ticket per server, and rustls packs a
+    // second ticket into the first one's record, which OpenSSL clients pay 4 % of a full
+    // handshake to read (docs/data-plane.md, "Session tickets").
+    config.send_tls13_tickets = 1;
+    config.max_tls13_tickets = MAX_TICKETS_ASKED;
     Ok(config)
 }
 
