@@ -353,3 +353,46 @@ fn a_request_body_that_stalls_gets_408_and_one_that_trickles_is_served() {
     assert_eq!((r.status, r.text()), (200, "ok".to_owned()));
     assert_eq!(up.requests.load(Ordering::SeqCst), 2, "the streamed request and the slow one reached the upstream");
 }
+
+/// A client whose streamed body turns out malformed (its chunked encoding breaks after the
+/// first 64 KiB went upstream) gets 400, and the upstream is not blamed: no warning, no health
+/// report (the same branch), no retry. Before, it was a 502 "tcp failure" reported against the node, so a client
+/// could have healthy nodes marked down by sending broken bodies.
+#[test]
+fn a_streamed_body_that_breaks_gets_400_and_the_upstream_is_not_blamed() {
+    // An upstream that reads whatever comes and never answers (the request is never complete).
+    let sink = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = sink.local_addr().expect("addr");
+    std::thread::spawn(move || {
+        for conn in sink.incoming() {
+            let Ok(mut s) = conn else { return };
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 65536];
+                while matches!(s.read(&mut buf), Ok(n) if n > 0) {}
+            });
+        }
+    });
+    let p = Prefix::new(
+        "",
+        "",
+        &format!(
+            r#"{{"routes": [{{"id": "1", "uri": "/*", "upstream": {{"type": "roundrobin", "nodes": {{"{addr}": 1}}, "retries": 1}}}}]}}"#
+        ),
+    );
+    let w = Weir::start(&p);
+    let mut s = TcpStream::connect(p.node()).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(15))).expect("timeout");
+    s.write_all(b"POST /upload HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n").expect("head");
+    let chunk = format!("4000\r\n{}\r\n", "x".repeat(0x4000));
+    for _ in 0..8 {
+        s.write_all(chunk.as_bytes()).expect("chunk");
+    }
+    s.write_all(b"zz-not-a-size\r\n").expect("garbage");
+    let mut raw = Vec::new();
+    let _ = s.read_to_end(&mut raw);
+    let r = parse_response(&raw);
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.text().contains("chunked encoding"), "{}", r.text());
+    let log = w.log_text();
+    assert!(!log.contains(" of route "), "the upstream was blamed:\n{log}");
+}

@@ -95,8 +95,9 @@ pub enum ProxyBody {
 /// The client's body as it streams upstream: `prefix` (already read) first, then the rest;
 /// `len` from Content-Length when known. `wait` says whether it waits on the client (the
 /// upstream read timeout does not run then), and turns to [`BodyWait::GaveUp`] when a wait
-/// outlasts `idle_limit` (`gateway.client_body_timeout`): the body then ends with an error, and
-/// the request is answered 408 without blaming the upstream. `received` counts the body bytes
+/// outlasts `idle_limit` (`gateway.client_body_timeout`), or to [`BodyWait::Failed`] when the
+/// client's bytes are not a valid body: the body then ends with an error, and the request is
+/// answered 408 or 400 without blaming the upstream. `received` counts the body bytes
 /// read from the client so far (`$request_length`).
 pub struct ClientStream {
     prefix: VecDeque<Bytes>,
@@ -125,6 +126,9 @@ pub enum BodyWait {
     Stalled,
     /// The client sent nothing for `gateway.client_body_timeout`: the body ended in an error.
     GaveUp,
+    /// The client's body was malformed (its chunked encoding) or ended before it was complete:
+    /// the body ended in an error.
+    Failed,
 }
 
 impl ProxyBody {
@@ -191,7 +195,10 @@ impl Body for ProxyBody {
                     }
                     // A malformed or cut chunked body: the upstream request is aborted before
                     // its last chunk, so the upstream never sees a complete request.
-                    Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(std::io::Error::other(e.to_string())))),
+                    Poll::Ready(Some(Err(e))) => {
+                        wait.set(BodyWait::Failed);
+                        Poll::Ready(Some(Err(std::io::Error::other(e.to_string()))))
+                    }
                     Poll::Ready(None) => Poll::Ready(None),
                     Poll::Pending => Poll::Pending,
                 }

@@ -230,11 +230,24 @@ pub(super) async fn forward(
                 if begun.is_some() {
                     measure::attempt_ends(&mut fin.ctx.measured, begun, node.addr, None, Some(&e.reason));
                 }
-                if stalled.as_ref().is_some_and(|w| w.get() == BodyWait::GaveUp) {
-                    // The client stopped sending its body (`gateway.client_body_timeout`): its
-                    // fault, not the node's (no health report, no retry), as nginx's 408.
-                    log::debug!("client {}: {} (route {:?})", fin.ctx.remote_addr, e.reason, fin.ctx.route_id);
-                    return gateway_error(StatusCode::REQUEST_TIMEOUT, &super::body_stalled(worker.body_timeout), fin);
+                match stalled.as_ref().map(|w| w.get()) {
+                    // The client's fault, not the node's: no health report, no retry (nginx
+                    // answers these 408 and 400 too). Else a client could have healthy nodes
+                    // marked down by sending broken bodies.
+                    Some(BodyWait::GaveUp) => {
+                        // It stopped sending its body (`gateway.client_body_timeout`).
+                        log::debug!("client {}: {} (route {:?})", fin.ctx.remote_addr, e.reason, fin.ctx.route_id);
+                        return gateway_error(
+                            StatusCode::REQUEST_TIMEOUT,
+                            &super::body_stalled(worker.body_timeout),
+                            fin,
+                        );
+                    }
+                    Some(BodyWait::Failed) => {
+                        log::debug!("client {}: {} (route {:?})", fin.ctx.remote_addr, e.reason, fin.ctx.route_id);
+                        return gateway_error(StatusCode::BAD_REQUEST, super::BODY_BROKEN, fin);
+                    }
+                    _ => {}
                 }
                 log::warn!("upstream {} of route {:?}: {}", node.addr, fin.ctx.route_id, e.reason);
                 last_timeout = e.timeout;

@@ -146,12 +146,8 @@ async fn read_body(
             log::debug!("client {remote}: invalid request body: {e}");
             let incomplete = e.downcast_ref::<hyper::Error>().is_some_and(|h| h.is_incomplete_message())
                 || e.downcast_ref::<std::io::Error>().is_some_and(|e| e.kind() == std::io::ErrorKind::UnexpectedEof);
-            let why = if incomplete {
-                "it ended before it was complete"
-            } else {
-                "its chunked encoding is malformed, or it ended early"
-            };
-            error_response(StatusCode::BAD_REQUEST, &format!("400 Bad Request: invalid request body: {why}"))
+            let why = if incomplete { BODY_CUT } else { BODY_BROKEN };
+            error_response(StatusCode::BAD_REQUEST, why)
         })?;
         let Ok(chunk) = frame.into_data() else { continue };
         total += chunk.len();
@@ -172,6 +168,13 @@ async fn read_body(
         }
     }))
 }
+
+/// The answer to a request whose body ended before its announced length.
+const BODY_CUT: &str = "400 Bad Request: invalid request body: it ended before it was complete";
+
+/// The answer to a request whose body is malformed, or ended early (what a streamed body's error
+/// says, after its first bytes went upstream).
+const BODY_BROKEN: &str = "400 Bad Request: invalid request body: its chunked encoding is malformed, or it ended early";
 
 /// The answer to a request whose body stalled for `timeout`.
 fn body_stalled(timeout: Duration) -> String {
