@@ -455,6 +455,16 @@ fn an_admin_api_validation_leaves_no_trace() {
     assert_eq!(r.status, 200, "{}", r.text());
     assert!(!log.exists(), "a validation opened {}", log.display());
     assert_eq!(status(p.node(), "/x"), 404, "a validation stores nothing");
+    // A method the path does not take: 405 with the methods it does (RFC 9110's `Allow`).
+    for (method, path, allow) in [
+        ("GET", "/apisix/admin/schema/validate/routes", "POST"),
+        ("DELETE", "/apisix/admin/routes", "GET, PUT, POST"),
+        ("POST", "/apisix/admin/routes/7", "GET, PUT, PATCH, DELETE"),
+        ("POST", "/apisix/admin/consumers", "GET, PUT"),
+    ] {
+        let r = admin_call(admin, method, path, Some(ADMIN_KEY), "");
+        assert_eq!((r.status, r.header("allow")), (405, Some(allow)), "{method} {path}: {}", r.text());
+    }
 }
 
 #[test]

@@ -205,6 +205,11 @@ fn options_and_management(pg: Option<&str>) {
         let r = call(&p, None, "GET", bad, None);
         assert_eq!((r.status, r.json()["code"].as_u64()), (400, Some(400)), "{bad}: {}", r.text());
     }
+    // A method the target does not take: 405 with the methods it does (RFC 9110's `Allow`).
+    let r = call(&p, None, "PATCH", "", Some(&json!({})));
+    assert_eq!((r.status, r.header("allow")), (405, Some("GET")), "{}", r.text());
+    let r = call(&p, None, "DELETE", &format!("/{plain}/visits"), None);
+    assert_eq!((r.status, r.header("allow")), (405, Some("GET")), "{}", r.text());
     // Order by visits: the most visited link first (the capped links above have one each).
     for _ in 0..2 {
         assert_eq!(browser(&p, &plain, "https://news.example/").status, 302);

@@ -60,6 +60,14 @@ fn error(status: StatusCode, msg: impl Into<String>) -> HttpResponse {
     typed_response(status, &ErrorBody { error_msg: msg.into() })
 }
 
+/// 405 with the `Allow` field RFC 9110 requires: the methods `allow` names.
+fn not_allowed(method: &str, path: &str, allow: &'static str) -> HttpResponse {
+    let mut resp =
+        error(StatusCode::METHOD_NOT_ALLOWED, format!("{method} is not allowed on {path} (allowed: {allow})"));
+    resp.headers_mut().insert(actix_web::http::header::ALLOW, actix_web::http::header::HeaderValue::from_static(allow));
+    resp
+}
+
 fn not_found() -> HttpResponse {
     typed_response(StatusCode::NOT_FOUND, &KeyNotFound { message: "Key not found".into() })
 }
@@ -133,7 +141,7 @@ async fn dispatch(req: HttpRequest, body: web::Bytes, admin: web::Data<Admin>) -
     let rest = req.path().strip_prefix("/apisix/admin/").or_else(|| req.path().strip_prefix("/weir/admin/"));
     if rest.map(|r| r.trim_end_matches('/')) == Some("plugins/reload") {
         if method != "PUT" {
-            return error(StatusCode::METHOD_NOT_ALLOWED, "plugins/reload takes PUT");
+            return not_allowed(&method, req.path(), "PUT");
         }
         let gateway = admin.gateway.clone();
         return match actix_web::rt::task::spawn_blocking(move || gateway.reload_plugins()).await {
@@ -147,7 +155,7 @@ async fn dispatch(req: HttpRequest, body: web::Bytes, admin: web::Data<Admin>) -
             return error(StatusCode::NOT_FOUND, format!("unknown resource kind in {}", req.path()));
         };
         if method != "POST" {
-            return error(StatusCode::METHOD_NOT_ALLOWED, "schema/validate takes POST");
+            return not_allowed(&method, req.path(), "POST");
         }
         let mut client = match admin.client.get_or_try_init(|| connect(&admin.etcd)).await {
             Ok(c) => c.clone(),
@@ -200,7 +208,8 @@ async fn dispatch(req: HttpRequest, body: web::Bytes, admin: web::Data<Admin>) -
             ("DELETE", [cid]) => {
                 delete(&mut client, &admin, "credentials", &format!("{username}{CREDENTIALS}{cid}")).await
             }
-            _ => Ok(error(StatusCode::METHOD_NOT_ALLOWED, format!("{method} is not allowed on {}", req.path()))),
+            (_, []) => Ok(not_allowed(&method, req.path(), "GET, PUT")),
+            _ => Ok(not_allowed(&method, req.path(), "GET, PUT, DELETE")),
         };
         return result.unwrap_or_else(|e| error(StatusCode::SERVICE_UNAVAILABLE, format!("etcd: {e}")));
     }
@@ -222,7 +231,16 @@ async fn dispatch(req: HttpRequest, body: web::Bytes, admin: web::Data<Admin>) -
         ("POST", None) if kind != "consumers" => put(&mut client, &admin, kind, None, &body, None, true).await,
         ("PATCH", Some(id)) => patch(&mut client, &admin, kind, id, &sub, &body).await,
         ("DELETE", Some(id)) => delete(&mut client, &admin, kind, id).await,
-        _ => Ok(error(StatusCode::METHOD_NOT_ALLOWED, format!("{method} is not allowed on {}", req.path()))),
+        _ => Ok(not_allowed(
+            &method,
+            req.path(),
+            match id {
+                Some(_) if !sub.is_empty() => "PATCH",
+                Some(_) => "GET, PUT, PATCH, DELETE",
+                None if kind == "consumers" => "GET, PUT",
+                None => "GET, PUT, POST",
+            },
+        )),
     };
     result.unwrap_or_else(|e| error(StatusCode::SERVICE_UNAVAILABLE, format!("etcd: {e}")))
 }

@@ -16,6 +16,14 @@ pub fn request_error(status: StatusCode, message: &str, now: i64) -> Flow<'stati
     Flow::Respond(PluginResponse::json_of(status, &envelope))
 }
 
+/// 405 with the `Allow` field RFC 9110 requires (`allow`: the methods the target takes).
+pub fn method_not_allowed(message: &str, allow: &'static str, now: i64) -> Flow<'static> {
+    let envelope = Envelope { code: 405, data: &[], message, timestamp: now };
+    let mut resp = PluginResponse::json_of(StatusCode::METHOD_NOT_ALLOWED, &envelope);
+    resp.headers.insert(weir_plugin::http::header::ALLOW, weir_plugin::http::HeaderValue::from_static(allow));
+    Flow::Respond(resp)
+}
+
 /// One entry's result. Fields in the order the JSON text has always had them (sorted).
 #[derive(Serialize)]
 pub struct Item<'a> {

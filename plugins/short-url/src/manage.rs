@@ -14,7 +14,7 @@ use serde::Serialize;
 use weir_plugin::http::{Method, StatusCode};
 use weir_plugin::{Flow, RequestCtx};
 
-use crate::envelope::{data, request_error};
+use crate::envelope::{data, method_not_allowed, request_error};
 use crate::store::links::{self, Link, Scope};
 use crate::{now, validate, Meta, Shared};
 
@@ -380,13 +380,13 @@ pub(crate) fn handle(meta: &Arc<Meta>, shared: &Arc<Shared>, ctx: &mut RequestCt
                 }
             })
         }
-        (Target::List, m) | (Target::Visits(_), m) => request_error(
-            StatusCode::METHOD_NOT_ALLOWED,
+        (Target::List, m) | (Target::Visits(_), m) => method_not_allowed(
             &format!("method {m} not allowed here (GET only; create with POST on the create route)"),
+            "GET",
             now,
         ),
         (Target::One(_), m) => {
-            request_error(StatusCode::METHOD_NOT_ALLOWED, &format!("method {m} not allowed (GET, PATCH, DELETE)"), now)
+            method_not_allowed(&format!("method {m} not allowed (GET, PATCH, DELETE)"), "GET, PATCH, DELETE", now)
         }
     }
 }
