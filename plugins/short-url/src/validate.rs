@@ -383,8 +383,12 @@ fn check_url(s: &str, bases: &[url::Url]) -> Result<(), String> {
     if u.scheme() != "http" && u.scheme() != "https" {
         return Err(format!("origin_url: scheme must be http or https, not `{}`", u.scheme()));
     }
-    if u.host_str().is_none_or(str::is_empty) {
-        return Err("origin_url: has no host".into());
+    // The WHATWG parser reads `https:host`, `https:/host`, `https:///host` and `https:\\host` as
+    // `https://host/`; RFC 3986 (and the stored text the redirect sends) says `//` then the host.
+    let after_scheme = s.get(u.scheme().len()..).unwrap_or_default();
+    let authority = after_scheme.strip_prefix("://").filter(|a| !a.starts_with(['/', '\\']));
+    if u.host_str().is_none_or(str::is_empty) || authority.is_none() {
+        return Err("origin_url: has no host (the form is scheme://host/path)".into());
     }
     if !u.username().is_empty() || u.password().is_some() {
         return Err("origin_url: must not contain a user name or password".into());
@@ -489,6 +493,22 @@ mod tests {
             default_valid_day: None,
             day_secs: 86_400,
             domains: &[],
+        }
+    }
+
+    /// A host comes right after `scheme://`, as RFC 3986 writes it; the forms the WHATWG parser
+    /// repairs are refused (the redirect would send the text as it was given).
+    #[test]
+    fn a_url_without_its_authority_is_refused() {
+        for bad in ["https:///nohost", "https:/nohost", "https:nohost", "https:\\\\nohost", "http:\\\\x/y"] {
+            assert_eq!(
+                check_url(bad, &[]),
+                Err("origin_url: has no host (the form is scheme://host/path)".into()),
+                "{bad}"
+            );
+        }
+        for good in ["https://host", "HTTPS://Host/a//b", "http://[::1]:8080/x", "https://h/a\\b"] {
+            assert_eq!(check_url(good, &[]), Ok(()), "{good}");
         }
     }
 
