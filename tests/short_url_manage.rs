@@ -377,6 +377,8 @@ fn visits(pg: Option<&str>) {
     assert_eq!(d["visits"], json!({"total": 6, "bots": 1, "counted_for_max": 0}), "{r}");
     assert_eq!(d["by_class"], json!({"browser": 4, "bot": 1, "other": 1}));
     assert_eq!(d["by_referer"][0], json!({"referer": "news.example", "visits": 3}));
+    // No referer sent: null, as in `recent`.
+    assert_eq!(d["by_referer"][1], json!({"referer": null, "visits": 2}), "{r}");
     let days = d["by_day"].as_array().cloned().unwrap_or_default();
     assert_eq!(days.len(), 1);
     assert_eq!((days[0]["visits"].as_i64(), days[0]["bots"].as_i64()), (Some(6), Some(1)));

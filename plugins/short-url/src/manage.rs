@@ -111,8 +111,8 @@ pub struct Day {
 /// Visits from one referer host.
 #[derive(Serialize, schemars::JsonSchema)]
 pub struct Referer {
-    /// Host of the `Referer` (empty: none sent).
-    pub referer: String,
+    /// Host of the `Referer` (null: none sent, as in `recent`).
+    pub referer: Option<String>,
     /// Visits.
     pub visits: i64,
 }
@@ -295,7 +295,10 @@ pub(crate) fn handle(meta: &Arc<Meta>, shared: &Arc<Shared>, ctx: &mut RequestCt
                         by_referer: report
                             .referers
                             .into_iter()
-                            .map(|(referer, visits)| Referer { referer, visits })
+                            .map(|(referer, visits)| Referer {
+                                referer: Some(referer).filter(|r| !r.is_empty()),
+                                visits,
+                            })
                             .collect(),
                         by_class,
                         recent: report
