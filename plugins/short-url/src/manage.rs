@@ -241,13 +241,8 @@ pub(crate) fn handle(meta: &Arc<Meta>, shared: &Arc<Shared>, ctx: &mut RequestCt
                     "days" => (&mut days, 366),
                     "page" => (&mut page, 1_000_000),
                     "page_size" => (&mut page_size, 500),
-                    _ => {
-                        return request_error(
-                            StatusCode::BAD_REQUEST,
-                            &format!("{k}: unknown parameter (known: days, page, page_size)"),
-                            now,
-                        )
-                    }
+                    // Ignored, as on the list: an authentication plugin's credential may be one.
+                    _ => continue,
                 };
                 match v.parse::<i64>() {
                     Ok(n) if (1..=max).contains(&n) => *slot = n,

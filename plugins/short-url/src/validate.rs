@@ -341,12 +341,10 @@ pub fn list_query(query: &str) -> Result<crate::store::links::ListQuery, String>
                     _ => return Err(format!("order_by: `{v}` is not one of created_at, -created_at, visits, -visits")),
                 }
             }
-            "search" | "tag" => {}
-            _ => {
-                return Err(format!(
-                    "{k}: unknown parameter (known: page, page_size, search, tag, since, until, order_by)"
-                ))
-            }
+            // Empty `search` / `tag`: no filter. Other names are ignored, as Shlink does: an
+            // authentication plugin may carry its credential there (key-auth's `apikey`,
+            // jwt-auth's `jwt`), and the request must still be served.
+            _ => {}
         }
     }
     Ok(q)
