@@ -499,7 +499,9 @@ fn qr_codes() {
     let r = get(p.node(), &format!("/s/{code}/qr?format=svg"));
     assert_eq!((r.status, r.header("content-type")), (200, Some("image/svg+xml")));
     assert!(r.text().starts_with("<?xml") && r.text().contains("<svg"));
-    for bad in ["size=1", "format=gif", "margin=-1", "x=1"] {
+    // Unknown parameters are ignored (a cache buster here).
+    assert_eq!(get(p.node(), &format!("/s/{code}/qr?format=svg&v=2")).status, 200);
+    for bad in ["size=1", "format=gif", "margin=-1"] {
         let r = get(p.node(), &format!("/s/{code}/qr?{bad}"));
         assert_eq!(r.status, 400, "{bad}");
         assert!(r.json()["message"].as_str().is_some(), "{}", r.text());

@@ -54,7 +54,8 @@ pub fn params(query: &str) -> Result<Params, String> {
                     _ => return Err(format!("format: `{v}` must be png or svg")),
                 }
             }
-            _ => return Err(format!("{k}: unknown parameter (known: size, format, margin)")),
+            // Ignored, as on the management API (a cache buster, a tracking tag, a credential).
+            _ => {}
         }
     }
     Ok(p)
@@ -138,9 +139,10 @@ mod tests {
     fn params_are_checked() {
         assert_eq!(params(""), Ok(Params { size: 300, format: Format::Png, margin: 1 }));
         assert_eq!(params("size=120&format=svg&margin=0"), Ok(Params { size: 120, format: Format::Svg, margin: 0 }));
-        for bad in ["size=10", "size=5000", "size=x", "format=gif", "margin=21", "colour=red"] {
+        for bad in ["size=10", "size=5000", "size=x", "format=gif", "margin=21"] {
             assert!(params(bad).is_err(), "{bad}");
         }
+        assert_eq!(params("colour=red&size=120"), Ok(Params { size: 120, format: Format::Png, margin: 1 }));
         let (ct, svg) = render("https://s.example/s/x", Params { size: 100, format: Format::Svg, margin: 1 })
             .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(ct, "image/svg+xml");
