@@ -327,6 +327,8 @@ fn a_request_body_that_stalls_gets_408_and_one_that_trickles_is_served() {
         ),
     );
     let w = Weir::start(&p);
+    // (`start` waits for the control port; the data plane may bind a moment later.)
+    w.wait_ready(p.node());
     // Read whole before the upstream is contacted (64 KiB or less).
     let (r, took) = stall_after(&p, "POST /small HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n", 9);
     assert_eq!(r.status, 408, "{}", r.text());
@@ -380,6 +382,7 @@ fn a_streamed_body_that_breaks_gets_400_and_the_upstream_is_not_blamed() {
         ),
     );
     let w = Weir::start(&p);
+    w.wait_ready(p.node());
     let mut s = TcpStream::connect(p.node()).expect("connect");
     s.set_read_timeout(Some(Duration::from_secs(15))).expect("timeout");
     s.write_all(b"POST /upload HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n").expect("head");
