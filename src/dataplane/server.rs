@@ -160,9 +160,9 @@ fn listener_config(
     config.session_storage = sessions;
     config.ticketer = ticketer;
     // One TLS 1.3 ticket per handshake, more when the client asks (RFC 9149, up to
-    // `MAX_TICKETS_ASKED`): clients keep the newest ticket per server, and rustls packs a
-    // second ticket into the first one's record, which OpenSSL clients pay 4 % of a full
-    // handshake to read (docs/data-plane.md, "Session tickets").
+    // `MAX_TICKETS_ASKED`): each resumption brings the next ticket, and rustls packs a second
+    // ticket into the first one's record, which OpenSSL clients pay 4 % of a full handshake to
+    // read (docs/data-plane.md, "Session tickets", also for what a second ticket would buy).
     config.send_tls13_tickets = 1;
     config.max_tls13_tickets = MAX_TICKETS_ASKED;
     Ok(config)
