@@ -20,7 +20,8 @@ pub struct Limits<'a> {
     pub default_valid_day: Option<u32>,
     /// Seconds in a day (86400; tests shorten it).
     pub day_secs: i64,
-    /// Hosts (`host[:port]`, lower case) `domain` may name: those of `short_base` and `short_bases`.
+    /// Hosts (`host[:port]`, lower case, the port only when not the scheme's default) `domain`
+    /// may name: those of `short_base` and `short_bases`, in the order of `bases`.
     pub domains: &'a [String],
 }
 
@@ -160,13 +161,12 @@ pub fn entry(v: &Value, limits: &Limits<'_>, now: i64) -> Result<NewEntry, Rejec
         let Some(d) = v.as_str() else {
             return Err(reject("domain: must be a string".into()));
         };
-        let d = d.to_ascii_lowercase();
-        if !limits.domains.contains(&d) {
+        let Some(d) = known_domain(&d.to_ascii_lowercase(), limits) else {
             return Err(reject(format!(
                 "domain: `{d}` is not one of the configured short bases ({})",
                 limits.domains.join(", ")
             )));
-        }
+        };
         out.domain = Some(d);
     }
     if out.valid_since.zip(out.expires_at).is_some_and(|(a, b)| a >= b) {
@@ -176,6 +176,26 @@ pub fn entry(v: &Value, limits: &Limits<'_>, now: i64) -> Result<NewEntry, Rejec
 }
 
 /// An RFC 3339 date as Unix seconds.
+/// The configured domain `d` (lower case) names: itself, or, written with its base's default
+/// port (`sho.rt:443` for `https://sho.rt`), the domain as configured.
+fn known_domain(d: &str, limits: &Limits<'_>) -> Option<String> {
+    if limits.domains.iter().any(|known| known == d) {
+        return Some(d.to_owned());
+    }
+    let (host, port) = d.rsplit_once(':')?;
+    let port = port.parse::<u16>().ok()?;
+    limits
+        .bases
+        .iter()
+        .zip(limits.domains)
+        .find(|(base, _)| {
+            base.port().is_none()
+                && base.port_or_known_default() == Some(port)
+                && base.host_str().is_some_and(|h| h.eq_ignore_ascii_case(host))
+        })
+        .map(|(_, known)| known.clone())
+}
+
 pub fn rfc3339(field: &str, v: &Value) -> Result<i64, String> {
     let Some(s) = v.as_str() else {
         return Err(format!("{field}: must be an RFC 3339 date string, e.g. 2030-01-31T12:00:00Z"));
@@ -507,6 +527,27 @@ mod tests {
         }
         for good in ["https://host", "HTTPS://Host/a//b", "http://[::1]:8080/x", "https://h/a\\b"] {
             assert_eq!(check_url(good, &[]), Ok(()), "{good}");
+        }
+    }
+
+    /// `domain` names a short base by its host, with or without the scheme's default port.
+    #[test]
+    fn a_domain_with_its_default_port_is_the_configured_one() {
+        let bases: Vec<url::Url> =
+            ["https://sho.rt/s", "http://go.example:8080/s"].iter().filter_map(|b| url::Url::parse(b).ok()).collect();
+        let domains = ["sho.rt".to_owned(), "go.example:8080".to_owned()];
+        let l =
+            Limits { bases: &bases, max_valid_day: 3650, default_valid_day: None, day_secs: 86_400, domains: &domains };
+        let domain_of = |d: &str| {
+            entry(&serde_json::json!({"origin_url": "https://x.example/", "domain": d}), &l, 0)
+                .map(|e| e.domain.unwrap_or_default())
+                .map_err(|r| r.message)
+        };
+        assert_eq!(domain_of("sho.rt"), Ok("sho.rt".to_owned()));
+        assert_eq!(domain_of("SHO.RT:443"), Ok("sho.rt".to_owned()));
+        assert_eq!(domain_of("go.example:8080"), Ok("go.example:8080".to_owned()));
+        for bad in ["sho.rt:80", "sho.rt:8443", "go.example", "go.example:80", "other.example", "sho.rt:x"] {
+            assert!(domain_of(bad).is_err_and(|m| m.starts_with("domain: ")), "{bad}");
         }
     }
 
