@@ -12,14 +12,17 @@ use crate::validate::Rejected;
 
 /// A request-level error: HTTP status = envelope code, `data: []`.
 pub fn request_error(status: StatusCode, message: &str, now: i64) -> Flow<'static> {
+    Flow::Respond(error_response(status, message, now))
+}
+
+fn error_response(status: StatusCode, message: &str, now: i64) -> PluginResponse {
     let envelope = Envelope { code: status.as_u16(), data: &[], message, timestamp: now };
-    Flow::Respond(PluginResponse::json_of(status, &envelope))
+    PluginResponse::json_of(status, &envelope)
 }
 
 /// 405 with the `Allow` field RFC 9110 requires (`allow`: the methods the target takes).
 pub fn method_not_allowed(message: &str, allow: &'static str, now: i64) -> Flow<'static> {
-    let envelope = Envelope { code: 405, data: &[], message, timestamp: now };
-    let mut resp = PluginResponse::json_of(StatusCode::METHOD_NOT_ALLOWED, &envelope);
+    let mut resp = error_response(StatusCode::METHOD_NOT_ALLOWED, message, now);
     resp.headers.insert(weir_plugin::http::header::ALLOW, weir_plugin::http::HeaderValue::from_static(allow));
     Flow::Respond(resp)
 }

@@ -175,7 +175,6 @@ pub fn entry(v: &Value, limits: &Limits<'_>, now: i64) -> Result<NewEntry, Rejec
     Ok(out)
 }
 
-/// An RFC 3339 date as Unix seconds.
 /// The configured domain `d` (lower case) names: itself, or, written with its base's default
 /// port (`sho.rt:443` for `https://sho.rt`), the domain as configured.
 fn known_domain(d: &str, limits: &Limits<'_>) -> Option<String> {
@@ -196,6 +195,7 @@ fn known_domain(d: &str, limits: &Limits<'_>) -> Option<String> {
         .map(|(_, known)| known.clone())
 }
 
+/// An RFC 3339 date as Unix seconds.
 pub fn rfc3339(field: &str, v: &Value) -> Result<i64, String> {
     let Some(s) = v.as_str() else {
         return Err(format!("{field}: must be an RFC 3339 date string, e.g. 2030-01-31T12:00:00Z"));

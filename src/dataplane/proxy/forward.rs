@@ -230,24 +230,20 @@ pub(super) async fn forward(
                 if begun.is_some() {
                     measure::attempt_ends(&mut fin.ctx.measured, begun, node.addr, None, Some(&e.reason));
                 }
-                match stalled.as_ref().map(|w| w.get()) {
-                    // The client's fault, not the node's: no health report, no retry (nginx
-                    // answers these 408 and 400 too). Else a client could have healthy nodes
-                    // marked down by sending broken bodies.
+                // The client's fault, not the node's: no health report, no retry (nginx answers
+                // these 408 and 400 too). Else a client could have healthy nodes marked down by
+                // sending broken bodies.
+                let client_fault = match stalled.as_ref().map(|w| w.get()) {
+                    // It stopped sending its body (`gateway.client_body_timeout`).
                     Some(BodyWait::GaveUp) => {
-                        // It stopped sending its body (`gateway.client_body_timeout`).
-                        log::debug!("client {}: {} (route {:?})", fin.ctx.remote_addr, e.reason, fin.ctx.route_id);
-                        return gateway_error(
-                            StatusCode::REQUEST_TIMEOUT,
-                            &super::body_stalled(worker.body_timeout),
-                            fin,
-                        );
+                        Some((StatusCode::REQUEST_TIMEOUT, super::body_stalled(worker.body_timeout)))
                     }
-                    Some(BodyWait::Failed) => {
-                        log::debug!("client {}: {} (route {:?})", fin.ctx.remote_addr, e.reason, fin.ctx.route_id);
-                        return gateway_error(StatusCode::BAD_REQUEST, super::BODY_BROKEN, fin);
-                    }
-                    _ => {}
+                    Some(BodyWait::Failed) => Some((StatusCode::BAD_REQUEST, super::BODY_BROKEN.to_owned())),
+                    _ => None,
+                };
+                if let Some((status, msg)) = client_fault {
+                    log::debug!("client {}: {} (route {:?})", fin.ctx.remote_addr, e.reason, fin.ctx.route_id);
+                    return gateway_error(status, &msg, fin);
                 }
                 log::warn!("upstream {} of route {:?}: {}", node.addr, fin.ctx.route_id, e.reason);
                 last_timeout = e.timeout;
