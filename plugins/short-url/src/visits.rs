@@ -303,7 +303,7 @@ mod tests {
             std::iter::once("hot".to_owned()).chain((0..250).map(|i| format!("c{i:03}"))).collect();
         for code in &codes {
             let e = NewEntry { origin_url: format!("https://{code}.example/"), ..NewEntry::default() };
-            assert_eq!(links::insert_full(&mut *conn, code, &e, 1), Ok(true));
+            assert_eq!(links::insert_committed(&mut *conn, code, &e, 1), Ok(true));
         }
         let settings = Settings {
             buffer: 100_000,

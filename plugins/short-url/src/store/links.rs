@@ -122,6 +122,8 @@ pub fn find_existing(conn: &mut dyn Conn, e: &NewEntry, now: i64) -> Result<Opti
 }
 
 /// Inserts a link with all its columns unless the code exists (also deleted); whether it did.
+///
+/// In a transaction ([`super::transaction`]): the link is indexed for search when it commits.
 pub fn insert_full(conn: &mut dyn Conn, code: &str, e: &NewEntry, now: i64) -> Result<bool, String> {
     let n = conn.execute(
         "INSERT INTO short_url_codes (code, origin_url, created_at, expires_at, valid_since, max_visits, title, tags, domain, owner, findable)
@@ -144,6 +146,12 @@ pub fn insert_full(conn: &mut dyn Conn, code: &str, e: &NewEntry, now: i64) -> R
         set_tags(conn, code, &e.tags)?;
     }
     Ok(n == 1)
+}
+
+/// [`insert_full`] in a transaction of its own.
+#[cfg(test)]
+pub fn insert_committed(conn: &mut dyn Conn, code: &str, e: &NewEntry, now: i64) -> Result<bool, String> {
+    super::transaction(conn, |conn| insert_full(conn, code, e, now))
 }
 
 fn set_tags(conn: &mut dyn Conn, code: &str, tags: &[String]) -> Result<(), String> {
@@ -535,6 +543,9 @@ fn forget_indexed_texts(conn: &mut dyn Conn, link: &Link) -> Result<(), String> 
     if conn.search_index("$1").is_none() {
         return Ok(());
     }
+    // The link's current entry may still wait to be indexed (written earlier in this
+    // transaction, or without one).
+    conn.index_pending()?;
     let rows = conn.query(
         "SELECT origin_url, title, tags FROM short_url_codes WHERE code = $1 AND deleted_at IS NULL",
         &[link.code.as_str().into()],
@@ -1085,7 +1096,7 @@ pub(crate) mod tests {
         let keep = 30;
         for code in ["kept", "calm"] {
             let e = NewEntry { origin_url: format!("https://{code}.example/"), ..NewEntry::default() };
-            assert_eq!(insert_full(conn, code, &e, 1), Ok(true));
+            assert_eq!(insert_committed(conn, code, &e, 1), Ok(true));
         }
         let one = |conn: &mut dyn Conn, sql: &str| conn.query(sql, &[]).ok().and_then(|r| r[0][0].int());
         let rows = |conn: &mut dyn Conn, code: &str| {
@@ -1158,7 +1169,7 @@ pub(crate) mod tests {
                 title: Some((*title).into()),
                 ..NewEntry::default()
             };
-            assert_eq!(insert_full(&mut *conn, &code, &e, at), Ok(true));
+            assert_eq!(insert_committed(&mut *conn, &code, &e, at), Ok(true));
             assert_eq!(search_finds(&mut *conn, &code, term, at), Ok(()), "{title}");
         }
         let _ = std::fs::remove_dir_all(&dir);
@@ -1170,7 +1181,7 @@ pub(crate) mod tests {
         for i in 0..600 {
             let url = if i % 3 == 0 { format!("https://hit.example/{i}") } else { format!("https://miss.example/{i}") };
             let e = NewEntry { origin_url: url, ..NewEntry::default() };
-            let ok = insert_full(&mut *conn, &format!("code{i:04}"), &e, 1_000 + i / 7);
+            let ok = insert_committed(&mut *conn, &format!("code{i:04}"), &e, 1_000 + i / 7);
             assert_eq!(ok, Ok(true));
         }
         let long = u32::MAX;
@@ -1211,7 +1222,7 @@ pub(crate) mod tests {
             title: Some("Gezi İstanbul".into()),
             ..NewEntry::default()
         };
-        assert_eq!(insert_full(&mut *conn, "turkey", &e, 5_000), Ok(true));
+        assert_eq!(insert_committed(&mut *conn, "turkey", &e, 5_000), Ok(true));
         let q = ListQuery { search: Some("İstanbul".into()), ..ListQuery::default() };
         let found = list_within(&mut *conn, &q, &Scope::All, PROBE, 0, 0);
         assert_eq!(

@@ -295,6 +295,12 @@ pub trait Conn: Send {
     fn search_index(&self, _param: &str) -> Option<String> {
         None
     }
+    /// Brings the search index up to date with the links written so far (SQLite indexes them once
+    /// per transaction, see its migration 7; [`transaction`] calls this before it commits, so a
+    /// committed link is always searchable). Elsewhere there is nothing to do.
+    fn index_pending(&mut self) -> Result<(), String> {
+        Ok(())
+    }
     /// Whether this backend keeps the links' texts in a table of their own,
     /// `short_url_search (code, origin_url, title, tags)`, with a trigram index that serves
     /// `ILIKE` (PostgreSQL, with `pg_trgm`; the index is not on the links' rows, so that a
@@ -577,13 +583,13 @@ fn writer(connector: Arc<dyn Connector>, codes: Arc<dyn CodeGen>, rx: Receiver<W
 }
 
 /// Runs `f` in a transaction: committed when it returns `Ok`, rolled back when it returns `Err`
-/// (then nothing it did stays).
+/// (then nothing it did stays). The links it wrote are in the search index when it commits.
 pub(crate) fn transaction<T>(
     conn: &mut dyn Conn,
     f: impl FnOnce(&mut dyn Conn) -> Result<T, String>,
 ) -> Result<T, String> {
     conn.exec("BEGIN")?;
-    match f(conn) {
+    match f(conn).and_then(|v| conn.index_pending().map(|()| v)) {
         Ok(v) => conn.exec("COMMIT").map(|()| v),
         Err(e) => {
             let _ = conn.exec("ROLLBACK");
@@ -767,7 +773,7 @@ pub(crate) mod suite {
             owner: Some("alice".into()),
             ..NewEntry::default()
         };
-        assert_eq!(links::insert_full(&mut *conn, "Reused01", &old, 100), Ok(true));
+        assert_eq!(links::insert_committed(&mut *conn, "Reused01", &old, 100), Ok(true));
         let mut batch = VisitBatch::default();
         for at in [110, 120, 86_400 + 5] {
             let referer = Some("news.example".to_owned());
@@ -895,6 +901,56 @@ mod tests {
         assert_eq!(super::trigrams("日本語の"), ["日本語", "本語の"]);
         let long: String = (0..100).filter_map(|i| char::from_u32(0x4e00 + i)).collect();
         assert_eq!(super::trigrams(&long).len(), super::MAX_TRIGRAMS);
+    }
+
+    /// One write group of many batches adds one segment to the search index, not one per batch
+    /// (FTS5 writes its pending entries at every savepoint, and each batch has one), and every
+    /// link of the group, plain or with options, is searchable once it commits.
+    #[test]
+    fn a_write_group_is_indexed_as_one_segment() {
+        let dir = std::env::temp_dir().join(format!("weir-short-url-segments-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let mut conn = sqlite::Sqlite::new(dir.join("t.db")).connect().unwrap_or_else(|e| panic!("{e}"));
+        let jobs: Vec<WriteJob> = (0..8)
+            .map(|j| {
+                let mut entries: Vec<NewEntry> = (0..100)
+                    .map(|i| NewEntry { origin_url: format!("https://b{j}.example/item/{i}"), ..NewEntry::default() })
+                    .collect();
+                entries[0].title = Some(format!("Titled {j}"));
+                WriteJob { entries, now: 1_000, reply: oneshot::channel().0 }
+            })
+            .collect();
+        let results = write_group(&mut *conn, &jobs, &RandomCodes).unwrap_or_else(|e| panic!("{e}"));
+        assert!(results.iter().all(|r| r.as_ref().is_ok_and(|codes| codes.len() == 100)), "{results:?}");
+        // The structure record (rowid 10): a 4-byte cookie, an optional 4-byte version marker,
+        // then the number of levels and of segments as varints.
+        let structure =
+            conn.query("SELECT hex(block) FROM codes_search_data WHERE id = 10", &[]).unwrap_or_else(|e| panic!("{e}"));
+        let hex =
+            structure.first().and_then(|r| r.first()).and_then(Val::text).unwrap_or_else(|| panic!("no structure"));
+        let b: Vec<u8> =
+            (0..hex.len() / 2).filter_map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).ok()).collect();
+        let at = if b.get(4..8) == Some(&[0xff, 0, 0, 1][..]) { 8 } else { 4 };
+        assert_eq!(b.get(at + 1), Some(&1), "segments in the index after one group of 8 batches");
+        for j in [0, 7] {
+            let rows = conn
+                .query(
+                    "SELECT count(*) FROM short_url_codes WHERE code IN (SELECT code FROM short_url_search_ids WHERE id IN
+                        (SELECT rowid FROM short_url_codes_search WHERE short_url_codes_search MATCH $1))",
+                    &[fts_all_trigrams(&format!("b{j}.example/item/99")).into()],
+                )
+                .unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(rows[0][0].int(), Some(1), "batch {j}'s link found");
+            let titled = conn
+                .query(
+                    "SELECT count(*) FROM short_url_search_ids WHERE id IN
+                        (SELECT rowid FROM short_url_codes_search WHERE short_url_codes_search MATCH $1)",
+                    &[fts_all_trigrams(&format!("Titled {j}")).into()],
+                )
+                .unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(titled[0][0].int(), Some(1), "batch {j}'s titled link found");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
