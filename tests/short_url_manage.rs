@@ -201,7 +201,7 @@ fn options_and_management(pg: Option<&str>) {
     assert_eq!(codes(&call(&p, None, "GET", "?since=2099-01-01T00:00:00Z", None).json()).len(), 0);
     assert_eq!(codes(&call(&p, None, "GET", "?until=2000-01-01T00:00:00Z", None).json()).len(), 0);
     assert_eq!(codes(&call(&p, None, "GET", "?since=2000-01-01T00:00:00Z&page_size=100", None).json()).len(), 30);
-    for bad in ["?page=0", "?page_size=101", "?order_by=name", "?since=now"] {
+    for bad in ["?page=0", "?page_size=101", "?order_by=name", "?since=now", "?search=%FF", "?tag=%C3%28"] {
         let r = call(&p, None, "GET", bad, None);
         assert_eq!((r.status, r.json()["code"].as_u64()), (400, Some(400)), "{bad}: {}", r.text());
     }

@@ -334,11 +334,40 @@ pub fn patch(body: &[u8], limits: &Limits<'_>, now: i64) -> Result<Patch, String
     Ok(p)
 }
 
+/// Names of the list's parameters, whose values must be UTF-8 once percent-decoded.
+const LIST_PARAMS: [&str; 7] = ["page", "page_size", "search", "tag", "since", "until", "order_by"];
+
+/// The pairs of a query (`application/x-www-form-urlencoded`). A value of one of the list's
+/// parameters that is not UTF-8 once decoded (`search=%FF`) is an error: decoded lossily it
+/// would search for U+FFFD and answer an empty page as if nothing matched. Other pairs are
+/// decoded lossily and ignored by the caller.
+fn query_pairs(query: &str) -> Result<Vec<(std::borrow::Cow<'_, str>, std::borrow::Cow<'_, str>)>, String> {
+    fn decode(raw: &str) -> Result<std::borrow::Cow<'_, str>, ()> {
+        if !raw.bytes().any(|b| b == b'%' || b == b'+') {
+            return Ok(raw.into());
+        }
+        let spaced = raw.replace('+', " ");
+        let bytes: Vec<u8> = percent_encoding::percent_decode_str(&spaced).collect();
+        String::from_utf8(bytes).map(Into::into).map_err(|_| ())
+    }
+    let mut out = Vec::new();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        let Ok(k) = decode(k) else { continue };
+        match decode(v) {
+            Ok(v) => out.push((k, v)),
+            Err(()) if LIST_PARAMS.contains(&&*k) => return Err(format!("{k}: not valid UTF-8 once percent-decoded")),
+            Err(()) => {}
+        }
+    }
+    Ok(out)
+}
+
 /// Parses the query of `GET /short/v1/urls`.
 pub fn list_query(query: &str) -> Result<crate::store::links::ListQuery, String> {
     use crate::store::links::{ListQuery, Order};
     let mut q = ListQuery::default();
-    for (k, v) in url::form_urlencoded::parse(query.as_bytes()) {
+    for (k, v) in query_pairs(query)? {
         let num = |max: u32| -> Result<u32, String> {
             match v.parse::<u32>() {
                 Ok(n) if (1..=max).contains(&n) => Ok(n),
@@ -512,6 +541,21 @@ mod tests {
             day_secs: 86_400,
             domains: &[],
         }
+    }
+
+    /// A list parameter that is not UTF-8 once percent-decoded is refused (decoded lossily it
+    /// searched for U+FFFD and answered an empty page); valid escapes and `+` decode as usual,
+    /// and parameters the list does not know are ignored whatever they hold.
+    #[test]
+    fn a_list_parameter_that_is_not_utf8_is_refused() {
+        for (bad, name) in [("search=%FF", "search"), ("tag=%C3", "tag"), ("page=1&since=%E2%82", "since")] {
+            let err = list_query(bad).map(|_| ()).unwrap_err();
+            assert_eq!(err, format!("{name}: not valid UTF-8 once percent-decoded"), "{bad}");
+        }
+        let q = list_query("search=caf%C3%A9+cr%C3%A8me&tag=a%2Bb&apikey=%FF&jwt").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!((q.search.as_deref(), q.tag.as_deref()), (Some("café crème"), Some("a+b")));
+        let q = list_query("page=2&&page_size=5&search=").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!((q.page, q.page_size, q.search), (2, 5, None));
     }
 
     /// A host comes right after `scheme://`, as RFC 3986 writes it; the forms the WHATWG parser
