@@ -148,8 +148,7 @@ pub fn insert_full(conn: &mut dyn Conn, code: &str, e: &NewEntry, now: i64) -> R
     Ok(n == 1)
 }
 
-/// [`insert_full`] in a transaction of its own.
-#[cfg(test)]
+/// [`insert_full`] in a transaction of its own (tests and the search fuzz target).
 pub fn insert_committed(conn: &mut dyn Conn, code: &str, e: &NewEntry, now: i64) -> Result<bool, String> {
     super::transaction(conn, |conn| insert_full(conn, code, e, now))
 }
@@ -534,7 +533,8 @@ pub fn update(conn: &mut dyn Conn, link: &Link) -> Result<bool, String> {
 }
 
 /// Before `link`'s texts (origin_url, title, tags) change, removes their entry from the trigram
-/// index where there is one (SQLite; the update's trigger indexes the new texts). The index is
+/// index where there is one (SQLite; the update's trigger lists the new texts, indexed when the
+/// transaction commits). The index is
 /// contentless: an entry is deleted by giving its texts again, and it is found through the index
 /// itself, by the rarest trigram of the old texts. A code's current entry is its newest `search_ids`
 /// row; older ones (of a purged link whose code came back) are left alone, since their texts
@@ -1001,7 +1001,7 @@ pub fn fuzz_search(data: &[u8]) {
     let code = format!("f{at}");
     let e =
         NewEntry { origin_url: "https://fuzz.example/".into(), title: Some(title.to_string()), ..NewEntry::default() };
-    assert_eq!(insert_full(&mut **conn, &code, &e, at), Ok(true));
+    assert_eq!(insert_committed(&mut **conn, &code, &e, at), Ok(true));
     if let Err(e) = search_finds(&mut **conn, &code, &term, at) {
         panic!("{e}");
     }
@@ -1038,6 +1038,7 @@ pub(crate) mod tests {
             let e = NewEntry { origin_url: format!("https://{code}.example/"), ..NewEntry::default() };
             assert_eq!(insert_full(conn, &code, &e, 1), Ok(true));
         }
+        assert_eq!(conn.index_pending(), Ok(()));
         assert_eq!(conn.exec("COMMIT"), Ok(()));
         // Interleaved arrivals, many codes.
         let visit = |code: String, at: i64, class: UaClass| Visit {

@@ -98,7 +98,7 @@ const MIGRATIONS: &[&str] = &[
     // sizes. Its rowids come from `search_ids` (appended to, in order: FTS5 writes rowids in
     // order cheaply), one per indexed version of a link's texts. A contentless entry is deleted
     // by giving its texts again: `links::update` does so before a change (the trigger below
-    // indexes the new texts). Entries of purged links stay behind as candidates the `ILIKE`
+    // indexed the new texts; since migration 7 it lists them for `Conn::index_pending`). Entries of purged links stay behind as candidates the `ILIKE`
     // test of every search rejects (at most one per link ever created).
     "DROP TRIGGER codes_search_insert;
     DROP TRIGGER codes_search_update;
