@@ -70,6 +70,16 @@ fn creates_and_redirects() {
     let r = get(p.node(), "/s/AAAAAAAA");
     assert_eq!((r.status, r.json()["error_msg"].as_str()), (404, Some("short code `AAAAAAAA` not found")));
     assert_eq!(get(p.node(), "/s/short").status, 404);
+    // A code has one URL: other segments around it are not it (they were skipped, so that
+    // `/s/anything/<code>` redirected too).
+    let code = items[0]["data"]["short_code"].as_str().unwrap_or_default();
+    assert_eq!(get(p.node(), &format!("/s/{code}/qr")).status, 200);
+    for other in [format!("/s/x/{code}"), format!("/s/a/b/{code}"), format!("/s/{code}/"), format!("/s/x/{code}/qr")] {
+        let r = get(p.node(), &other);
+        assert_eq!((r.status, r.header("location")), (404, None), "{other}: {}", r.text());
+    }
+    let r = get(p.node(), &format!("/s/{code}/qr/x"));
+    assert_eq!(r.status, 404, "{}", r.text());
     // The same URL twice gets two codes.
     let r = create(&p, &json!([{"origin_url": "https://dup.example/"}, {"origin_url": "https://dup.example/"}])).json();
     assert_ne!(r["data"][0]["data"]["short_code"], r["data"][1]["data"]["short_code"]);

@@ -449,10 +449,7 @@ impl Instance {
 
     fn resolve(&self, ctx: &mut RequestCtx) -> Flow<'static> {
         let now = now();
-        let (code, qr) = match ctx.path.strip_suffix("/qr") {
-            Some(rest) => (rest.rsplit('/').next().unwrap_or(""), true),
-            None => (ctx.path.rsplit('/').next().unwrap_or(""), false),
-        };
+        let (code, qr) = code_in_path(&ctx.path, ctx.matched_uri.as_deref());
         if !validate::is_code(code) {
             let msg = if code.is_empty() {
                 "no short code in the path".to_owned()
@@ -542,6 +539,26 @@ impl Instance {
 }
 
 /// 415 when the request says its body is not JSON (no `Content-Type` is accepted).
+/// The code a redirect's path names, and whether it asks for the QR code: what follows the
+/// route's prefix (its `uri` up to the final `*`, such as `/s/`) must be `<code>` or
+/// `<code>/qr`, so a code has one URL (`/s/x/<code>` is not it). A route without such a prefix
+/// (a path parameter, an exact path) names the code in its last segment.
+fn code_in_path<'a>(path: &'a str, matched_uri: Option<&str>) -> (&'a str, bool) {
+    let rest = match matched_uri.and_then(|m| m.strip_suffix('*')).and_then(|prefix| path.strip_prefix(prefix)) {
+        Some(rest) => rest,
+        None => {
+            let (path, qr) = path.strip_suffix("/qr").map_or((path, false), |p| (p, true));
+            return (path.rsplit('/').next().unwrap_or(""), qr);
+        }
+    };
+    match rest.split_once('/') {
+        None => (rest, false),
+        Some((code, "qr")) => (code, true),
+        // Not a code: the caller answers 404 naming it.
+        Some(_) => (rest, false),
+    }
+}
+
 fn refuse_non_json(ctx: &RequestCtx, now: i64) -> Option<Flow<'static>> {
     let media = ctx.header("content-type")?.split(';').next().unwrap_or("").trim();
     (!media.eq_ignore_ascii_case("application/json")).then(|| {
