@@ -204,7 +204,8 @@ pub(crate) fn handle(meta: &Arc<Meta>, shared: &Arc<Shared>, ctx: &mut RequestCt
     };
     let scope = meta.scope(ctx);
     let meta = meta.clone();
-    let method = ctx.method.clone();
+    // HEAD is GET without the body (the server leaves it out), as RFC 9110 has it.
+    let method = if ctx.method == Method::HEAD { Method::GET } else { ctx.method.clone() };
     match (target, method) {
         (Target::List, Method::GET) => {
             let q = match validate::list_query(&ctx.query) {
@@ -379,13 +380,15 @@ pub(crate) fn handle(meta: &Arc<Meta>, shared: &Arc<Shared>, ctx: &mut RequestCt
             })
         }
         (Target::List, m) | (Target::Visits(_), m) => method_not_allowed(
-            &format!("method {m} not allowed here (GET only; create with POST on the create route)"),
-            "GET",
+            &format!("method {m} not allowed here (GET, HEAD; create with POST on the create route)"),
+            "GET, HEAD",
             now,
         ),
-        (Target::One(_), m) => {
-            method_not_allowed(&format!("method {m} not allowed (GET, PATCH, DELETE)"), "GET, PATCH, DELETE", now)
-        }
+        (Target::One(_), m) => method_not_allowed(
+            &format!("method {m} not allowed (GET, HEAD, PATCH, DELETE)"),
+            "GET, HEAD, PATCH, DELETE",
+            now,
+        ),
     }
 }
 
