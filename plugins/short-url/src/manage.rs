@@ -352,12 +352,14 @@ pub(crate) fn handle(meta: &Arc<Meta>, shared: &Arc<Shared>, ctx: &mut RequestCt
                     return request_error(StatusCode::BAD_REQUEST, "valid_since: must be before valid_until", now);
                 }
                 let l2 = link.clone();
-                match store.run(move |c| links::update(c, &l2)).await {
-                    Ok(true) => {
+                let exclude_bots = meta.exclude_bots;
+                match store.run(move |c| links::update(c, &l2, exclude_bots)).await {
+                    Ok(Some(cap_used)) => {
                         shared.cache.remove(&code);
+                        link.cap_used = cap_used;
                         Flow::Respond(data(&LinkView::of(&meta, &link), now))
                     }
-                    Ok(false) => gone(&code, now),
+                    Ok(None) => gone(&code, now),
                     Err(e) => unavailable(&e, now),
                 }
             })

@@ -507,14 +507,24 @@ fn list_sql(conn: &dyn Conn, q: &ListQuery, scope: &Scope, narrow: Narrow<'_>) -
     (sql, params)
 }
 
-/// Writes the changeable fields of `link` (origin_url, validity, max_visits, tags, title).
-pub fn update(conn: &mut dyn Conn, link: &Link) -> Result<bool, String> {
+/// Writes the changeable fields of `link` (origin_url, validity, max_visits, tags, title); the
+/// visits counted for its cap afterwards (`None`: no such live link).
+///
+/// A cap set on a link that had none starts from the visits the link already has (less its
+/// bots' when `exclude_bots`), as Shlink compares `maxVisits` with every visit: a link already
+/// past its new cap answers 410 at once. (Redirects of an uncapped link count nothing toward a
+/// cap, which keeps them free of a database write.)
+pub fn update(conn: &mut dyn Conn, link: &Link, exclude_bots: bool) -> Result<Option<i64>, String> {
     super::transaction(conn, |conn| {
         forget_indexed_texts(conn, link)?;
-        let n = conn.execute(
-            "UPDATE short_url_codes SET origin_url = $2, expires_at = $3, valid_since = $4, max_visits = $5,
-                 title = $6, tags = $7
-             WHERE code = $1 AND deleted_at IS NULL",
+        let rows = conn.query(
+            "UPDATE short_url_codes SET origin_url = $2, expires_at = $3, valid_since = $4,
+                 cap_used = CASE WHEN max_visits IS NULL AND CAST($5 AS BIGINT) IS NOT NULL
+                                 THEN visits - CASE WHEN CAST($8 AS BIGINT) = 1 THEN bot_visits ELSE 0 END
+                                 ELSE cap_used END,
+                 max_visits = $5, title = $6, tags = $7
+             WHERE code = $1 AND deleted_at IS NULL
+             RETURNING cap_used",
             &[
                 link.code.as_str().into(),
                 link.origin_url.as_str().into(),
@@ -523,12 +533,14 @@ pub fn update(conn: &mut dyn Conn, link: &Link) -> Result<bool, String> {
                 link.max_visits.into(),
                 link.title.clone().into(),
                 tags_text(&link.tags).into(),
+                i64::from(exclude_bots).into(),
             ],
         )?;
-        if n == 1 {
+        let cap_used = rows.first().and_then(|r| r.first()).and_then(Val::int);
+        if cap_used.is_some() {
             set_tags(conn, &link.code, &link.tags)?;
         }
-        Ok(n == 1)
+        Ok(cap_used)
     })
 }
 

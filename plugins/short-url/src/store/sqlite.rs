@@ -465,7 +465,7 @@ mod tests {
         let mut link = links::get(&mut *conn, "bbbb").ok().flatten().unwrap_or_else(|| panic!("bbbb"));
         link.origin_url = "https://five.example/v".into();
         link.title = Some("Renamed".into());
-        assert_eq!(links::update(&mut *conn, &link), Ok(true));
+        assert_eq!(links::update(&mut *conn, &link, false).map(|c| c.is_some()), Ok(true));
         for probe in [links::PROBE, 0] {
             assert_eq!(found(&mut *conn, "four.exam", probe), ["cccc"], "probe {probe}");
             assert_eq!(found(&mut *conn, "five.exam", probe), ["bbbb"], "probe {probe}");
@@ -481,13 +481,13 @@ mod tests {
         let all = "SELECT count(*) FROM short_url_search_ids";
         let before = count(&mut *conn, all);
         link.max_visits = Some(9);
-        assert_eq!(links::update(&mut *conn, &link), Ok(true));
+        assert_eq!(links::update(&mut *conn, &link, false).map(|c| c.is_some()), Ok(true));
         assert_eq!(count(&mut *conn, all), before);
         assert_eq!(found(&mut *conn, "renamed", links::PROBE), ["bbbb"]);
         // Many changes leave one entry.
         for i in 0..20 {
             link.title = Some(format!("Renamed {i}"));
-            assert_eq!(links::update(&mut *conn, &link), Ok(true));
+            assert_eq!(links::update(&mut *conn, &link, false).map(|c| c.is_some()), Ok(true));
         }
         assert_eq!(count(&mut *conn, of_bbbb), Some(1));
         assert_eq!(found(&mut *conn, "renamed 19", 0), ["bbbb"]);
@@ -505,7 +505,7 @@ mod tests {
         assert_eq!(links::insert_committed(&mut *conn, "dddd", &e, 11), Ok(true));
         let mut back = links::get(&mut *conn, "dddd").ok().flatten().unwrap_or_else(|| panic!("dddd"));
         back.origin_url = "https://seven.example/t".into();
-        assert_eq!(links::update(&mut *conn, &back), Ok(true));
+        assert_eq!(links::update(&mut *conn, &back, false).map(|c| c.is_some()), Ok(true));
         assert_eq!(found(&mut *conn, "seven.exam", 0), ["dddd"]);
         assert!(found(&mut *conn, "u/again", 0).is_empty());
         let of_dddd = "SELECT count(*) FROM short_url_search_ids WHERE code = 'dddd'";
