@@ -399,7 +399,8 @@ pub fn list_query(query: &str) -> Result<crate::store::links::ListQuery, String>
     Ok(q)
 }
 
-/// Fuzzing entry point for the management parsers: a `PATCH` body and a list query.
+/// Fuzzing entry point for the management parsers: a `PATCH` body, a list query, and a visit's
+/// `Referer` and `User-Agent`.
 #[doc(hidden)]
 pub fn fuzz_manage(data: &[u8]) {
     with_fuzz_limits(|limits| fuzz_manage_with(data, limits))
@@ -411,9 +412,16 @@ fn fuzz_manage_with(data: &[u8], limits: &Limits<'_>) {
         assert!(p.tags.is_none_or(|t| t.len() <= MAX_TAGS));
         assert!(p.max_visits.flatten().is_none_or(|m| m >= 1));
     }
-    if let Ok(q) = list_query(&String::from_utf8_lossy(data)) {
+    let text = String::from_utf8_lossy(data);
+    if let Ok(q) = list_query(&text) {
         assert!(q.page >= 1 && (1..=100).contains(&q.page_size));
     }
+    // The visit's fields taken from request headers: a stored referer is a host and nothing else.
+    if let Some(host) = crate::visits::referer_host(&text) {
+        assert!(!host.is_empty() && host.len() <= 253, "{host:?}");
+        assert!(host.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-_.:".contains(&b)), "{host:?}");
+    }
+    let _ = crate::visits::classify(Some(&text));
 }
 
 fn check_url(s: &str, bases: &[url::Url]) -> Result<(), String> {

@@ -59,12 +59,32 @@ pub fn classify(ua: Option<&str>) -> UaClass {
     }
 }
 
-/// The host of a `Referer` value, lower case, without port or credentials.
+/// The host of a `Referer` value, lower case, without port, credentials or a trailing dot; `None`
+/// unless the value is an absolute URI (`scheme://host...`) whose host is a name (letters,
+/// digits, `-`, `_`, `.`) or a bracketed IPv6 address. The header is the client's to write:
+/// whatever else it holds (`<script>`, `not a url`) is not a host, and is never stored for a
+/// dashboard to show.
 pub fn referer_host(referer: &str) -> Option<String> {
-    let rest = referer.split_once("://").map_or(referer, |(_, r)| r);
+    let (scheme, rest) = referer.split_once("://")?;
+    let mut sc = scheme.bytes();
+    if !sc.next().is_some_and(|b| b.is_ascii_alphabetic())
+        || !sc.all(|b| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'-' | b'.'))
+    {
+        return None;
+    }
     let authority = rest.split(['/', '?', '#']).next()?;
     let host = authority.rsplit('@').next()?;
-    let host = if host.starts_with('[') { host.split(']').next().map(|h| &h[1..])? } else { host.split(':').next()? };
+    let host = match host.strip_prefix('[') {
+        Some(v6) => {
+            let v6 = v6.split(']').next()?;
+            v6.bytes().all(|b| b.is_ascii_hexdigit() || b == b':' || b == b'.').then_some(v6)?
+        }
+        None => {
+            let name = host.split(':').next()?;
+            let name = name.strip_suffix('.').unwrap_or(name);
+            name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.')).then_some(name)?
+        }
+    };
     (!host.is_empty() && host.len() <= 253).then(|| host.to_ascii_lowercase())
 }
 
@@ -286,6 +306,22 @@ mod tests {
         assert_eq!(referer_host("http://u:p@x.org/").as_deref(), Some("x.org"));
         assert_eq!(referer_host("http://[::1]:80/").as_deref(), Some("::1"));
         assert_eq!(referer_host("").as_deref(), None);
+        assert_eq!(referer_host("https://www.Google.com./x").as_deref(), Some("www.google.com"), "one name, one entry");
+        assert_eq!(referer_host("android-app://com.example.app/").as_deref(), Some("com.example.app"));
+        for not_a_host in [
+            "<script>alert(1)</script>",
+            "not a url",
+            "https://<script>alert(1)</script>",
+            "http://a b/",
+            "http://x\"y/",
+            "/relative/path",
+            "://nohost",
+            "1http://x/",
+            "http://[::1<b>]/",
+            "https:///path",
+        ] {
+            assert_eq!(referer_host(not_a_host), None, "{not_a_host}");
+        }
     }
 
     /// A burst of visits to one code, far more than `batch_size`, is written in one transaction
