@@ -145,6 +145,23 @@ fn options_and_management(pg: Option<&str>) {
         let r = create_as(&p, None, &own).json();
         assert_eq!(code_of(&r["data"][0]), "plain-own", "{r}");
     }
+    // An empty title is no title, the default base's domain no domain (as Shlink has them): the
+    // same request written either way finds the one link.
+    let node = p.node().to_string();
+    let plainly = json!([{"origin_url": "https://same.example/", "custom_code": "same-one", "find_if_exists": true}]);
+    assert_eq!(create_as(&p, None, &plainly).status, 200);
+    for spelled in [json!({"title": ""}), json!({"domain": node}), json!({"title": "", "domain": node.to_uppercase()})]
+    {
+        let mut body = plainly.clone();
+        if let (Some(entry), Some(extra)) = (body[0].as_object_mut(), spelled.as_object()) {
+            entry.extend(extra.clone());
+        }
+        let r = create_as(&p, None, &body);
+        assert_eq!((r.status, code_of(&r.json()["data"][0])), (200, "same-one".to_owned()), "{spelled}: {}", r.text());
+    }
+    let same = call(&p, None, "GET", "/same-one", None).json();
+    assert_eq!((&same["data"]["title"], &same["data"]["domain"]), (&Value::Null, &Value::Null), "{same}");
+    assert_eq!(call(&p, None, "DELETE", "/same-one", None).status, 200, "out of the counts below");
     // A link past its max_visits answers 410: find_if_exists does not hand it out again.
     let capped = json!([{"origin_url": "https://capped.example/", "find_if_exists": true, "max_visits": 1}]);
     let first_capped = code_of(&create_as(&p, None, &capped).json()["data"][0]);

@@ -155,7 +155,8 @@ pub fn entry(v: &Value, limits: &Limits<'_>, now: i64) -> Result<NewEntry, Rejec
         out.tags = tags(v).map_err(reject)?;
     }
     if let Some(v) = obj.get("title").filter(|v| !v.is_null()) {
-        out.title = Some(title(v).map_err(reject)?);
+        // An empty title is no title: `""` and `null` ask for the same link (find_if_exists).
+        out.title = Some(title(v).map_err(reject)?).filter(|t| !t.is_empty());
     }
     if let Some(v) = obj.get("domain").filter(|v| !v.is_null()) {
         let Some(d) = v.as_str() else {
@@ -167,7 +168,9 @@ pub fn entry(v: &Value, limits: &Limits<'_>, now: i64) -> Result<NewEntry, Rejec
                 limits.domains.join(", ")
             )));
         };
-        out.domain = Some(d);
+        // The default base's domain is no domain, as Shlink has it: both make the same short URL,
+        // and `find_if_exists` must find the one link for either.
+        out.domain = Some(d).filter(|d| limits.domains.first() != Some(d));
     }
     if out.valid_since.zip(out.expires_at).is_some_and(|(a, b)| a >= b) {
         return Err(reject("valid_since: must be before the expiry".into()));
@@ -329,7 +332,7 @@ pub fn patch(body: &[u8], limits: &Limits<'_>, now: i64) -> Result<Patch, String
         p.tags = Some(if v.is_null() { Vec::new() } else { tags(v)? });
     }
     if let Some(v) = obj.get("title") {
-        p.title = Some(if v.is_null() { None } else { Some(title(v)?) });
+        p.title = Some(if v.is_null() { None } else { Some(title(v)?).filter(|t| !t.is_empty()) });
     }
     Ok(p)
 }
@@ -585,9 +588,11 @@ mod tests {
     /// `domain` names a short base by its host, with or without the scheme's default port.
     #[test]
     fn a_domain_with_its_default_port_is_the_configured_one() {
-        let bases: Vec<url::Url> =
-            ["https://sho.rt/s", "http://go.example:8080/s"].iter().filter_map(|b| url::Url::parse(b).ok()).collect();
-        let domains = ["sho.rt".to_owned(), "go.example:8080".to_owned()];
+        let bases: Vec<url::Url> = ["https://main.example/s", "https://sho.rt/s", "http://go.example:8080/s"]
+            .iter()
+            .filter_map(|b| url::Url::parse(b).ok())
+            .collect();
+        let domains = ["main.example".to_owned(), "sho.rt".to_owned(), "go.example:8080".to_owned()];
         let l =
             Limits { bases: &bases, max_valid_day: 3650, default_valid_day: None, day_secs: 86_400, domains: &domains };
         let domain_of = |d: &str| {
@@ -598,6 +603,8 @@ mod tests {
         assert_eq!(domain_of("sho.rt"), Ok("sho.rt".to_owned()));
         assert_eq!(domain_of("SHO.RT:443"), Ok("sho.rt".to_owned()));
         assert_eq!(domain_of("go.example:8080"), Ok("go.example:8080".to_owned()));
+        // `short_base`'s own domain is no domain (`unwrap_or_default` above makes it "").
+        assert_eq!(domain_of("main.example:443"), Ok(String::new()));
         for bad in ["sho.rt:80", "sho.rt:8443", "go.example", "go.example:80", "other.example", "sho.rt:x"] {
             assert!(domain_of(bad).is_err_and(|m| m.starts_with("domain: ")), "{bad}");
         }
