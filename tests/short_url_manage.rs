@@ -257,6 +257,16 @@ fn options_and_management(pg: Option<&str>) {
     // The search index follows the change (SQLite: FTS5 kept by triggers; PostgreSQL: pg_trgm).
     assert_eq!(codes(&call(&p, None, "GET", "?search=plain.example%2Fv2", None).json()), vec![plain.clone()]);
     assert_eq!(codes(&call(&p, None, "GET", "?search=v2", None).json()), vec![plain.clone()], "short term: scan");
+    // A JSON merge patch (RFC 7396) is what a PATCH here is; other media types are a 415.
+    let path = format!("/short/v1/urls/{plain}");
+    let merge = ("Content-Type", "application/merge-patch+json");
+    let r = request(p.node(), "PATCH", &path, &[merge], br#"{"title": "merged"}"#);
+    assert_eq!((r.status, r.json()["data"]["title"].as_str()), (200, Some("merged")), "{}", r.text());
+    let r = request(p.node(), "PATCH", &path, &[("Content-Type", "text/plain")], br#"{"title": "v2"}"#);
+    assert_eq!((r.status, r.json()["code"].as_u64()), (415, Some(415)), "{}", r.text());
+    let r = request(p.node(), "POST", "/short/v1/urls", &[merge], br#"[{"origin_url": "https://m.example/"}]"#);
+    assert_eq!(r.status, 415, "creation takes application/json only: {}", r.text());
+    assert_eq!(call(&p, None, "PATCH", &format!("/{plain}"), Some(&json!({"title": "v2"}))).status, 200);
     for (body, field) in [
         (json!({"origin_url": "ftp://x"}), "origin_url: "),
         (json!({"valid_until": "tomorrow"}), "valid_until: "),

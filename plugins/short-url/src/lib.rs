@@ -559,9 +559,14 @@ fn code_in_path<'a>(path: &'a str, matched_uri: Option<&str>) -> (&'a str, bool)
     }
 }
 
+/// A 415 unless the body is declared JSON (or not declared): `application/json`, and for a
+/// `PATCH` also `application/merge-patch+json` (RFC 7396), whose rules a `PATCH` here follows
+/// (a field present replaces, `null` clears, an absent one stays).
 fn refuse_non_json(ctx: &RequestCtx, now: i64) -> Option<Flow<'static>> {
     let media = ctx.header("content-type")?.split(';').next().unwrap_or("").trim();
-    (!media.eq_ignore_ascii_case("application/json")).then(|| {
+    let merge_patch =
+        ctx.method == weir_plugin::http::Method::PATCH && media.eq_ignore_ascii_case("application/merge-patch+json");
+    (!media.eq_ignore_ascii_case("application/json") && !merge_patch).then(|| {
         request_error(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
             &format!("Content-Type must be application/json, not `{media}`"),

@@ -366,6 +366,16 @@ fn query_pairs(query: &str) -> Result<Vec<(std::borrow::Cow<'_, str>, std::borro
     Ok(out)
 }
 
+/// A date's error in a query, with the likely cause when the date holds a space: an offset's `+`
+/// written as is, which a query decodes as a space.
+fn plus_hint(err: String) -> String {
+    if err.contains(' ') && err.split('`').nth(1).is_some_and(|date| date.contains(' ')) {
+        format!("{err} (in a query a `+` is a space: write the offset's `+` as %2B)")
+    } else {
+        err
+    }
+}
+
 /// Parses the query of `GET /short/v1/urls`.
 pub fn list_query(query: &str) -> Result<crate::store::links::ListQuery, String> {
     use crate::store::links::{ListQuery, Order};
@@ -382,8 +392,8 @@ pub fn list_query(query: &str) -> Result<crate::store::links::ListQuery, String>
             "page_size" => q.page_size = num(100)?,
             "search" if !v.is_empty() => q.search = Some(v.chars().take(256).collect()),
             "tag" if !v.is_empty() => q.tag = Some(v.into_owned()),
-            "since" => q.since = Some(rfc3339("since", &Value::String(v.into_owned()))?),
-            "until" => q.until = Some(rfc3339("until", &Value::String(v.into_owned()))?),
+            "since" => q.since = Some(rfc3339("since", &Value::String(v.into_owned())).map_err(plus_hint)?),
+            "until" => q.until = Some(rfc3339("until", &Value::String(v.into_owned())).map_err(plus_hint)?),
             "order_by" => {
                 q.order = match &*v {
                     "created_at" => Order::CreatedAsc,
@@ -565,6 +575,10 @@ mod tests {
         }
         let q = list_query("search=caf%C3%A9+cr%C3%A8me&tag=a%2Bb&apikey=%FF&jwt").unwrap_or_else(|e| panic!("{e}"));
         assert_eq!((q.search.as_deref(), q.tag.as_deref()), (Some("café crème"), Some("a+b")));
+        let err = list_query("until=2030-01-01T00:00:00+05:00").map(|_| ()).unwrap_err();
+        assert!(err.ends_with("(in a query a `+` is a space: write the offset's `+` as %2B)"), "{err}");
+        let q = list_query("until=2030-01-01T00:00:00%2B05:00").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(q.until, Some(1_893_438_000));
         let q = list_query("page=2&&page_size=5&search=").unwrap_or_else(|e| panic!("{e}"));
         assert_eq!((q.page, q.page_size, q.search), (2, 5, None));
     }
