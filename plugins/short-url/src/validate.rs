@@ -337,6 +337,9 @@ pub fn patch(body: &[u8], limits: &Limits<'_>, now: i64) -> Result<Patch, String
     Ok(p)
 }
 
+/// A query's name and value, percent-decoded.
+type QueryPair<'a> = (std::borrow::Cow<'a, str>, std::borrow::Cow<'a, str>);
+
 /// Names of the list's parameters, whose values must be UTF-8 once percent-decoded.
 const LIST_PARAMS: [&str; 7] = ["page", "page_size", "search", "tag", "since", "until", "order_by"];
 
@@ -344,7 +347,7 @@ const LIST_PARAMS: [&str; 7] = ["page", "page_size", "search", "tag", "since", "
 /// parameters that is not UTF-8 once decoded (`search=%FF`) is an error: decoded lossily it
 /// would search for U+FFFD and answer an empty page as if nothing matched. Other pairs are
 /// decoded lossily and ignored by the caller.
-fn query_pairs(query: &str) -> Result<Vec<(std::borrow::Cow<'_, str>, std::borrow::Cow<'_, str>)>, String> {
+fn query_pairs(query: &str) -> Result<Vec<QueryPair<'_>>, String> {
     fn decode(raw: &str) -> Result<std::borrow::Cow<'_, str>, ()> {
         if !raw.bytes().any(|b| b == b'%' || b == b'+') {
             return Ok(raw.into());
