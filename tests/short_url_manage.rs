@@ -560,6 +560,9 @@ fn qr_codes() {
     assert_eq!(r.header("content-type"), Some("image/png"));
     assert_eq!(r.header("cache-control"), Some("public, max-age=86400"));
     assert!(r.body.starts_with(b"\x89PNG\r\n\x1a\n"));
+    // IHDR's width and height: the size asked for.
+    let side = |b: &[u8], at: usize| b.get(at..at + 4).map(|w| u32::from_be_bytes([w[0], w[1], w[2], w[3]]));
+    assert_eq!((side(&r.body, 16), side(&r.body, 20)), (Some(200), Some(200)));
     let r = get(p.node(), &format!("/s/{code}/qr?format=svg"));
     assert_eq!((r.status, r.header("content-type")), (200, Some("image/svg+xml")));
     assert!(r.text().starts_with("<?xml") && r.text().contains("<svg"));

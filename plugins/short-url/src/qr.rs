@@ -67,7 +67,12 @@ pub fn render(text: &str, p: Params) -> Result<(&'static str, Vec<u8>), String> 
     let width = code.width() as u32;
     let colors = code.to_colors();
     let modules = width + 2 * p.margin;
+    // Whole pixels per module (crisp edges), the pixels left over added to the quiet zone
+    // around it, so that the image is exactly `size` wide (as Shlink's are) unless even one
+    // pixel per module does not fit.
     let scale = (p.size / modules).max(1);
+    let side = p.size.max(modules * scale);
+    let offset = (side - modules * scale) / 2;
     let dark = |x: u32, y: u32| -> bool {
         x >= p.margin
             && y >= p.margin
@@ -77,12 +82,12 @@ pub fn render(text: &str, p: Params) -> Result<(&'static str, Vec<u8>), String> 
     };
     match p.format {
         Format::Svg => {
-            let side = modules * scale;
             let mut path = String::new();
             for y in 0..modules {
                 for x in 0..modules {
                     if dark(x, y) {
-                        path.push_str(&format!("M{},{}h{s}v{s}h-{s}z", x * scale, y * scale, s = scale));
+                        let (px, py) = (offset + x * scale, offset + y * scale);
+                        path.push_str(&format!("M{px},{py}h{scale}v{scale}h-{scale}z"));
                     }
                 }
             }
@@ -92,11 +97,12 @@ pub fn render(text: &str, p: Params) -> Result<(&'static str, Vec<u8>), String> 
             Ok(("image/svg+xml", svg.into_bytes()))
         }
         Format::Png => {
-            let side = modules * scale;
+            let module = |px: u32| px.checked_sub(offset).map(|p| p / scale).filter(|m| *m < modules);
             let mut pixels = Vec::with_capacity((side * side) as usize);
             for y in 0..side {
                 for x in 0..side {
-                    pixels.push(if dark(x / scale, y / scale) { 0u8 } else { 255u8 });
+                    let on = module(x).zip(module(y)).is_some_and(|(mx, my)| dark(mx, my));
+                    pixels.push(if on { 0u8 } else { 255u8 });
                 }
             }
             let mut out = Vec::new();
@@ -116,23 +122,35 @@ pub fn render(text: &str, p: Params) -> Result<(&'static str, Vec<u8>), String> 
 mod tests {
     use super::*;
 
+    /// The image is `size` pixels wide whatever the module count (the pixels that do not make a
+    /// whole module go to the quiet zone), and decodes back to the URL; when not even one pixel
+    /// per module fits, it is one pixel per module.
     #[test]
-    fn a_png_decodes_back_to_the_url() {
+    fn a_png_is_the_size_asked_and_decodes_back_to_the_url() {
         let url = "https://s.example/s/Ab3dEf9h";
-        let (ct, bytes) =
-            render(url, Params { size: 300, format: Format::Png, margin: 2 }).unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(ct, "image/png");
-        let dec = png::Decoder::new(std::io::Cursor::new(bytes));
-        let mut reader = dec.read_info().unwrap_or_else(|e| panic!("{e}"));
-        let mut buf = vec![0; reader.output_buffer_size()];
-        let info = reader.next_frame(&mut buf).unwrap_or_else(|e| panic!("{e}"));
-        assert!(info.width <= 300 && info.width >= 200, "{}", info.width);
-        let (w, h) = (info.width as usize, info.height as usize);
-        let mut img = rqrr::PreparedImage::prepare_from_greyscale(w, h, |x, y| buf[y * w + x]);
-        let grids = img.detect_grids();
-        assert_eq!(grids.len(), 1);
-        let (_, content) = grids[0].decode().unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(content, url);
+        // (A reader needs a quiet zone and more than one pixel per module: the last two are only
+        // measured.)
+        for (size, margin, side, read) in
+            [(300, 2, 300, true), (299, 1, 299, true), (2000, 20, 2000, true), (50, 0, 50, false), (60, 20, 69, false)]
+        {
+            let (ct, bytes) =
+                render(url, Params { size, format: Format::Png, margin }).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(ct, "image/png");
+            let dec = png::Decoder::new(std::io::Cursor::new(bytes));
+            let mut reader = dec.read_info().unwrap_or_else(|e| panic!("{e}"));
+            let mut buf = vec![0; reader.output_buffer_size()];
+            let info = reader.next_frame(&mut buf).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!((info.width, info.height), (side, side), "size {size} margin {margin}");
+            if !read {
+                continue;
+            }
+            let (w, h) = (info.width as usize, info.height as usize);
+            let mut img = rqrr::PreparedImage::prepare_from_greyscale(w, h, |x, y| buf[y * w + x]);
+            let grids = img.detect_grids();
+            assert_eq!(grids.len(), 1, "size {size} margin {margin}");
+            let (_, content) = grids[0].decode().unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(content, url);
+        }
     }
 
     #[test]
@@ -146,6 +164,8 @@ mod tests {
         let (ct, svg) = render("https://s.example/s/x", Params { size: 100, format: Format::Svg, margin: 1 })
             .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(ct, "image/svg+xml");
-        assert!(String::from_utf8_lossy(&svg).contains("<path fill=\"#000\" d=\"M"));
+        let svg = String::from_utf8_lossy(&svg);
+        assert!(svg.contains("<path fill=\"#000\" d=\"M"));
+        assert!(svg.contains("width=\"100\" height=\"100\" viewBox=\"0 0 100 100\""), "{svg}");
     }
 }
