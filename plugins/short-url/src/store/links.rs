@@ -123,7 +123,7 @@ pub fn find_existing(conn: &mut dyn Conn, e: &NewEntry, now: i64) -> Result<Opti
 
 /// Inserts a link with all its columns unless the code exists (also deleted); whether it did.
 ///
-/// In a transaction ([`super::transaction`]): the link is indexed for search when it commits.
+/// In a transaction (`store::transaction`): the link is indexed for search when it commits.
 pub fn insert_full(conn: &mut dyn Conn, code: &str, e: &NewEntry, now: i64) -> Result<bool, String> {
     let n = conn.execute(
         "INSERT INTO short_url_codes (code, origin_url, created_at, expires_at, valid_since, max_visits, title, tags, domain, owner, findable)

@@ -62,7 +62,7 @@ fn thread_random(size: usize) -> Vec<u8> {
 }
 
 /// Codes over [`ALPHABET`]: a 3-character prefix that steps once per request, then 5 characters
-/// from a CSPRNG ([`thread_random`]).
+/// from a CSPRNG (the thread's, see `thread_random`).
 ///
 /// Why a prefix: codes are the key of the store's B-tree, and fully random keys put every new
 /// code on a page of its own, so each commit rewrote one 4 KiB page per code (the write
@@ -296,7 +296,7 @@ pub trait Conn: Send {
         None
     }
     /// Brings the search index up to date with the links written so far (SQLite indexes them once
-    /// per transaction, see its migration 7; [`transaction`] calls this before it commits, so a
+    /// per transaction, see its migration 7; `transaction` calls this before it commits, so a
     /// committed link is always searchable). Elsewhere there is nothing to do.
     fn index_pending(&mut self) -> Result<(), String> {
         Ok(())
