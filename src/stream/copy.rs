@@ -134,9 +134,9 @@ impl<'a> Direction<'a> {
     }
 
     /// Moves bytes until a socket would block (`Pending`, with this task's waker registered) or
-    /// `src` ends (`Ready(Ok)`). A short read ends the reading (the queue is empty), except that
-    /// an end of stream the kernel already signalled (`EPOLLRDHUP`, which tokio keeps) is read
-    /// at once, without another turn of the event loop. The sockets' readiness polls take
+    /// `src` ends (`Ready(Ok)`). Reads go on until one would block, not only until one comes
+    /// back short: a peer's end of stream usually follows its last bytes at once, and this
+    /// read sees it without another turn of the event loop. The sockets' readiness polls take
     /// tokio's cooperative budget, so a busy relay still yields.
     fn poll_move(
         &mut self,
@@ -181,14 +181,6 @@ impl<'a> Direction<'a> {
             };
             *moved = true;
             self.count += n as u64;
-            if n < buf.len() {
-                // A short read emptied the socket's queue: mark it not readable without the
-                // read that would say so (one `recvfrom` less per wait, as nginx stops at a short
-                // read). Bytes arriving later raise a new edge; tokio never clears a socket's
-                // read-closed state, so an end of stream already signalled is read at once.
-                let _ =
-                    self.src.try_io(tokio::io::Interest::READABLE, || Err::<(), _>(io::ErrorKind::WouldBlock.into()));
-            }
             let mut at = 0;
             while at < n {
                 match self.dst.try_write(&buf[at..n]) {
