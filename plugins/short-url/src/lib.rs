@@ -538,14 +538,14 @@ impl Instance {
     }
 }
 
-/// 415 when the request says its body is not JSON (no `Content-Type` is accepted).
 /// The code a redirect's path names, and whether it asks for the QR code: what follows the
 /// route's prefix (its `uri` up to the final `*`, such as `/s/`) must be `<code>` or
 /// `<code>/qr`, so a code has one URL (`/s/x/<code>` is not it). A route without such a prefix
 /// (a path parameter, an exact path) names the code in its last segment.
 fn code_in_path<'a>(path: &'a str, matched_uri: Option<&str>) -> (&'a str, bool) {
     let rest = match matched_uri.and_then(|m| m.strip_suffix('*')).and_then(|prefix| path.strip_prefix(prefix)) {
-        Some(rest) => rest,
+        // (`uri: /s*` leaves the slash in front of the code.)
+        Some(rest) => rest.strip_prefix('/').unwrap_or(rest),
         None => {
             let (path, qr) = path.strip_suffix("/qr").map_or((path, false), |p| (p, true));
             return (path.rsplit('/').next().unwrap_or(""), qr);
@@ -559,7 +559,7 @@ fn code_in_path<'a>(path: &'a str, matched_uri: Option<&str>) -> (&'a str, bool)
     }
 }
 
-/// A 415 unless the body is declared JSON (or not declared): `application/json`, and for a
+/// A 415 unless the body is declared JSON (no `Content-Type` is accepted): `application/json`, and for a
 /// `PATCH` also `application/merge-patch+json` (RFC 7396), whose rules a `PATCH` here follows
 /// (a field present replaces, `null` clears, an absent one stays).
 fn refuse_non_json(ctx: &RequestCtx, now: i64) -> Option<Flow<'static>> {
@@ -567,9 +567,14 @@ fn refuse_non_json(ctx: &RequestCtx, now: i64) -> Option<Flow<'static>> {
     let merge_patch =
         ctx.method == weir_plugin::http::Method::PATCH && media.eq_ignore_ascii_case("application/merge-patch+json");
     (!media.eq_ignore_ascii_case("application/json") && !merge_patch).then(|| {
+        let allowed = if ctx.method == weir_plugin::http::Method::PATCH {
+            "application/json or application/merge-patch+json"
+        } else {
+            "application/json"
+        };
         request_error(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            &format!("Content-Type must be application/json, not `{media}`"),
+            &format!("Content-Type must be {allowed}, not `{media}`"),
             now,
         )
     })
@@ -876,3 +881,30 @@ impl Plugin for ShortUrl {
 }
 
 register_plugin!(ShortUrl::default());
+
+#[cfg(test)]
+mod tests {
+    use super::code_in_path;
+
+    /// What follows the route's prefix is the code (or the code and `/qr`) and nothing else;
+    /// routes without a `*` prefix name it in the last segment.
+    #[test]
+    fn a_redirect_path_names_its_code_after_the_route_prefix() {
+        let cases = [
+            ("/s/abc", Some("/s/*"), ("abc", false)),
+            ("/s/abc/qr", Some("/s/*"), ("abc", true)),
+            ("/s/x/abc", Some("/s/*"), ("x/abc", false)),
+            ("/s/abc/", Some("/s/*"), ("abc/", false)),
+            ("/s/abc/qr/x", Some("/s/*"), ("abc/qr/x", false)),
+            ("/sabc", Some("/s*"), ("abc", false)),
+            ("/s/abc", Some("/s*"), ("abc", false)),
+            ("/abc", Some("/*"), ("abc", false)),
+            ("/go/abc/qr", Some("/go/:code/qr"), ("abc", true)),
+            ("/t/1/s/abc", Some("/t/:tenant/s/*"), ("abc", false)),
+            ("/s/abc", None, ("abc", false)),
+        ];
+        for (path, matched, want) in cases {
+            assert_eq!(code_in_path(path, matched), want, "{path} on {matched:?}");
+        }
+    }
+}
