@@ -44,19 +44,10 @@ fn yes() -> bool {
     true
 }
 
-/// Random bytes from the thread's CSPRNG (ChaCha, seeded and periodically reseeded from the
-/// OS). Seeding a generator per request, as `nanoid::rngs::default` does, cost about 14,000
-/// instructions a request.
-fn random<const N: usize>() -> [u8; N] {
-    let mut b = [0u8; N];
-    rand::RngCore::fill_bytes(&mut rand::thread_rng(), &mut b);
-    b
-}
-
 /// A random UUID v4 in its canonical text form.
 pub fn uuid_v4() -> String {
     const HEX: &[u8; 16] = b"0123456789abcdef";
-    let mut b = random::<16>();
+    let mut b = weir_plugin::random::bytes::<16>();
     b[6] = (b[6] & 0x0f) | 0x40;
     b[8] = (b[8] & 0x3f) | 0x80;
     let mut out = String::with_capacity(36);
@@ -73,7 +64,7 @@ pub fn uuid_v4() -> String {
 /// A nanoid: 21 characters of the URL-safe alphabet (64 symbols: one byte's low 6 bits each,
 /// without bias), as `nanoid::nanoid!()` makes them.
 pub fn nanoid() -> String {
-    random::<21>().iter().map(|x| nanoid::alphabet::SAFE[usize::from(x & 63)]).collect()
+    weir_plugin::random::bytes::<21>().iter().map(|x| nanoid::alphabet::SAFE[usize::from(x & 63)]).collect()
 }
 
 /// The plugin.

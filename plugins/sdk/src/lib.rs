@@ -31,6 +31,7 @@ pub mod meta;
 pub mod metrics;
 pub mod phase;
 mod prehashed;
+pub mod random;
 pub mod resub;
 pub mod schema;
 pub mod services;

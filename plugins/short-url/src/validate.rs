@@ -558,13 +558,15 @@ mod tests {
     use serde_json::json;
 
     fn limits(base: &url::Url) -> Limits<'_> {
-        Limits {
-            bases: std::slice::from_ref(base),
-            max_valid_day: 3650,
-            default_valid_day: None,
-            day_secs: 86_400,
-            domains: &[],
-        }
+        limits_of(std::slice::from_ref(base), &[])
+    }
+
+    fn limits_of<'a>(bases: &'a [url::Url], domains: &'a [String]) -> Limits<'a> {
+        Limits { bases, max_valid_day: 3650, default_valid_day: None, day_secs: 86_400, domains }
+    }
+
+    fn parse_bases(bases: &[&str]) -> Vec<url::Url> {
+        bases.iter().filter_map(|b| url::Url::parse(b).ok()).collect()
     }
 
     /// A list parameter that is not UTF-8 once percent-decoded is refused (decoded lossily it
@@ -605,13 +607,9 @@ mod tests {
     /// `domain` names a short base by its host, with or without the scheme's default port.
     #[test]
     fn a_domain_with_its_default_port_is_the_configured_one() {
-        let bases: Vec<url::Url> = ["https://main.example/s", "https://sho.rt/s", "http://go.example:8080/s"]
-            .iter()
-            .filter_map(|b| url::Url::parse(b).ok())
-            .collect();
+        let bases = parse_bases(&["https://main.example/s", "https://sho.rt/s", "http://go.example:8080/s"]);
         let domains = ["main.example".to_owned(), "sho.rt".to_owned(), "go.example:8080".to_owned()];
-        let l =
-            Limits { bases: &bases, max_valid_day: 3650, default_valid_day: None, day_secs: 86_400, domains: &domains };
+        let l = limits_of(&bases, &domains);
         let domain_of = |d: &str| {
             entry(&serde_json::json!({"origin_url": "https://x.example/", "domain": d}), &l, 0)
                 .map(|e| e.domain.unwrap_or_default())
@@ -630,11 +628,8 @@ mod tests {
     /// The loop check sees paths as the gateway routes them, under every short base.
     #[test]
     fn a_url_into_any_short_base_is_a_loop_however_its_path_is_spelled() {
-        let bases: Vec<url::Url> = ["http://127.0.0.1:9080/s", "https://sho.rt/s/", "https://go.example/"]
-            .iter()
-            .filter_map(|b| url::Url::parse(b).ok())
-            .collect();
-        let l = Limits { bases: &bases, max_valid_day: 3650, default_valid_day: None, day_secs: 86_400, domains: &[] };
+        let bases = parse_bases(&["http://127.0.0.1:9080/s", "https://sho.rt/s/", "https://go.example/"]);
+        let l = limits_of(&bases, &[]);
         for u in [
             "http://127.0.0.1:9080/s/abc",
             "http://127.0.0.1:9080//s/abc",

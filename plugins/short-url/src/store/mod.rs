@@ -52,12 +52,10 @@ fn batch_counter() -> &'static std::sync::atomic::AtomicU64 {
     })
 }
 
-/// `size` random bytes from the thread's CSPRNG (ChaCha, seeded and periodically reseeded from
-/// the OS). nanoid's default source seeds a new generator from the OS for every call: a
-/// `getrandom` system call and a ChaCha setup per code, about 5% of creation's CPU time.
+/// `size` random bytes ([`weir_plugin::random`]), in the form `nanoid::format` takes.
 fn thread_random(size: usize) -> Vec<u8> {
     let mut bytes = vec![0u8; size];
-    rand::RngCore::fill_bytes(&mut rand::thread_rng(), &mut bytes);
+    weir_plugin::random::fill(&mut bytes);
     bytes
 }
 
