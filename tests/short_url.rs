@@ -85,6 +85,29 @@ fn creates_and_redirects() {
     assert_ne!(r["data"][0]["data"]["short_code"], r["data"][1]["data"]["short_code"]);
 }
 
+/// A redirect route with a path parameter before its `*` reads the code after its whole prefix,
+/// as `/s/*` does (the last segment was taken, so `/t/acme/s/x/<code>` redirected too).
+#[test]
+fn a_parameter_route_names_the_code_after_its_prefix() {
+    let p = Prefix::new("", "", "");
+    p.write_resources(&format!(
+        "routes:\n  - {{id: c, uri: /short/v1/urls, methods: [POST], plugins: {{short-url: {{}}}}}}\n  - {{id: r, uri: /t/:tenant/s/*, plugins: {{short-url: {{action: resolve}}}}}}\nplugin_metadata:\n  - {{id: short-url, short_base: \"http://{}/s\"}}\n",
+        p.node()
+    ));
+    let w = Weir::spawn_env(&p, &[]);
+    w.wait_ready(p.control());
+    w.wait_ready(p.node());
+    let r = create(&p, &json!([{"origin_url": "https://tenant.example/"}])).json();
+    let code = r["data"][0]["data"]["short_code"].as_str().unwrap_or_default().to_string();
+    let r = get(p.node(), &format!("/t/acme/s/{code}"));
+    assert_eq!((r.status, r.header("location")), (302, Some("https://tenant.example/")), "{}", r.text());
+    assert_eq!(get(p.node(), &format!("/t/acme/s/{code}/qr")).status, 200);
+    for other in [format!("/t/acme/s/x/{code}"), format!("/t/acme/s/{code}/"), format!("/t/acme/s/x/{code}/qr")] {
+        let r = get(p.node(), &other);
+        assert_eq!((r.status, r.header("location")), (404, None), "{other}: {}", r.text());
+    }
+}
+
 #[test]
 fn redirect_status_follows_metadata() {
     let (p, _w) = gateway_with(&[], ", redirect_status: 301", "");

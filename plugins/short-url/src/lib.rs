@@ -539,11 +539,11 @@ impl Instance {
 }
 
 /// The code a redirect's path names, and whether it asks for the QR code: what follows the
-/// route's prefix (its `uri` up to the final `*`, such as `/s/`) must be `<code>` or
-/// `<code>/qr`, so a code has one URL (`/s/x/<code>` is not it). A route without such a prefix
-/// (a path parameter, an exact path) names the code in its last segment.
+/// route's prefix (its `uri` up to the final `*`, such as `/s/` or `/t/:tenant/s/`) must be
+/// `<code>` or `<code>/qr`, so a code has one URL (`/s/x/<code>` is not it). A route without
+/// such a prefix (an exact path, a path parameter last) names the code in its last segment.
 fn code_in_path<'a>(path: &'a str, matched_uri: Option<&str>) -> (&'a str, bool) {
-    let rest = match matched_uri.and_then(|m| m.strip_suffix('*')).and_then(|prefix| path.strip_prefix(prefix)) {
+    let rest = match matched_uri.and_then(|m| m.strip_suffix('*')).and_then(|prefix| after_route_prefix(path, prefix)) {
         // (`uri: /s*` leaves the slash in front of the code.)
         Some(rest) => rest.strip_prefix('/').unwrap_or(rest),
         None => {
@@ -557,6 +557,34 @@ fn code_in_path<'a>(path: &'a str, matched_uri: Option<&str>) -> (&'a str, bool)
         // Not a code: the caller answers 404 naming it.
         Some(_) => (rest, false),
     }
+}
+
+/// What follows `prefix` (a route `uri` without its final `*`) in `path`, matching its
+/// parameter segments (`:name` or `{name}`) as the router does: one whole, non-empty segment.
+fn after_route_prefix<'a>(path: &'a str, prefix: &str) -> Option<&'a str> {
+    let mut rest = path;
+    let mut segments = prefix.split('/').peekable();
+    while let Some(segment) = segments.next() {
+        let parameter = segment.starts_with(':') || (segment.starts_with('{') && segment.ends_with('}'));
+        let last = segments.peek().is_none();
+        rest = match (parameter, last) {
+            // (`uri: /s*` ends in part of a segment; `/s/*` in an empty one.)
+            (false, true) => rest.strip_prefix(segment)?,
+            (false, false) => rest.strip_prefix(segment)?.strip_prefix('/')?,
+            (true, _) => {
+                let end = rest.find('/').unwrap_or(rest.len());
+                if end == 0 {
+                    return None;
+                }
+                if last {
+                    &rest[end..]
+                } else {
+                    rest.get(end + 1..)?
+                }
+            }
+        };
+    }
+    Some(rest)
 }
 
 /// A 415 unless the body is declared JSON (no `Content-Type` is accepted): `application/json`, and for a
@@ -901,6 +929,9 @@ mod tests {
             ("/abc", Some("/*"), ("abc", false)),
             ("/go/abc/qr", Some("/go/:code/qr"), ("abc", true)),
             ("/t/1/s/abc", Some("/t/:tenant/s/*"), ("abc", false)),
+            ("/t/1/s/abc/qr", Some("/t/{tenant}/s/*"), ("abc", true)),
+            ("/t/1/s/x/abc", Some("/t/:tenant/s/*"), ("x/abc", false)),
+            ("/t/1/x/s/abc", Some("/t/:tenant/s/*"), ("abc", false)),
             ("/s/abc", None, ("abc", false)),
         ];
         for (path, matched, want) in cases {
