@@ -471,15 +471,18 @@ fn check_url(s: &str, bases: &[url::Url]) -> Result<(), String> {
 }
 
 /// Whether `u` reaches the short-URL service under `base` as the gateway routes it: the same
-/// scheme, host and port, and a path at or under the base's once it is percent-decoded, its
+/// host and port (or `http` and `https` each on its default port: a host that serves one
+/// serves or redirects the other, as APISIX's 9080 and 9443 serve the same routes), and a path at or under the base's once it is percent-decoded, its
 /// repeated slashes merged and its dot segments resolved, as the gateway does before matching
 /// routes (`//s/x` and `/%73/x` are `/s/x`). A host that is another name for the same server
 /// (an IP address for a name) is not recognized.
 fn points_into(u: &url::Url, base: &url::Url) -> bool {
-    let same_origin = u.scheme() == base.scheme()
+    // (The parser drops a scheme's default port: `port()` is `None` for `https://h:443`.)
+    let same_port =
+        u.port_or_known_default() == base.port_or_known_default() || (u.port().is_none() && base.port().is_none());
+    let same_origin = same_port
         && u.host_str().map(|h| h.trim_end_matches('.').to_ascii_lowercase())
-            == base.host_str().map(|h| h.trim_end_matches('.').to_ascii_lowercase())
-        && u.port_or_known_default() == base.port_or_known_default();
+            == base.host_str().map(|h| h.trim_end_matches('.').to_ascii_lowercase());
     if !same_origin {
         return false;
     }
@@ -639,13 +642,18 @@ mod tests {
             "https://sho.rt/s/guide",
             "https://SHO.RT.:443/s/guide",
             "https://go.example/anything",
+            "http://sho.rt/s/guide",
+            "http://go.example:80/x",
         ] {
             let r = entry(&json!({"origin_url": u}), &l, 0).err().map(|r| r.message).unwrap_or_default();
             assert!(r.contains("redirect loop"), "{u}: {r:?}");
         }
-        for u in
-            ["http://127.0.0.1:9080/short", "http://127.0.0.1:9081/s/abc", "http://sho.rt/s/guide", "https://sho.rt/sx"]
-        {
+        for u in [
+            "http://127.0.0.1:9080/short",
+            "http://127.0.0.1:9081/s/abc",
+            "http://sho.rt:8443/s/guide",
+            "https://sho.rt/sx",
+        ] {
             assert!(entry(&json!({"origin_url": u}), &l, 0).is_ok(), "{u}");
         }
     }
