@@ -29,13 +29,14 @@
 #   - two zero-downtime upgrades (SIGUSR2) under wrk: failed requests, old process exit   benches/upgrade.sh
 #   - HTTP/3 vs HTTP/2, Weir vs Caddy: req/s, p99, server CPU per request   benches/http3.sh
 #
-#   benches/run.sh        # needs wrk, nginx, valgrind; DURATION, ROUNDS, STORED as the scripts take
+#   benches/run.sh        # needs wrk, nginx, valgrind; DURATION, ROUNDS, STORED as the scripts take;
+#                         # RUN_OUT=DIR keeps the scripts' outputs
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export DURATION=${DURATION:-8} ROUNDS=${ROUNDS:-3} STORED=${STORED:-100000}
 cargo build --release -q
-out=$(mktemp -d /tmp/weir-run.XXXXXX)
-trap 'rm -rf "$out"' EXIT
+# RUN_OUT=DIR keeps every benchmark's full output in DIR (the summary below is an excerpt).
+if [ -n "${RUN_OUT:-}" ]; then out=$RUN_OUT; mkdir -p "$out"; else out=$(mktemp -d /tmp/weir-run.XXXXXX); trap 'rm -rf "$out"' EXIT; fi
 ipr=../shared/tools/instr_per_request.sh
 plugins='{"key-auth": {}, "limit-count": {"count": 1000000000, "time_window": 60}, "proxy-rewrite": {"headers": {"set": {"x-a": "b"}}}}'
 if [ -x "$ipr" ] && command -v valgrind >/dev/null; then
