@@ -9,7 +9,8 @@ use std::time::Duration;
 use common::*;
 use serde_json::{json, Value};
 
-/// Routes: open create/manage (no auth), authenticated create/manage under /a/, redirects.
+/// Routes: open create/manage (no auth), authenticated create/manage under /a/, the same
+/// requiring a consumer with no authentication plugin under /o/, redirects.
 fn resources(p: &Prefix, meta: &str) -> String {
     format!(
         r#"consumers:
@@ -19,8 +20,10 @@ fn resources(p: &Prefix, meta: &str) -> String {
 routes:
   - {{id: c, uri: /short/v1/urls, methods: [POST], priority: 1, plugins: {{short-url: {{}}}}}}
   - {{id: m, uris: [/short/v1/urls, /short/v1/urls/*], plugins: {{short-url: {{action: manage}}}}}}
-  - {{id: ac, uri: /a/short/v1/urls, methods: [POST], plugins: {{key-auth: {{}}, short-url: {{}}}}}}
-  - {{id: am, uris: [/a/short/v1/urls, /a/short/v1/urls/*], methods: [GET, PATCH, DELETE], plugins: {{key-auth: {{}}, short-url: {{action: manage}}}}}}
+  - {{id: ac, uri: /a/short/v1/urls, methods: [POST], plugins: {{key-auth: {{}}, short-url: {{require_consumer: true}}}}}}
+  - {{id: am, uris: [/a/short/v1/urls, /a/short/v1/urls/*], methods: [GET, PATCH, DELETE], plugins: {{key-auth: {{}}, short-url: {{action: manage, require_consumer: true}}}}}}
+  - {{id: oc, uri: /o/short/v1/urls, methods: [POST], plugins: {{short-url: {{require_consumer: true}}}}}}
+  - {{id: om, uris: [/o/short/v1/urls, /o/short/v1/urls/*], plugins: {{short-url: {{action: manage, require_consumer: true}}}}}}
   - {{id: r, uri: /s/*, methods: [GET, HEAD], plugins: {{short-url: {{action: resolve}}}}}}
 plugin_metadata:
   - {{id: short-url, short_base: "http://{node}/s", short_bases: ["https://go.example/s"], admin_consumers: [boss]{meta}}}
@@ -372,6 +375,43 @@ fn owners(a: &Prefix, b: &Prefix) {
         let r = request(p.node(), "GET", &format!("/a/short/v1/urls/{alice}/visits?apikey=alice-key"), &[], b"");
         assert_eq!(r.status, 200, "{}", r.text());
     }
+    // Searches, tag filters and orders stay within the owner's links, and so do
+    // `find_if_exists` and `custom_code`: another owner's link is never returned or revealed.
+    let shared = |p: &Prefix, key: &str, who: &str| {
+        let entry = json!([{"origin_url": "https://shared.example/", "tags": ["shared"], "title": "shared page",
+                            "find_if_exists": true}]);
+        let r = create_as(p, Some(key), &entry);
+        assert_eq!(r.json()["data"][0]["code"], 200, "{who}: {}", r.text());
+        code_of(&r.json()["data"][0])
+    };
+    let alice_shared = shared(a, "alice-key", "alice");
+    let bob_shared = shared(b, "bob-key", "bob");
+    assert_ne!(alice_shared, bob_shared, "find_if_exists found another owner's link");
+    assert_eq!(shared(b, "alice-key", "alice again"), alice_shared, "find_if_exists finds the owner's own");
+    let sorted = |mut v: Vec<String>| {
+        v.sort();
+        v
+    };
+    for p in [a, b] {
+        for q in ["?search=shared.example", "?search=shared%20page", "?tag=shared", "?tag=shared&order_by=-visits"] {
+            assert_eq!(codes(&call(p, Some("alice-key"), "GET", q, None).json()), vec![alice_shared.clone()], "{q}");
+            assert_eq!(codes(&call(p, Some("bob-key"), "GET", q, None).json()), vec![bob_shared.clone()], "{q}");
+        }
+        let mine = codes(&call(p, Some("alice-key"), "GET", "?search=example&order_by=created_at", None).json());
+        assert_eq!(sorted(mine), sorted(vec![alice.clone(), alice_shared.clone()]));
+        let all = codes(&call(p, Some("boss-key"), "GET", "?tag=shared", None).json());
+        assert_eq!(sorted(all), sorted(vec![alice_shared.clone(), bob_shared.clone()]));
+    }
+    let custom = format!("own-{alice_shared}");
+    let r = create_as(a, Some("alice-key"), &json!([{"origin_url": "https://custom.example/", "custom_code": custom}]));
+    assert_eq!(r.json()["data"][0]["code"], 200, "{}", r.text());
+    let r = create_as(
+        b,
+        Some("bob-key"),
+        &json!([{"origin_url": "https://custom.example/", "custom_code": custom, "find_if_exists": true}]),
+    );
+    assert_eq!(r.json()["data"][0]["code"], 409, "another owner's custom code is taken, not returned: {}", r.text());
+    assert_eq!(call(b, Some("bob-key"), "GET", &format!("/{custom}"), None).status, 404);
     // Admins change and delete any link; the owner sees the change.
     let r = call(b, Some("boss-key"), "PATCH", &format!("/{alice}"), Some(&json!({"title": "by boss"})));
     assert_eq!(r.status, 200, "{}", r.text());
@@ -379,6 +419,30 @@ fn owners(a: &Prefix, b: &Prefix) {
     assert_eq!(call(a, Some("boss-key"), "DELETE", &format!("/{nobody}"), None).status, 200);
     assert_eq!(call(a, Some("alice-key"), "DELETE", &format!("/{alice}"), None).status, 200);
     assert!(eventually(Duration::from_secs(8), || get(b.node(), &format!("/s/{alice}")).status == 410));
+}
+
+/// `require_consumer` refuses what no authentication plugin identified, instead of serving it
+/// as no owner (who sees every link); with a consumer it serves as usual (the /a/ routes above).
+#[test]
+fn a_route_requiring_a_consumer_refuses_a_request_without_one() {
+    let (p, _w) = gateway(None, "", "");
+    let code = code_of(&create_as(&p, None, &json!([{"origin_url": "https://open.example/"}])).json()["data"][0]);
+    let r = request(p.node(), "POST", "/o/short/v1/urls", &[JSON], br#"[{"origin_url": "https://o.example/"}]"#);
+    assert_eq!(r.status, 403, "{}", r.text());
+    assert_eq!(r.json()["code"], 403);
+    assert!(r.json()["message"].as_str().is_some_and(|m| m.contains("require_consumer")), "{}", r.text());
+    for (m, path) in [
+        ("GET", "/o/short/v1/urls".to_owned()),
+        ("GET", format!("/o/short/v1/urls/{code}")),
+        ("PATCH", format!("/o/short/v1/urls/{code}")),
+        ("DELETE", format!("/o/short/v1/urls/{code}")),
+    ] {
+        let r = request(p.node(), m, &path, &[JSON], b"");
+        assert_eq!(r.status, 403, "{m} {path}: {}", r.text());
+    }
+    assert_eq!(call(&p, None, "GET", &format!("/{code}"), None).status, 200, "not deleted");
+    let listed = codes(&call(&p, None, "GET", "", None).json());
+    assert_eq!(listed, vec![code], "nothing created through the refused route");
 }
 
 #[test]

@@ -53,6 +53,12 @@ pub struct Conf {
     /// `create` (default), `resolve` or `manage`.
     #[serde(default)]
     pub action: Action,
+    /// `create` and `manage` only: refuse (403) a request for which no authentication plugin
+    /// identified a consumer, instead of serving it as one of no owner (which sees every link).
+    /// For routes whose authentication may let a request through without a consumer
+    /// (`forward-auth`, `openid-connect`, a misplaced plugin). Default false.
+    #[serde(default)]
+    pub require_consumer: bool,
 }
 
 /// Plugin metadata (shared by a cluster).
@@ -335,6 +341,7 @@ impl Meta {
 
 struct Instance {
     action: Action,
+    require_consumer: bool,
     meta: Arc<Meta>,
     shared: Arc<Shared>,
 }
@@ -375,6 +382,14 @@ impl PluginInstance for Instance {
     }
 
     fn access(&self, ctx: &mut RequestCtx) -> Flow<'_> {
+        if self.require_consumer && ctx.consumer.is_none() {
+            return request_error(
+                StatusCode::FORBIDDEN,
+                "no consumer identified: this route requires one (require_consumer), from an authentication \
+                 plugin that names consumers (key-auth, jwt-auth, basic-auth, hmac-auth...)",
+                now(),
+            );
+        }
         match self.action {
             Action::Create => self.create(ctx),
             Action::Resolve => self.resolve(ctx),
@@ -417,7 +432,7 @@ impl Instance {
                         StoreError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
                         StoreError::Exhausted => StatusCode::SERVICE_UNAVAILABLE,
                     };
-                    request_error(status, &format!("{e}; nothing of this request was stored"), now)
+                    request_error(status, &format!("{}; nothing of this request was stored", e.public()), now)
                 }
                 Ok(results) => {
                     let created = results.iter().filter(|r| matches!(r, Stored::New(_))).count();
@@ -609,7 +624,8 @@ fn refuse_non_json(ctx: &RequestCtx, now: i64) -> Option<Flow<'static>> {
 }
 
 fn unavailable(e: &StoreError) -> PluginResponse {
-    PluginResponse::json(StatusCode::SERVICE_UNAVAILABLE, &json!({"error_msg": format!("short-url {e}")}))
+    log::debug!("short-url: {e}");
+    PluginResponse::json(StatusCode::SERVICE_UNAVAILABLE, &json!({"error_msg": format!("short-url {}", e.public())}))
 }
 
 fn gone(code: &str, why: &str) -> PluginResponse {
@@ -903,8 +919,18 @@ impl Plugin for ShortUrl {
     }
     fn build(&self, conf: Conf, ctx: &BuildContext<'_>) -> Result<Arc<dyn PluginInstance>, String> {
         let c = conf;
+        if c.require_consumer && c.action == Action::Resolve {
+            return Err(
+                "require_consumer: applies to `create` and `manage`; redirects never depend on the owner".into()
+            );
+        }
         let meta = Arc::new(Meta::from(ctx.metadata)?);
-        Ok(Arc::new(Instance { action: c.action, meta, shared: self.shared.clone() }))
+        Ok(Arc::new(Instance {
+            action: c.action,
+            require_consumer: c.require_consumer,
+            meta,
+            shared: self.shared.clone(),
+        }))
     }
 }
 
@@ -912,7 +938,19 @@ register_plugin!(ShortUrl::default());
 
 #[cfg(test)]
 mod tests {
-    use super::code_in_path;
+    use super::{code_in_path, ShortUrl};
+    use serde_json::json;
+
+    #[test]
+    fn require_consumer_is_for_create_and_manage_routes() {
+        let plugin = ShortUrl::default();
+        for action in ["create", "manage"] {
+            let built = weir_plugin::testing::instance(&plugin, json!({"action": action, "require_consumer": true}));
+            assert!(built.is_ok(), "{action}: {:?}", built.err());
+        }
+        let refused = weir_plugin::testing::instance(&plugin, json!({"action": "resolve", "require_consumer": true}));
+        assert!(refused.err().is_some_and(|e| e.starts_with("require_consumer: ")));
+    }
 
     /// What follows the route's prefix is the code (or the code and `/qr`) and nothing else;
     /// routes without a `*` prefix name it in the last segment.

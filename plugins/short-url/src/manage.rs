@@ -185,7 +185,8 @@ fn not_found(code: &str, now: i64) -> Flow<'static> {
 }
 
 fn unavailable(e: &crate::StoreError, now: i64) -> Flow<'static> {
-    request_error(StatusCode::SERVICE_UNAVAILABLE, &e.to_string(), now)
+    log::debug!("short-url: {e}");
+    request_error(StatusCode::SERVICE_UNAVAILABLE, e.public(), now)
 }
 
 /// Serves one management request.
@@ -367,11 +368,11 @@ pub(crate) fn handle(meta: &Arc<Meta>, shared: &Arc<Shared>, ctx: &mut RequestCt
         (Target::One(code), Method::DELETE) => {
             let shared = shared.clone();
             Flow::wait(async move {
-                if let Err(f) = visible(&store, &code, &scope, now).await {
-                    return f;
-                }
-                let c2 = code.clone();
-                match store.run(move |c| links::delete(c, &c2, now)).await {
+                let link = match visible(&store, &code, &scope, now).await {
+                    Ok(l) => l,
+                    Err(f) => return f,
+                };
+                match store.run(move |c| links::delete(c, &link, now)).await {
                     Ok(true) => {
                         shared.cache.remove(&code);
                         Flow::Respond(data(&serde_json::json!({"short_code": code, "deleted_at": rfc3339(now)}), now))

@@ -93,6 +93,7 @@ impl Scope {
 /// does not pay for it). Live: not deleted, not expired, not past its `max_visits` (it would
 /// answer 410). With a `custom_code`, only the link of that code matches (as Shlink's
 /// `findIfExists` with a custom slug): the answer is never another code than the one asked for.
+/// An empty title is no title (links stored before titles were normalised hold `""`).
 pub fn find_existing(conn: &mut dyn Conn, e: &NewEntry, now: i64) -> Result<Option<String>, String> {
     let rows = conn.query(
         "SELECT code FROM short_url_codes WHERE origin_url = $1 AND findable = 1 AND deleted_at IS NULL
@@ -102,7 +103,7 @@ pub fn find_existing(conn: &mut dyn Conn, e: &NewEntry, now: i64) -> Result<Opti
            AND owner IS NOT DISTINCT FROM CAST($3 AS TEXT)
            AND valid_since IS NOT DISTINCT FROM CAST($4 AS BIGINT)
            AND max_visits IS NOT DISTINCT FROM CAST($5 AS BIGINT)
-           AND title IS NOT DISTINCT FROM CAST($6 AS TEXT)
+           AND coalesce(title, '') = coalesce(CAST($6 AS TEXT), '')
            AND tags IS NOT DISTINCT FROM CAST($7 AS TEXT)
            AND domain IS NOT DISTINCT FROM CAST($8 AS TEXT)
          ORDER BY created_at LIMIT 1",
@@ -285,8 +286,9 @@ enum Narrow<'a> {
     Fts(&'a str),
     /// PostgreSQL: to these codes (comma-separated: codes hold no comma).
     Codes(&'a str),
-    /// PostgreSQL: the test on the first links of the list's order only (all links that are,
-    /// deleted or filtered out or not): the matches among them are the first matches of all.
+    /// PostgreSQL: the test on the first links of the list's order only (of the owner's links
+    /// for an owner's list; deleted or filtered out or not): the matches among them are the
+    /// first matches of all.
     Prefix(i64),
 }
 
@@ -340,7 +342,8 @@ pub fn list_within(
 /// PostgreSQL's search ([`list`]): three ways, each exact, tried from the cheapest, so that no
 /// choice rests on the planner's guess of how many links hold the term (a single statement
 /// was a lottery: 0.9 to 1.5 s for terms it misjudged, at 300,000 links).
-/// 1. The newest (or most visited) [`PREFIX`] links in the list's order, tested: when they hold
+/// 1. The newest (or most visited) [`PREFIX`] links in the list's order (the owner's, for an
+///    owner's list), tested: when they hold
 ///    the whole page, it is the page (a common term, an early page).
 /// 2. The texts' trigram index, with sequential scans off, for at most [`FOUND`] + 1 codes:
 ///    when it finds no more than [`FOUND`], the page is sorted from those (a rare term).
@@ -451,22 +454,24 @@ fn list_sql(conn: &dyn Conn, q: &ListQuery, scope: &Scope, narrow: Narrow<'_>) -
         Order::VisitsDesc => "visits DESC, code DESC",
         Order::VisitsAsc => "visits, code",
     };
-    let mut sql = match narrow {
-        Narrow::Prefix(n) => format!(
-            "SELECT {LINK_COLS} FROM (SELECT * FROM short_url_codes ORDER BY {order} LIMIT {n}) AS short_url_codes
-             WHERE deleted_at IS NULL"
-        ),
-        _ => format!("SELECT {LINK_COLS} FROM short_url_codes WHERE deleted_at IS NULL"),
-    };
     let mut params: Vec<Val> = Vec::new();
     fn bind(params: &mut Vec<Val>, v: Val) -> String {
         params.push(v);
         format!("${}", params.len())
     }
-    if let Scope::Owner(o) = scope {
-        let p = bind(&mut params, o.as_str().into());
-        sql.push_str(&format!(" AND owner = {p}"));
-    }
+    let owner = match scope {
+        Scope::Owner(o) => format!(" AND owner = {}", bind(&mut params, o.as_str().into())),
+        Scope::All => String::new(),
+    };
+    // An owner's prefix is of its own links (the `(owner, created_at|visits, code)` indexes):
+    // a search by one owner then costs what its own links do, not what everyone's do.
+    let mut sql = match narrow {
+        Narrow::Prefix(n) => format!(
+            "SELECT {LINK_COLS} FROM (SELECT * FROM short_url_codes WHERE TRUE{owner} ORDER BY {order} LIMIT {n})
+             AS short_url_codes WHERE deleted_at IS NULL"
+        ),
+        _ => format!("SELECT {LINK_COLS} FROM short_url_codes WHERE deleted_at IS NULL{owner}"),
+    };
     if let Some(s) = &q.search {
         let p = bind(&mut params, like_pattern(s).into());
         sql.push_str(&format!(" AND ({})", texts_match(&p)));
@@ -508,7 +513,9 @@ fn list_sql(conn: &dyn Conn, q: &ListQuery, scope: &Scope, narrow: Narrow<'_>) -
 }
 
 /// Writes the changeable fields of `link` (origin_url, validity, max_visits, tags, title); the
-/// visits counted for its cap afterwards (`None`: no such live link).
+/// visits counted for its cap afterwards (`None`: no such live link). Only the link `link` was
+/// read from is written: a code purged and taken again by another owner's link in between has
+/// another `created_at`.
 ///
 /// A cap set on a link that had none starts from the visits the link already has (less its
 /// bots' when `exclude_bots`), as Shlink compares `maxVisits` with every visit: a link already
@@ -523,7 +530,7 @@ pub fn update(conn: &mut dyn Conn, link: &Link, exclude_bots: bool) -> Result<Op
                                  THEN visits - CASE WHEN CAST($8 AS BIGINT) = 1 THEN bot_visits ELSE 0 END
                                  ELSE cap_used END,
                  max_visits = $5, title = $6, tags = $7
-             WHERE code = $1 AND deleted_at IS NULL
+             WHERE code = $1 AND created_at = $9 AND deleted_at IS NULL
              RETURNING cap_used",
             &[
                 link.code.as_str().into(),
@@ -534,6 +541,7 @@ pub fn update(conn: &mut dyn Conn, link: &Link, exclude_bots: bool) -> Result<Op
                 link.title.clone().into(),
                 tags_text(&link.tags).into(),
                 i64::from(exclude_bots).into(),
+                link.created_at.into(),
             ],
         )?;
         let cap_used = rows.first().and_then(|r| r.first()).and_then(Val::int);
@@ -558,9 +566,11 @@ fn forget_indexed_texts(conn: &mut dyn Conn, link: &Link) -> Result<(), String> 
     // The link's current entry may still wait to be indexed (written earlier in this
     // transaction, or without one).
     conn.index_pending()?;
+    // (This very link: a code purged and taken again since `link` was read is another link,
+    // whose entry stays, as the guarded `UPDATE` after this leaves it alone.)
     let rows = conn.query(
-        "SELECT origin_url, title, tags FROM short_url_codes WHERE code = $1 AND deleted_at IS NULL",
-        &[link.code.as_str().into()],
+        "SELECT origin_url, title, tags FROM short_url_codes WHERE code = $1 AND created_at = $2 AND deleted_at IS NULL",
+        &[link.code.as_str().into(), link.created_at.into()],
     )?;
     let Some(old) = rows.into_iter().next() else { return Ok(()) };
     let new = [Val::from(link.origin_url.as_str()), link.title.clone().into(), tags_text(&link.tags).into()];
@@ -609,11 +619,12 @@ fn forget_indexed_texts(conn: &mut dyn Conn, link: &Link) -> Result<(), String> 
     Ok(())
 }
 
-/// Marks a link deleted (kept as a tombstone, so that its code is never handed out again).
-pub fn delete(conn: &mut dyn Conn, code: &str, now: i64) -> Result<bool, String> {
+/// Marks `link` deleted (kept as a tombstone, so that its code is never handed out again):
+/// that very link, as [`update`] writes only the link it read.
+pub fn delete(conn: &mut dyn Conn, link: &Link, now: i64) -> Result<bool, String> {
     let n = conn.execute(
-        "UPDATE short_url_codes SET deleted_at = $2 WHERE code = $1 AND deleted_at IS NULL",
-        &[code.into(), now.into()],
+        "UPDATE short_url_codes SET deleted_at = $2 WHERE code = $1 AND created_at = $3 AND deleted_at IS NULL",
+        &[link.code.as_str().into(), now.into(), link.created_at.into()],
     )?;
     Ok(n == 1)
 }

@@ -238,6 +238,17 @@ pub enum StoreError {
     Exhausted,
 }
 
+impl StoreError {
+    /// What a client is told: the kind of failure without the database's own words (its
+    /// address, user or SQL), which go to the error log.
+    pub fn public(&self) -> &'static str {
+        match self {
+            StoreError::Unavailable(_) => "storage unavailable",
+            StoreError::Exhausted => "no free short code found",
+        }
+    }
+}
+
 impl std::fmt::Display for StoreError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {

@@ -534,6 +534,25 @@ mod tests {
         assert!(found(&mut *conn, "u/again", 0).is_empty());
         let of_dddd = "SELECT count(*) FROM short_url_search_ids WHERE code = 'dddd'";
         assert_eq!(count(&mut *conn, of_dddd), Some(2), "the stale entry and the current one");
+        // A link read before its code was purged and taken again is not the new link: a change
+        // or deletion of it writes nothing, and the new link keeps its texts and index entry.
+        let e = crate::store::NewEntry {
+            origin_url: "https://eight.example/s".into(),
+            expires_at: Some(5),
+            ..Default::default()
+        };
+        assert_eq!(links::insert_committed(&mut *conn, "eeee", &e, 4), Ok(true));
+        let mut stale = links::get(&mut *conn, "eeee").ok().flatten().unwrap_or_else(|| panic!("eeee"));
+        assert_eq!(conn.purge(10), Ok(1));
+        let e = crate::store::NewEntry { origin_url: "https://nine.example/r".into(), ..Default::default() };
+        assert_eq!(links::insert_committed(&mut *conn, "eeee", &e, 12), Ok(true));
+        stale.origin_url = "https://ten.example/q".into();
+        assert_eq!(links::update(&mut *conn, &stale, false), Ok(None));
+        assert_eq!(links::delete(&mut *conn, &stale, 13), Ok(false));
+        let now = links::get(&mut *conn, "eeee").ok().flatten().unwrap_or_else(|| panic!("eeee"));
+        assert_eq!((now.origin_url.as_str(), now.deleted_at), ("https://nine.example/r", None));
+        assert_eq!(found(&mut *conn, "nine.exam", 0), ["eeee"]);
+        assert!(found(&mut *conn, "ten.exam", 0).is_empty());
         let check =
             conn.execute("INSERT INTO short_url_codes_search (short_url_codes_search) VALUES ('integrity-check')", &[]);
         assert!(check.is_ok(), "{check:?}");
