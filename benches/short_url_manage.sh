@@ -91,7 +91,7 @@ out=$(wrkrun -s "$WORK/create.lua" "http://127.0.0.1:$PORT/short/v1/urls"); summ
 code=$(curl -s -X POST "127.0.0.1:$PORT/short/v1/urls" -H 'Content-Type: application/json' -d '[{"origin_url":"https://hot.example/"}]' | python3 -c 'import json,sys; print(json.load(sys.stdin)["data"][0]["data"]["short_code"])')
 out=$(wrkrun "http://127.0.0.1:$PORT/s/$code"); summary "redirect, hot code, visits on" "$out" 1
 sleep 2
-echo "visits recorded: $(curl -s "127.0.0.1:$PORT/short/v1/urls/$code" | python3 -c 'import json,sys; print(json.load(sys.stdin)["data"]["visits"]["total"])'), dropped: $(curl -s "127.0.0.1:$CTL/v1/metrics" 2>/dev/null | awk '/^short_url_visits_dropped_total/ {print $2}')"
+echo "visits recorded: $(curl -s "127.0.0.1:$PORT/short/v1/urls/$code" | python3 -c 'import json,sys; print(json.load(sys.stdin)["data"]["visits"]["total"])'), dropped: $(curl -s "127.0.0.1:$CTL/v1/plugin/short-url/stats" | python3 -c 'import json,sys; print(json.load(sys.stdin)["visits_dropped"])')"
 stop; config off; start
 out=$(wrkrun "http://127.0.0.1:$PORT/s/$code"); summary "redirect, hot code, visits off" "$out" 1
 config on; stop; start

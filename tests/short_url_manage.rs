@@ -503,8 +503,11 @@ fn visits(pg: Option<&str>) {
     );
     assert_eq!(call(&p, None, "GET", &format!("/{code}/visits?days=0"), None).status, 400);
     assert_eq!(call(&p, None, "GET", &format!("/{code}"), None).json()["data"]["visits"]["total"], 6);
-    let metrics = get(p.control(), "/v1/plugin/short-url/stats");
-    assert_eq!(metrics.status, 200);
+    let stats = get(p.control(), "/v1/plugin/short-url/stats");
+    assert_eq!(stats.status, 200);
+    let stats = stats.json();
+    assert!(stats["visits_recorded"].as_u64().is_some_and(|n| n >= 6), "{stats}");
+    assert_eq!(stats["visits_dropped"], 0, "{stats}");
 }
 
 #[test]

@@ -874,6 +874,8 @@ impl Plugin for ShortUrl {
                                     "codes": c.codes,
                                     "expired": c.expired,
                                     "cached": shared.cache.len(),
+                                    "visits_recorded": visits::RECORDED.load(std::sync::atomic::Ordering::Relaxed),
+                                    "visits_dropped": visits::DROPPED.load(std::sync::atomic::Ordering::Relaxed),
                                 }),
                             ),
                             Err(e) => ControlResponse::error(503, e.to_string()),
