@@ -53,6 +53,8 @@ enum Field {
 /// A compiled `log_format` (see the module documentation).
 pub struct LogFormat {
     fields: Vec<(String, Field)>,
+    /// Per field, the JSON text before its value: `"key":`, after a `,` but for the first.
+    prefixes: Vec<String>,
 }
 
 impl LogFormat {
@@ -85,7 +87,17 @@ impl LogFormat {
             };
             fields.push((k.clone(), field));
         }
-        Ok(LogFormat { fields })
+        let prefixes = fields
+            .iter()
+            .enumerate()
+            .map(|(i, (k, _))| {
+                let mut p = String::from(if i > 0 { "," } else { "" });
+                push_json_str(&mut p, k);
+                p.push(':');
+                p
+            })
+            .collect();
+        Ok(LogFormat { fields, prefixes })
     }
 
     /// Fields at the top level.
@@ -136,17 +148,11 @@ impl LogFormat {
     /// without a map, a `Value` or a key copy per field.
     pub fn write_json(&self, ctx: &RequestCtx, body: Option<&[u8]>, max_req_body: usize, out: &mut String) {
         out.push('{');
-        for (i, (k, f)) in self.fields.iter().enumerate() {
-            if i > 0 {
-                out.push(',');
-            }
-            push_json_str(out, k);
-            out.push(':');
+        for ((_, f), prefix) in self.fields.iter().zip(&self.prefixes) {
+            out.push_str(prefix);
             match f {
                 Field::Template(t) => match t.pieces() {
-                    [Piece::Var(name)] if &**name == "status" => {
-                        let _ = std::fmt::Write::write_fmt(out, format_args!("{}", ctx.status));
-                    }
+                    [Piece::Var(name)] if &**name == "status" => push_status(out, ctx.status),
                     [Piece::Var(name)] => match template::value(name, ctx) {
                         Some(v) => push_json_str(out, &v),
                         None => out.push_str("null"),
@@ -165,6 +171,35 @@ impl LogFormat {
     }
 }
 
+/// An HTTP status (three digits) without the formatting machinery; other numbers as `Display`.
+fn push_status(out: &mut String, status: u16) {
+    if (100..1000).contains(&status) {
+        for d in [status / 100, status / 10 % 10, status % 10] {
+            out.push(char::from(b'0' + d as u8));
+        }
+    } else {
+        let _ = std::fmt::Write::write_fmt(out, format_args!("{status}"));
+    }
+}
+
+/// How [`push_json_str`] writes each byte: 0 as it is, `u` as `\u00XX`, else `\` and this byte.
+static ESCAPE: [u8; 256] = {
+    let mut table = [0u8; 256];
+    let mut b = 0;
+    while b < 0x20 {
+        table[b] = b'u';
+        b += 1;
+    }
+    table[0x08] = b'b';
+    table[0x09] = b't';
+    table[0x0a] = b'n';
+    table[0x0c] = b'f';
+    table[0x0d] = b'r';
+    table[b'"' as usize] = b'"';
+    table[b'\\' as usize] = b'\\';
+    table
+};
+
 /// Appends `s` as a JSON string, escaped as `serde_json` escapes it: `"`, `\`, the short
 /// forms `\b \f \n \r \t`, other control characters as `\u00XX`; everything else as it is.
 pub fn push_json_str(out: &mut String, s: &str) {
@@ -173,26 +208,20 @@ pub fn push_json_str(out: &mut String, s: &str) {
     let bytes = s.as_bytes();
     let mut start = 0;
     for (i, &b) in bytes.iter().enumerate() {
-        let short = match b {
-            b'"' => "\\\"",
-            b'\\' => "\\\\",
-            b'\n' => "\\n",
-            b'\r' => "\\r",
-            b'\t' => "\\t",
-            0x08 => "\\b",
-            0x0c => "\\f",
-            0..=0x1f => "",
-            _ => continue,
-        };
+        let escape = ESCAPE[usize::from(b)];
+        if escape == 0 {
+            continue;
+        }
         // Only ASCII bytes are escaped, so `start..i` falls on character boundaries.
         out.push_str(&s[start..i]);
-        if short.is_empty() {
+        if escape == b'u' {
             const HEX: &[u8; 16] = b"0123456789abcdef";
             out.push_str("\\u00");
             out.push(char::from(HEX[usize::from(b >> 4)]));
             out.push(char::from(HEX[usize::from(b & 15)]));
         } else {
-            out.push_str(short);
+            out.push('\\');
+            out.push(char::from(escape));
         }
         start = i + 1;
     }
@@ -519,6 +548,13 @@ mod tests {
                 f.write_json(&c, body, 9, &mut direct);
                 assert_eq!(direct, Value::Object(f.render(&c, body, 9)).to_string());
             }
+        }
+        let f = LogFormat::compile(json!({"s": "$status"}).as_object().expect("object")).expect("valid");
+        for status in [0, 7, 99, 100, 200, 404, 502, 999, 1000, 65535] {
+            c.status = status;
+            let mut direct = String::new();
+            f.write_json(&c, None, 9, &mut direct);
+            assert_eq!(direct, Value::Object(f.render(&c, None, 9)).to_string());
         }
         let every_ascii: String = (0u8..=0x7f).map(char::from).collect();
         for text in [every_ascii.as_str(), nasty, "", "plain", "\"", "é\u{1}"] {
