@@ -1,7 +1,10 @@
 //! Watches `conf/resources.yaml` (`deployment.config_provider: yaml`) and applies changes.
 //!
 //! The file is polled (every 200 ms: cheap, and robust to editors that replace files by rename,
-//! which inotify-based watchers often miss). A changed file is parsed and handed to
+//! which inotify-based watchers often miss). A changed file is read once it has held still for a
+//! poll (its size and time unchanged), so a file being written in place (`cp` over it, `>`
+//! truncating it first) is not applied half-written: a prefix of a YAML document is often valid
+//! YAML, and an empty file is a valid empty set. It is then parsed and handed to
 //! [`Gateway::apply_resources`]; an invalid one is logged and the last good snapshot stays.
 
 use std::path::{Path, PathBuf};
@@ -29,10 +32,28 @@ fn stamps(files: &[PathBuf]) -> Vec<Option<Stamp>> {
     files.iter().map(|f| stamp(f)).collect()
 }
 
+/// Whether a changed file has held still: the same stamps (the document's and its certificate
+/// files') on two polls in a row.
+#[derive(Default)]
+struct Settle {
+    seen: Option<(Option<Stamp>, Vec<Option<Stamp>>)>,
+}
+
+impl Settle {
+    fn holds_still(&mut self, now: Option<Stamp>, referenced: &[Option<Stamp>]) -> bool {
+        if self.seen.as_ref().is_some_and(|(n, r)| *n == now && r == referenced) {
+            return true;
+        }
+        self.seen = Some((now, referenced.to_vec()));
+        false
+    }
+}
+
 /// Watches `path` on a background thread for as long as `gateway` lives.
 pub fn watch(path: PathBuf, gateway: &Arc<Gateway>) {
     let weak: Weak<Gateway> = Arc::downgrade(gateway);
     let mut last = stamp(&path);
+    let mut settle = Settle::default();
     // A hash of the content, not the content: a large file is not kept twice in memory.
     let digest = |bytes: Option<Vec<u8>>| {
         use std::hash::{Hash, Hasher};
@@ -50,6 +71,9 @@ pub fn watch(path: PathBuf, gateway: &Arc<Gateway>) {
         // A certificate file replaced in place (a renewal) reloads as if the document changed.
         let referenced = stamps(&files);
         if now == last && referenced == file_stamps {
+            continue;
+        }
+        if !settle.holds_still(now, &referenced) {
             continue;
         }
         let files_changed = referenced != file_stamps;
@@ -87,5 +111,27 @@ pub fn watch(path: PathBuf, gateway: &Arc<Gateway>) {
     });
     if let Err(e) = spawned {
         log::error!("cannot watch {}: {e}", gateway.prefix.resources_file().display());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_change_is_read_once_it_holds_still_for_a_poll() {
+        let at = |len: u64| Some(Stamp { modified: Some(SystemTime::UNIX_EPOCH + Duration::from_millis(len)), len });
+        let mut settle = Settle::default();
+        // A file growing on every poll (a slow `cp` over it) is never read half-written.
+        for len in [0, 10, 20, 35, 50] {
+            assert!(!settle.holds_still(at(len), &[]), "{len} bytes, still growing");
+        }
+        assert!(settle.holds_still(at(50), &[]), "the same stamp on the next poll");
+        // A certificate file it names changing counts as a change too.
+        assert!(!settle.holds_still(at(50), &[at(7)]));
+        assert!(settle.holds_still(at(50), &[at(7)]));
+        // A removed file holds still as well (it is read as the empty set).
+        assert!(!settle.holds_still(None, &[]));
+        assert!(settle.holds_still(None, &[]));
     }
 }
