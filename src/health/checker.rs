@@ -5,7 +5,6 @@
 //! atomic (read on every request without locking); counters change under a mutex on reports.
 //! Each target has one probe task on the probe runtime; stopping the checker aborts them all.
 
-use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
@@ -80,7 +79,8 @@ pub enum Source {
 #[derive(Default)]
 struct Targets {
     list: Vec<Arc<Target>>,
-    by_addr: HashMap<(IpAddr, u16), usize>,
+    /// Node addresses are the operator's: foldhash, not SipHash (looked up twice per request).
+    by_addr: crate::fastmap::FastMap<(IpAddr, u16), usize>,
     /// `checks.active.port`, kept here so that a node lookup takes this one lock only.
     port: Option<u16>,
 }
@@ -248,8 +248,9 @@ impl Checker {
         }
     }
 
-    /// Reports an observation about the node at `addr`.
-    pub fn report(&self, addr: SocketAddr, report: Report, source: Source, reason: &str) {
+    /// Reports an observation about the node at `addr`; `reason` is written out only for a
+    /// failure (a proxied request's success formats nothing).
+    pub fn report(&self, addr: SocketAddr, report: Report, source: Source, reason: &dyn std::fmt::Display) {
         if let Some(t) = self.target(addr) {
             self.report_target(&t, report, source, reason);
         }
@@ -266,7 +267,7 @@ impl Checker {
         } else {
             return;
         };
-        self.report(addr, report, Source::Passive, &format!("http status {status}"));
+        self.report(addr, report, Source::Passive, &format_args!("http status {status}"));
     }
 
     fn threshold(&self, report: Report, source: Source) -> u8 {
@@ -294,7 +295,7 @@ impl Checker {
         }
     }
 
-    fn report_target(&self, t: &Target, report: Report, source: Source, reason: &str) {
+    fn report_target(&self, t: &Target, report: Report, source: Source, reason: &dyn std::fmt::Display) {
         if self.stopped.load(Ordering::Relaxed) {
             return;
         }
@@ -302,7 +303,7 @@ impl Checker {
         let mut inner = t.inner.lock();
         let Some(outcome) = apply(t.status(), &mut inner.counter, report, threshold) else { return };
         if report != Report::Success {
-            inner.last_failure = Some(reason.to_owned());
+            inner.last_failure = Some(reason.to_string());
         }
         if outcome.to != outcome.from {
             t.status.store(outcome.to as u8, Ordering::Release);

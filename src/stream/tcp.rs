@@ -112,7 +112,7 @@ pub async fn connect(
             Ok(Ok(s)) => {
                 let _ = s.set_nodelay(true);
                 if let Some(c) = &checker {
-                    c.report(addr, Report::Success, ReportSource::Passive, "connected");
+                    c.report(addr, Report::Success, ReportSource::Passive, &"connected");
                 }
                 return Ok((s, addr, inflight));
             }
