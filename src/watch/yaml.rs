@@ -1,8 +1,8 @@
 //! Watches `conf/resources.yaml` (`deployment.config_provider: yaml`) and applies changes.
 //!
 //! The file is polled (every 200 ms: cheap, and robust to editors that replace files by rename,
-//! which inotify-based watchers often miss). A changed file is read once it has held still for a
-//! poll (its size and time unchanged), so a file being written in place (`cp` over it, `>`
+//! which inotify-based watchers often miss). A changed file is read once it has held still for
+//! [`SETTLE`] (its size and time unchanged), so a file being written in place (`cp` over it, `>`
 //! truncating it first) is not applied half-written: a prefix of a YAML document is often valid
 //! YAML, and an empty file is a valid empty set. It is then parsed and handed to
 //! [`Gateway::apply_resources`]; an invalid one is logged and the last good snapshot stays.
@@ -16,6 +16,11 @@ use crate::state::Gateway;
 
 /// How often the file is checked.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(200);
+
+/// How long a changed file must hold still before it is read: long against the pauses of a
+/// copy in progress, short against the time between two edits (a change every 300 ms must
+/// still apply, each in turn).
+pub const SETTLE: Duration = Duration::from_millis(50);
 
 #[derive(PartialEq, Eq, Clone, Copy)]
 struct Stamp {
@@ -33,7 +38,7 @@ fn stamps(files: &[PathBuf]) -> Vec<Option<Stamp>> {
 }
 
 /// Whether a changed file has held still: the same stamps (the document's and its certificate
-/// files') on two polls in a row.
+/// files') on two looks in a row, [`SETTLE`] apart.
 #[derive(Default)]
 struct Settle {
     seen: Option<(Option<Stamp>, Vec<Option<Stamp>>)>,
@@ -54,6 +59,7 @@ pub fn watch(path: PathBuf, gateway: &Arc<Gateway>) {
     let weak: Weak<Gateway> = Arc::downgrade(gateway);
     let mut last = stamp(&path);
     let mut settle = Settle::default();
+    let mut pause = POLL_INTERVAL;
     // A hash of the content, not the content: a large file is not kept twice in memory.
     let digest = |bytes: Option<Vec<u8>>| {
         use std::hash::{Hash, Hasher};
@@ -65,7 +71,8 @@ pub fn watch(path: PathBuf, gateway: &Arc<Gateway>) {
     let mut files = gateway.resources.load().certs.files.clone();
     let mut file_stamps = stamps(&files);
     let spawned = std::thread::Builder::new().name("resources-watch".into()).spawn(move || loop {
-        std::thread::sleep(POLL_INTERVAL);
+        std::thread::sleep(pause);
+        pause = POLL_INTERVAL;
         let Some(gateway) = weak.upgrade() else { return };
         let now = stamp(&path);
         // A certificate file replaced in place (a renewal) reloads as if the document changed.
@@ -74,6 +81,7 @@ pub fn watch(path: PathBuf, gateway: &Arc<Gateway>) {
             continue;
         }
         if !settle.holds_still(now, &referenced) {
+            pause = SETTLE;
             continue;
         }
         let files_changed = referenced != file_stamps;
@@ -119,14 +127,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_change_is_read_once_it_holds_still_for_a_poll() {
+    fn a_change_is_read_once_it_holds_still() {
         let at = |len: u64| Some(Stamp { modified: Some(SystemTime::UNIX_EPOCH + Duration::from_millis(len)), len });
         let mut settle = Settle::default();
         // A file growing on every poll (a slow `cp` over it) is never read half-written.
         for len in [0, 10, 20, 35, 50] {
             assert!(!settle.holds_still(at(len), &[]), "{len} bytes, still growing");
         }
-        assert!(settle.holds_still(at(50), &[]), "the same stamp on the next poll");
+        assert!(settle.holds_still(at(50), &[]), "the same stamp on the next look");
         // A certificate file it names changing counts as a change too.
         assert!(!settle.holds_still(at(50), &[at(7)]));
         assert!(settle.holds_still(at(50), &[at(7)]));
