@@ -314,7 +314,7 @@ impl<F: OnFinish + Unpin> Body for ResponseBody<F> {
     fn is_end_stream(&self) -> bool {
         match self {
             ResponseBody::Full(b) => b.as_ref().is_none_or(Bytes::is_empty),
-            ResponseBody::Upstream(u) => u.done,
+            ResponseBody::Upstream(u) => u.is_end_stream(),
         }
     }
 
@@ -477,7 +477,8 @@ impl<F: OnFinish + Unpin> Body for UpstreamBody<F> {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.done
+        // Trailers held back behind a body filter's last bytes are still to come.
+        self.done && self.trailers.is_none()
     }
 
     fn size_hint(&self) -> SizeHint {
