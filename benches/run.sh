@@ -11,6 +11,7 @@
 #   - the TCP stream proxy vs nginx stream: MB/s, connections/s, RSS per idle connection   benches/stream.sh
 #   - the stream proxy's user-space instructions per TCP connection vs nginx stream (callgrind)
 #     benches/instr_per_stream_conn.sh
+#   - the same per HTTP/2 request (h2c, h2load) vs nginx   benches/instr_per_h2_request.sh
 #   - cluster mode (when etcd is installed): cold start, route changes under load, Admin API
 #     writes and propagation   benches/cluster.sh
 #   - one route change among 10,000, in process   cargo bench --bench snapshot_churn
@@ -43,6 +44,7 @@ if [ -x "$ipr" ] && command -v valgrind >/dev/null; then
   "$ipr" > "$out/ipr-plain" 2>&1 || true
   "$ipr" "$plugins" > "$out/ipr-plugins" 2>&1 || true
   benches/instr_per_stream_conn.sh > "$out/ipc-stream" 2>&1 || true
+  command -v h2load >/dev/null && { benches/instr_per_h2_request.sh > "$out/ipr-h2" 2>&1 || true; }
 fi
 benches/proxy.sh > "$out/proxy" 2>&1 || true
 benches/idle_conns.sh > "$out/idle" 2>&1 || true
