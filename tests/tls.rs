@@ -655,3 +655,166 @@ fn http2_request_with_two_host_headers_is_refused() {
     assert_eq!(up.hits(), 0);
     drop(p);
 }
+
+/// An `h2` client connection to `addr` (cleartext, prior knowledge) with small windows, so that
+/// flow control is exercised on every exchange; the connection is driven on `rt`.
+async fn h2_client(addr: SocketAddr) -> h2::client::SendRequest<bytes::Bytes> {
+    let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let (send, conn) = h2::client::Builder::new()
+        .initial_window_size(16 << 10)
+        .initial_connection_window_size(64 << 10)
+        .handshake(tcp)
+        .await
+        .expect("HTTP/2 handshake");
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    send
+}
+
+/// Runs an HTTP/2 exchange to its end, or fails the test after 30 s (a stuck window would
+/// otherwise hang it).
+fn h2_within(exchange: impl std::future::Future<Output = ()>) {
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(30), exchange).await.expect("the exchange took over 30 s");
+    });
+}
+
+fn h2_get(path: &str) -> http::Request<()> {
+    http::Request::get(format!("http://localhost{path}")).body(()).expect("request")
+}
+
+/// Reads a response body to its end, giving the window back as it reads; its length.
+async fn h2_read(mut body: h2::RecvStream) -> u64 {
+    let mut n = 0u64;
+    while let Some(chunk) = body.data().await {
+        let chunk = chunk.expect("body chunk");
+        n += chunk.len() as u64;
+        let _ = body.flow_control().release_capacity(chunk.len());
+    }
+    n
+}
+
+#[test]
+fn http2_bodies_flow_both_ways_through_small_windows() {
+    let up = Upstream::start("u");
+    let (_p, _w, addr) = h2c_gateway(&up);
+    h2_within(async {
+        let mut client = h2_client(addr).await;
+        // 3 MB down through a 16 KiB stream window, next to a 2 MiB upload on the same
+        // connection: both complete, byte for byte.
+        let (down, _) = client.send_request(h2_get("/bytes/3000000"), true).expect("send GET");
+        client = client.ready().await.expect("ready");
+        let upload = http::Request::post("http://localhost/upload")
+            .header("content-length", (2u64 << 20).to_string())
+            .body(())
+            .expect("request");
+        let (up_resp, mut body) = client.send_request(upload, false).expect("send POST");
+        let sender = tokio::spawn(async move {
+            let mut left = 2usize << 20;
+            while left > 0 {
+                body.reserve_capacity(left.min(32 << 10));
+                let cap = std::future::poll_fn(|cx| body.poll_capacity(cx)).await.expect("open").expect("capacity");
+                let n = cap.min(left);
+                body.send_data(bytes::Bytes::from(vec![b'u'; n]), n == left).expect("send data");
+                left -= n;
+            }
+        });
+        let down = down.await.expect("GET answer");
+        assert_eq!(down.status(), 200);
+        assert_eq!(down.headers()["content-length"], "3000000");
+        assert!(down.headers().contains_key("date"), "{:?}", down.headers());
+        assert_eq!(h2_read(down.into_body()).await, 3_000_000);
+        sender.await.expect("sender");
+        let up_resp = up_resp.await.expect("POST answer");
+        assert_eq!(up_resp.status(), 200);
+        let mut body = up_resp.into_body();
+        let mut text = Vec::new();
+        while let Some(chunk) = body.data().await {
+            text.extend_from_slice(&chunk.expect("chunk"));
+        }
+        assert_eq!(String::from_utf8_lossy(&text), (2u64 << 20).to_string());
+        // An answer Weir makes itself (a refused path) has a body; to HEAD it is the head alone.
+        client = client.ready().await.expect("ready");
+        let head = http::Request::head("http://localhost/a/../../x").body(()).expect("request");
+        let (refused, _) = client.send_request(head, true).expect("send HEAD");
+        let refused = refused.await.expect("HEAD answered");
+        assert_eq!(refused.status(), 400);
+        assert!(refused.body().is_end_stream(), "DATA frames after the head of a HEAD answer");
+    });
+}
+
+#[test]
+fn http2_a_reset_stream_is_dropped_and_leaves_its_neighbours_alone() {
+    let up = Upstream::start("u");
+    let resources = route_to(&up);
+    let p = Prefix::new("  access_log: {path: logs/access.log, format: \"$uri $status\"}\n", "", &resources);
+    let config = std::fs::read_to_string(p.dir.join("conf/config.yaml")).expect("read config");
+    p.write(
+        "conf/config.yaml",
+        &config.replace(&format!("port: {}}}", p.node_port), &format!("port: {}, enable_http2: true}}", p.node_port)),
+    );
+    let _w = Weir::start(&p);
+    _w.wait_ready(p.node());
+    let addr = p.node();
+    let log = p.dir.join("logs/access.log");
+    let logged = |line: &str| std::fs::read_to_string(&log).is_ok_and(|t| t.lines().any(|l| l == line));
+    h2_within(async {
+        let mut client = h2_client(addr).await;
+        // No body: the request is with the upstream when the reset comes (a request still sending
+        // its body is answered 400 for the failed body instead).
+        let (_slow, mut slow_stream) = client.send_request(h2_get("/sleep/3000"), true).expect("send slow");
+        client = client.ready().await.expect("ready");
+        let (next, _) = client.send_request(h2_get("/sleep/300"), true).expect("send next");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        // Cancelled while the upstream works on it: Weir drops the request there and then
+        // (logged as 499, as nginx logs a client that left), long before the upstream answers.
+        let reset_at = Instant::now();
+        slow_stream.send_reset(h2::Reason::CANCEL);
+        let next = next.await.expect("neighbour answered");
+        assert_eq!(next.status(), 200);
+        while !logged("/sleep/3000 499") {
+            assert!(
+                reset_at.elapsed() < Duration::from_millis(2000),
+                "the reset request was not dropped: {:?}",
+                std::fs::read_to_string(&log)
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // The connection goes on serving new streams.
+        client = client.ready().await.expect("ready");
+        let (again, _) = client.send_request(h2_get("/after"), true).expect("send again");
+        let again = again.await.expect("answer after the reset");
+        assert_eq!(again.status(), 200);
+        assert!(h2_read(again.into_body()).await > 0);
+    });
+}
+
+#[test]
+fn http2_stop_lets_a_stream_in_flight_finish_then_goes_away() {
+    let up = Upstream::start("u");
+    let (_p, w, addr) = h2c_gateway(&up);
+    h2_within(async {
+        let mut client = h2_client(addr).await;
+        let (slow, _) = client.send_request(h2_get("/sleep/800"), true).expect("send");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let status = Command::new("kill").args(["-TERM", &w.pid().to_string()]).status().expect("kill");
+        assert!(status.success());
+        // Answered whole although the gateway was told to stop meanwhile.
+        let slow = slow.await.expect("the stream in flight is answered");
+        assert_eq!(slow.status(), 200);
+        assert!(h2_read(slow.into_body()).await > 0);
+        // Then GOAWAY: no new stream is taken on this connection.
+        let refused = async {
+            match client.ready().await {
+                Err(_) => true,
+                Ok(mut c) => match c.send_request(h2_get("/late"), true) {
+                    Err(_) => true,
+                    Ok((r, _)) => r.await.is_err(),
+                },
+            }
+        };
+        assert!(refused.await, "a new stream was served after the stop");
+    });
+}

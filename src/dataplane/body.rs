@@ -24,15 +24,15 @@ use super::upstream_conn::{H1Body, Timer};
 pub enum ClientBody {
     /// HTTP/1.1, read from the client's connection as it is pulled.
     H1(super::h1server::RequestBody),
-    /// HTTP/2.
-    Hyper(Incoming),
+    /// HTTP/2, read from its stream.
+    H2(super::h2server::H2Body),
     /// HTTP/3 (boxed: a QUIC stream is large, and HTTP/1.1 requests should not carry its size).
     H3(Box<super::h3::H3Body>),
 }
 
-impl From<Incoming> for ClientBody {
-    fn from(body: Incoming) -> Self {
-        ClientBody::Hyper(body)
+impl From<super::h2server::H2Body> for ClientBody {
+    fn from(body: super::h2server::H2Body) -> Self {
+        ClientBody::H2(body)
     }
 }
 
@@ -59,7 +59,7 @@ impl Body for ClientBody {
     fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match self.get_mut() {
             ClientBody::H1(b) => Pin::new(b).poll_frame(cx).map_err(|e| Box::new(e) as BoxError),
-            ClientBody::Hyper(b) => Pin::new(b).poll_frame(cx).map_err(|e| Box::new(e) as BoxError),
+            ClientBody::H2(b) => Pin::new(b).poll_frame(cx),
             ClientBody::H3(b) => Pin::new(&mut **b).poll_frame(cx),
         }
     }
@@ -67,7 +67,7 @@ impl Body for ClientBody {
     fn is_end_stream(&self) -> bool {
         match self {
             ClientBody::H1(b) => b.is_end_stream(),
-            ClientBody::Hyper(b) => b.is_end_stream(),
+            ClientBody::H2(b) => b.is_end_stream(),
             ClientBody::H3(b) => b.is_end_stream(),
         }
     }
@@ -75,7 +75,7 @@ impl Body for ClientBody {
     fn size_hint(&self) -> SizeHint {
         match self {
             ClientBody::H1(b) => b.size_hint(),
-            ClientBody::Hyper(b) => b.size_hint(),
+            ClientBody::H2(b) => b.size_hint(),
             ClientBody::H3(b) => b.size_hint(),
         }
     }

@@ -2,7 +2,7 @@
 //! framing, matched to routes, run through plugins, proxied to upstream nodes.
 //!
 //! Follow a request: `server` (accept; TLS with `resolver` over `tables::certs`; HTTP/1.1 or
-//! HTTP/2) → `h1server` (HTTP/1.1: each head parsed once by the strict `framing`) → `proxy::handle` (`normalize`,
+//! HTTP/2) → `h1server` (HTTP/1.1: each head parsed once by the strict `framing`) or `h2server` (HTTP/2) → `proxy::handle` (`normalize`,
 //! `tables::router`, plugin phases) → `tables::upstream` (balancer) → `client` (pool; HTTP/2 for
 //! gRPC) and `upstream_conn` (HTTP/1.1 exchange, timeouts; bytes by `h1codec`) or `tunnel` (WebSocket) → `body` (streaming back, log phase). The tables
 //! come from the current snapshot (`crate::tables`); nothing here builds them.
@@ -12,6 +12,7 @@ pub mod client;
 pub mod framing;
 pub mod h1codec;
 pub mod h1server;
+pub mod h2server;
 pub mod h3;
 pub mod headers;
 pub mod idle;

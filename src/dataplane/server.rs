@@ -1,7 +1,8 @@
 //! The data-plane listeners: `worker_processes` threads, each a single-threaded tokio runtime
-//! that accepts on every `node_listen` and `gateway.ssl.listen` socket and serves HTTP/1.1 with
-//! Weir's own server connection ([`super::h1server`]) and HTTP/2 with hyper. A request stays on the worker that accepted its connection from accept to
-//! upstream and back: no locks, no cross-thread hand-off, one `Worker` (upstream pool, path
+//! that accepts on every `node_listen` and `gateway.ssl.listen` socket and serves them with
+//! Weir's own server connections: HTTP/1.1 ([`super::h1server`]) and HTTP/2
+//! ([`super::h2server`]). A request stays on the worker that accepted its connection from accept
+//! to upstream and back: no locks, no cross-thread hand-off, one `Worker` (upstream pool, path
 //! rules) per thread.
 //!
 //! Protocol per connection: a plain listener serves HTTP/1.1, and with `enable_http2` also
@@ -14,7 +15,6 @@
 //! and the workers wait for that up to the grace period.
 
 use std::cell::Cell;
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -22,11 +22,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use hyper::server::conn::http2;
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioIo, TokioTimer};
 use rustls::ServerConfig;
-use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
@@ -633,7 +629,7 @@ async fn serve(
             match Box::pin(reading(&worker.stats, detected)).await {
                 Ok(true) => {
                     let _counted = counted;
-                    Box::pin(serve_h2(stream, info, gateway, worker, stopped)).await
+                    Box::pin(super::h2server::serve(stream, info, gateway, worker, stopped)).await
                 }
                 Ok(false) => super::h1server::serve(stream, info, gateway, worker, stopped, counted).await,
                 Err(why) => log::debug!("client {peer}: {why}"),
@@ -688,91 +684,8 @@ async fn serve_tls(
         return;
     }
     if alpn == Some(b"h2") {
-        serve_h2(tls, info, gateway, worker, stopped).await;
+        super::h2server::serve(tls, info, gateway, worker, stopped).await;
     } else {
         super::h1server::serve(tls, info, gateway, worker, stopped, ()).await;
     }
-}
-
-async fn serve_h2<S>(io: S, info: ConnInfo, gateway: Arc<Gateway>, worker: Rc<Worker>, stopped: watch::Receiver<bool>)
-where
-    S: AsyncRead + AsyncWrite + Unpin + 'static,
-{
-    let peer = info.peer;
-    let last_request = Rc::new(Cell::new(tokio::time::Instant::now()));
-    let noted = last_request.clone();
-    let service = service_fn(move |req| {
-        noted.set(tokio::time::Instant::now());
-        let (gateway, worker, info) = (gateway.clone(), worker.clone(), info.clone());
-        // Boxed: the request's future is several KiB, and HTTP/2 moves it into a task of its own
-        // (spawn, then stage changes); a box moves as one pointer.
-        async move { Ok::<_, Infallible>(Box::pin(proxy::handle(req, info, &gateway, &worker)).await) }
-    });
-    let mut builder = http2::Builder::new(super::client::LocalExec);
-    builder
-        .timer(TokioTimer::new())
-        .max_concurrent_streams(H2_MAX_STREAMS)
-        .max_header_list_size(H2_MAX_HEADER_LIST)
-        .initial_stream_window_size(H2_STREAM_WINDOW)
-        .initial_connection_window_size(H2_CONN_WINDOW)
-        .max_pending_accept_reset_streams(H2_MAX_PENDING_RESETS)
-        .max_local_error_reset_streams(H2_MAX_ERROR_RESETS)
-        // A peer that stops answering pings is gone: its streams and buffers are released.
-        .keep_alive_interval(HEADER_TIMEOUT)
-        .keep_alive_timeout(Duration::from_secs(20));
-    let conn = builder.serve_connection(TokioIo::new(io), service);
-    tokio::pin!(conn);
-    // A connection with no new stream for HEADER_TIMEOUT is closed (GOAWAY; streams in flight
-    // finish), as nginx's keepalive_timeout does: idle clients do not hold memory forever.
-    if let Err(e) = until_stopped(conn.as_mut(), stopped, Some(last_request)).await {
-        log::debug!("client {peer} (HTTP/2): {e}");
-    }
-}
-
-/// A hyper (HTTP/2) connection that can be told to finish its in-flight requests and close.
-trait Graceful: std::future::Future<Output = hyper::Result<()>> {
-    fn shut_down(self: std::pin::Pin<&mut Self>);
-}
-
-impl<I, S, E> Graceful for http2::Connection<I, S, E>
-where
-    Self: std::future::Future<Output = hyper::Result<()>>,
-    I: hyper::rt::Read + hyper::rt::Write + Unpin + 'static,
-    S: hyper::service::HttpService<hyper::body::Incoming>,
-    S::ResBody: 'static,
-    <S::ResBody as http_body::Body>::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-    E: hyper::rt::bounds::Http2ServerConnExec<S::Future, S::ResBody>,
-{
-    fn shut_down(self: std::pin::Pin<&mut Self>) {
-        self.graceful_shutdown();
-    }
-}
-
-/// Serves `conn` to its end; on stop, or when `last_request` is older than [`HEADER_TIMEOUT`],
-/// lets it finish what is in flight and close.
-async fn until_stopped<C: Graceful>(
-    mut conn: std::pin::Pin<&mut C>,
-    mut stopped: watch::Receiver<bool>,
-    last_request: Option<Rc<Cell<tokio::time::Instant>>>,
-) -> hyper::Result<()> {
-    let idle_deadline = || last_request.as_ref().map(|l| l.get() + HEADER_TIMEOUT);
-    loop {
-        let idle = async {
-            match idle_deadline() {
-                Some(at) => tokio::time::sleep_until(at).await,
-                None => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            r = conn.as_mut() => return r,
-            _ = stopped.wait_for(|s| *s) => break,
-            _ = idle => {
-                if idle_deadline().is_some_and(|at| at <= tokio::time::Instant::now()) {
-                    break;
-                }
-            }
-        }
-    }
-    conn.as_mut().shut_down();
-    conn.await
 }
