@@ -11,9 +11,6 @@ pub fn run(prefix: Prefix) -> Result<(), String> {
     let gateway = Gateway::load(prefix)?;
     crate::state::release_garbage();
     let config = gateway.config.load_full();
-    if let Some(log) = &config.gateway.error_log {
-        crate::error_log::start(gateway.prefix.dir.join(&log.path))?;
-    }
     if let Some(log) = config.gateway.access_log.as_ref().filter(|l| l.enable) {
         crate::access_log::start(gateway.prefix.dir.join(&log.path), &log.format, log.buffer)?;
     }

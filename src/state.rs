@@ -101,6 +101,10 @@ impl Gateway {
     fn load_mode(prefix: Prefix, check_only: bool) -> Result<Arc<Gateway>, String> {
         let catalog = crate::plugins_catalog();
         let config = Config::load(&prefix, catalog).map_err(|e| e.to_string())?;
+        // The configured log from here on: what plugins say as they start goes there too.
+        if let Some(log) = config.gateway.error_log.as_ref().filter(|_| !check_only) {
+            crate::error_log::start(prefix.dir.join(&log.path))?;
+        }
         let enabled = enable(&config, catalog, &prefix, check_only)?;
         let routes = PluginRoutes::build(&enabled, config.gateway.control.router)
             .map_err(|e| format!("{}: {e}", prefix.config_file().display()))?;

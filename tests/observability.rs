@@ -270,6 +270,12 @@ fn the_access_log_and_error_log_reopen_on_sigusr1() {
             .contains("started in")),
         "Weir's own log goes to the file"
     );
+    // From the first line on: what plugins say while they start (short-url's storage) too.
+    if cfg!(feature = "short-url") {
+        let text = std::fs::read_to_string(&errors).unwrap_or_default();
+        assert!(text.contains("short-url: storage"), "{text}");
+        assert!(!w.log_text().contains("short-url: storage"), "a start-up line went to stderr: {}", w.log_text());
+    }
     for _ in 0..3 {
         assert_eq!(get(p.node(), "/a").status, 200);
     }
