@@ -5,6 +5,7 @@
 #   benches/instr_per_h2_request.sh          # needs: valgrind, nginx (http_v2), h2load
 #   BIN=... CALLGRIND_OUT=/tmp/cg benches/instr_per_h2_request.sh
 #   TLS=1 benches/instr_per_h2_request.sh    # over TLS 1.3 (ALPN h2), ECDSA P-256; needs openssl
+#   CONNS=16 benches/instr_per_h2_request.sh # connections (default 4), 10 streams each
 #
 # Cleartext HTTP/2 with prior knowledge by default (the HTTP/2 server alone, not rustls),
 # h2load with 4 connections x 10 concurrent streams, a 1 KiB answer from an nginx upstream over
@@ -42,7 +43,7 @@ C
 nginx -p "$w/up" -c "$w/up/nginx.conf" 2>/dev/null &
 wait_port() { for _ in $(seq 300); do python3 -c "import socket;socket.create_connection(('127.0.0.1',$1),0.2)" 2>/dev/null && return 0; sleep 0.2; done; return 1; }
 load() { # port count: exits non-zero unless every request succeeded
-  local out; out=$(h2load -c4 -m10 -n "$2" "$scheme://127.0.0.1:$1/x" 2>&1)
+  local out; out=$(h2load -c"${CONNS:-4}" -m10 -n "$2" "$scheme://127.0.0.1:$1/x" 2>&1)
   grep -q "^status codes: $2 2xx" <<<"$out" || { echo "$out" >&2; return 1; }
 }
 total() { awk '/^(summary|totals):/ {print $2; exit}' "$1"; }
