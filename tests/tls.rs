@@ -735,6 +735,22 @@ fn http2_bodies_flow_both_ways_through_small_windows() {
             text.extend_from_slice(&chunk.expect("chunk"));
         }
         assert_eq!(String::from_utf8_lossy(&text), (2u64 << 20).to_string());
+        // Cookies sent as separate fields (as browsers do over HTTP/2) reach the HTTP/1.1
+        // upstream as one field (RFC 9113 section 8.2.3).
+        client = client.ready().await.expect("ready");
+        let cookies = http::Request::get("http://localhost/cookies")
+            .header("cookie", "a=1")
+            .header("cookie", "b=2")
+            .body(())
+            .expect("request");
+        let (echo, _) = client.send_request(cookies, true).expect("send cookies");
+        let mut body = echo.await.expect("cookie answer").into_body();
+        let mut text = Vec::new();
+        while let Some(chunk) = body.data().await {
+            text.extend_from_slice(&chunk.expect("chunk"));
+        }
+        let echo: serde_json::Value = serde_json::from_slice(&text).expect("echo JSON");
+        assert_eq!(echo["headers"]["cookie"], "a=1; b=2", "{echo}");
         // An answer Weir makes itself (a refused path) has a body; to HEAD it is the head alone.
         client = client.ready().await.expect("ready");
         let head = http::Request::head("http://localhost/a/../../x").body(()).expect("request");

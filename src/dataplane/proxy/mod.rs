@@ -256,6 +256,25 @@ fn authority_as_host(parts: &mut http::request::Parts) -> Result<(), &'static st
     }
 }
 
+/// HTTP/2 and HTTP/3 clients may send each cookie as a field of its own (browsers do, for
+/// compression). Before the request goes on as HTTP/1.1 they are joined with `"; "` into one
+/// `cookie` field (RFC 9113 section 8.2.3): an upstream reading the first `Cookie` line would
+/// otherwise see one cookie, and plugins another set than the upstream.
+fn join_cookies(headers: &mut http::HeaderMap) {
+    let mut values = headers.get_all(http::header::COOKIE).iter();
+    let (Some(_), Some(_)) = (values.next(), values.next()) else { return };
+    let mut joined = Vec::new();
+    for v in headers.get_all(http::header::COOKIE) {
+        if !joined.is_empty() {
+            joined.extend_from_slice(b"; ");
+        }
+        joined.extend_from_slice(v.as_bytes());
+    }
+    if let Ok(v) = HeaderValue::from_bytes(&joined) {
+        headers.insert(http::header::COOKIE, v);
+    }
+}
+
 /// A form body (`application/x-www-form-urlencoded`), whose arguments `post_arg_*` reads.
 fn is_form(headers: &http::HeaderMap) -> bool {
     headers.get(http::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|v| {
@@ -299,6 +318,7 @@ async fn serve(
             log::debug!("client {remote}: {why}");
             return error_response(StatusCode::BAD_REQUEST, &format!("400 Bad Request: {why}"));
         }
+        join_cookies(&mut parts.headers);
     }
     let mut fields = fields.unwrap_or_else(|| RequestFields::of(&parts.headers));
     let websocket = upgrade_asked && is_websocket(&parts.headers);
@@ -477,4 +497,22 @@ async fn serve(
 struct Tunnel {
     client: crate::dataplane::tunnel::ClientUpgrade,
     token: HeaderValue,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cookie_fields_are_joined_into_one() {
+        let mut h = http::HeaderMap::new();
+        h.insert(http::header::COOKIE, HeaderValue::from_static("a=1"));
+        join_cookies(&mut h);
+        assert_eq!(h.get_all(http::header::COOKIE).iter().count(), 1);
+        h.append(http::header::COOKIE, HeaderValue::from_static("b=2"));
+        h.append(http::header::COOKIE, HeaderValue::from_static("c=3"));
+        join_cookies(&mut h);
+        let all: Vec<_> = h.get_all(http::header::COOKIE).iter().collect();
+        assert_eq!(all, ["a=1; b=2; c=3"]);
+    }
 }
