@@ -21,13 +21,14 @@ use bytes::Bytes;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use h2::server::SendResponse;
 use h2::{Reason, RecvStream, SendStream};
-use http::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_LENGTH, DATE};
+use http::header::{HeaderMap, HeaderValue, CONTENT_LENGTH, DATE};
 use http_body::{Body, Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::watch;
 use tokio::time::{sleep_until, Instant};
 
 use super::body::BoxError;
+use super::headers::strip_hop_by_hop;
 use super::proxy::{self, ConnInfo, Response, Worker};
 use super::server::{
     H2_CONN_WINDOW, H2_MAX_ERROR_RESETS, H2_MAX_HEADER_LIST, H2_MAX_PENDING_RESETS, H2_MAX_STREAMS, H2_STREAM_WINDOW,
@@ -234,7 +235,10 @@ async fn stream(
 /// HEAD request is its head alone (with the length the body would have had), whatever made it.
 async fn answer(resp: Response, mut respond: SendResponse<Bytes>, head: bool) -> Result<(), h2::Error> {
     let (mut parts, body) = resp.into_parts();
-    drop_connection_fields(&mut parts.headers);
+    // Fields that only mean something on one HTTP/1.1 connection, and those `connection`
+    // names: `h2` refuses to send them (RFC 9113 section 8.2.2). The proxy's own mechanism, one
+    // pass over the names when there are none.
+    strip_hop_by_hop(&mut parts.headers);
     if !parts.headers.contains_key(DATE) {
         parts.headers.insert(DATE, date());
     }
@@ -334,39 +338,6 @@ async fn send_body(
     .await
 }
 
-/// Fields that only mean something to one HTTP/1.1 connection, which `h2` refuses to send
-/// (RFC 9113 section 8.2.2), and those a `connection` field names. `te` is a request field: an
-/// answer loses it too. One pass over the names; removals only when one is there.
-fn drop_connection_fields(headers: &mut HeaderMap) {
-    use http::header::{CONNECTION, TE, TRANSFER_ENCODING, UPGRADE};
-    let specific = |n: &HeaderName| {
-        *n == CONNECTION
-            || *n == TRANSFER_ENCODING
-            || *n == UPGRADE
-            || *n == TE
-            || n.as_str() == "keep-alive"
-            || n.as_str() == "proxy-connection"
-    };
-    if !headers.keys().any(specific) {
-        return;
-    }
-    let named: Vec<HeaderName> = headers
-        .get_all(CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
-        .collect();
-    for name in named {
-        headers.remove(name);
-    }
-    for name in [CONNECTION, TRANSFER_ENCODING, UPGRADE, TE] {
-        headers.remove(name);
-    }
-    headers.remove("keep-alive");
-    headers.remove("proxy-connection");
-}
-
 /// The request's declared length, when it has exactly one valid `content-length`.
 fn content_length(headers: &HeaderMap) -> Option<u64> {
     let mut values = headers.get_all(CONTENT_LENGTH).iter();
@@ -377,26 +348,16 @@ fn content_length(headers: &HeaderMap) -> Option<u64> {
     first.to_str().ok()?.parse().ok()
 }
 
-thread_local! {
-    /// The `date` value, made again when the second changes.
-    static DATE_VALUE: std::cell::RefCell<(u64, HeaderValue)> =
-        const { std::cell::RefCell::new((u64::MAX, HeaderValue::from_static(""))) };
-}
-
-/// The current `date` field (a shared copy of this second's value).
+/// The current `date` field, from the HTTP/1.1 server's once-a-second text. Only answers whose
+/// upstream sent none need it.
 fn date() -> HeaderValue {
-    let now = std::time::SystemTime::now();
-    let secs = now.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    DATE_VALUE.with(|cell| {
-        let mut cached = cell.borrow_mut();
-        if cached.0 != secs {
-            let text = httpdate::fmt_http_date(now);
-            if let Ok(v) = HeaderValue::from_str(&text) {
-                *cached = (secs, v);
-            }
+    let mut value = HeaderValue::from_static("");
+    super::h1server::with_date(|d| {
+        if let Ok(v) = HeaderValue::from_bytes(d) {
+            value = v;
         }
-        cached.1.clone()
-    })
+    });
+    value
 }
 
 /// A request body read from an HTTP/2 stream. Each chunk read gives its bytes back to the
@@ -464,13 +425,13 @@ mod tests {
         h.insert("te", HeaderValue::from_static("trailers"));
         h.insert("x-hop", HeaderValue::from_static("1"));
         h.insert("x-kept", HeaderValue::from_static("1"));
-        drop_connection_fields(&mut h);
+        strip_hop_by_hop(&mut h);
         let names: Vec<_> = h.keys().map(|k| k.as_str().to_owned()).collect();
         assert_eq!(names, ["x-kept"]);
         let mut h = HeaderMap::new();
         h.insert("te", HeaderValue::from_static("gzip"));
         h.insert("upgrade", HeaderValue::from_static("websocket"));
-        drop_connection_fields(&mut h);
+        strip_hop_by_hop(&mut h);
         assert!(h.is_empty());
     }
 

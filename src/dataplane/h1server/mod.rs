@@ -42,6 +42,7 @@ use tokio::time::Sleep;
 use conn::Conn;
 pub use conn::RequestBody;
 pub use head::{take_head, Asks};
+pub(crate) use respond::with_date;
 use respond::{respond, write_all, Sent};
 
 use super::body::ClientBody;

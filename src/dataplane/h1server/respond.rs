@@ -317,8 +317,9 @@ thread_local! {
     static DATE_CACHE: (Cell<u64>, RefCell<[u8; 29]>) = const { (Cell::new(0), RefCell::new([0; 29])) };
 }
 
-/// Calls `f` with the current `Date` value (IMF-fixdate, as RFC 9110 asks).
-fn with_date(f: impl FnOnce(&[u8])) {
+/// Calls `f` with the current `Date` value (IMF-fixdate, as RFC 9110 asks), made once a second
+/// per thread (HTTP/1.1 heads and HTTP/2 answers share it).
+pub(crate) fn with_date(f: impl FnOnce(&[u8])) {
     let now = std::time::SystemTime::now();
     let secs = now.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
     DATE_CACHE.with(|(at, text)| {
