@@ -160,6 +160,14 @@ pub fn finish_takeover() -> Option<i32> {
     Some(from)
 }
 
+/// A stop has begun: closes this process's copies of its listening sockets, so that once the
+/// workers stop accepting the kernel refuses new clients instead of queueing them on a socket
+/// nobody will accept from. A successor that took over holds its own copies (inherited at its
+/// start), so its listeners stay open. No upgrade can start after this.
+pub fn release() {
+    state().lock().bound.clear();
+}
+
 /// SIGUSR2: starts the new process with every listening socket. Its stdout and stderr are this
 /// process's. Returns its pid; a thread reports if it exits before taking over.
 pub fn start_successor() -> Result<u32, String> {

@@ -128,6 +128,8 @@ pub fn run(prefix: Prefix) -> Result<(), String> {
             // The new process is the service now: systemd must not hear that it stops.
             Stop::Drain => log::info!("SIGQUIT: draining (no new connections), then exiting"),
         }
+        // New clients are refused from here on (once each worker has dropped its own copy).
+        crate::handover::release();
         for h in handles {
             h.stop(true).await;
         }

@@ -319,11 +319,19 @@ fn sigterm_lets_in_flight_requests_finish() {
     let node = p.node();
     let in_flight = std::thread::spawn(move || get(node, "/sleep/1500"));
     std::thread::sleep(Duration::from_millis(300));
-    let status = w.terminate();
+    let sent = std::process::Command::new("kill").arg("-TERM").arg(w.pid().to_string()).status();
+    assert!(sent.is_ok_and(|s| s.success()), "kill -TERM");
+    // While the request is still in flight, a new client is refused at once: the listening
+    // socket is closed, not left open with nobody accepting (where a client would hang).
+    assert!(
+        common::eventually(Duration::from_millis(800), || std::net::TcpStream::connect(node).is_err()),
+        "a new client must be refused once the stop began"
+    );
+    assert!(!in_flight.is_finished(), "checked while the request was still in flight");
     let r = in_flight.join().expect("client thread");
     assert_eq!((r.status, r.text()), (200, "slept on slow".to_owned()), "the in-flight request completes");
+    let status = w.terminate();
     assert!(status.success(), "{status:?}");
-    assert!(std::net::TcpStream::connect(node).is_err(), "the listener is closed");
 }
 
 /// Reads one response with a `Content-Length` body from a keep-alive connection: (status,
