@@ -552,7 +552,12 @@ fn read_until_goaway(s: &mut TcpStream) -> (Option<u32>, usize) {
 }
 
 fn h2c_gateway(up: &Upstream) -> (Prefix, Weir, SocketAddr) {
-    let p = Prefix::new("", "", &route_to(up));
+    h2c_gateway_on(&route_to(up))
+}
+
+/// A gateway serving cleartext HTTP/2 (prior knowledge) on `resources`.
+fn h2c_gateway_on(resources: &str) -> (Prefix, Weir, SocketAddr) {
+    let p = Prefix::new("", "", resources);
     let config = std::fs::read_to_string(p.dir.join("conf/config.yaml")).expect("read config");
     p.write(
         "conf/config.yaml",
@@ -832,5 +837,89 @@ fn http2_stop_lets_a_stream_in_flight_finish_then_goes_away() {
             }
         };
         assert!(refused.await, "a new stream was served after the stop");
+    });
+}
+
+/// Sends `len` bytes on `body` as the server's window allows; `false` if the stream was reset
+/// before all of them went (or the send failed).
+async fn h2_upload(mut body: h2::SendStream<bytes::Bytes>, len: usize) -> bool {
+    let mut left = len;
+    while left > 0 {
+        body.reserve_capacity(left.min(32 << 10));
+        let Some(Ok(cap)) = std::future::poll_fn(|cx| body.poll_capacity(cx)).await else { return false };
+        let n = cap.min(left);
+        if body.send_data(bytes::Bytes::from(vec![b'u'; n]), n == left).is_err() {
+            return false;
+        }
+        left -= n;
+    }
+    true
+}
+
+#[test]
+fn http2_an_early_answer_lets_the_upload_finish_and_expect_continue_is_answered() {
+    let up = Upstream::start("u");
+    // A node nobody listens on: the proxy tries it (the request waits) and answers 502
+    // without ever wanting the body.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("free port");
+    let (_p, _w, addr) = h2c_gateway_on(&format!(
+        "{}  - id: dead\n    uri: /dead/*\n    upstream:\n      retries: 0\n      nodes:\n        \"{dead}\": 1\n",
+        route_to(&up)
+    ));
+    h2_within(async {
+        let mut client = h2_client(addr).await;
+        // Answered before its body is read (a refused path): the upload, far over the stream
+        // window, still finishes and the answer is read whole; the stream is not reset under
+        // the client while it sends.
+        let refused = http::Request::post("http://localhost/a/../../x")
+            .header("content-length", (600u32 << 10).to_string())
+            .body(())
+            .expect("request");
+        let (resp, body) = client.send_request(refused, false).expect("send refused POST");
+        let sent = tokio::spawn(h2_upload(body, 600 << 10));
+        let resp = resp.await.expect("early answer");
+        assert_eq!(resp.status(), 400);
+        assert!(h2_read(resp.into_body()).await > 0, "the answer's JSON body");
+        assert!(sent.await.expect("sender"), "the stream was reset while the client uploaded");
+        // A client that waits for `100 Continue` gets it once the proxy wants the body (curl
+        // otherwise waits a second before it sends).
+        client = client.ready().await.expect("ready");
+        let upload = http::Request::post("http://localhost/upload")
+            .header("content-length", "100000")
+            .header("expect", "100-continue")
+            .body(())
+            .expect("request");
+        let (mut resp, body) = client.send_request(upload, false).expect("send POST");
+        let interim =
+            tokio::time::timeout(Duration::from_secs(5), std::future::poll_fn(|cx| resp.poll_informational(cx)))
+                .await
+                .expect("no 100 Continue within 5 s");
+        assert_eq!(interim.expect("an interim answer").expect("well-formed").status(), 100);
+        assert!(h2_upload(body, 100_000).await, "the upload was cut");
+        let resp = resp.await.expect("POST answer");
+        assert_eq!(resp.status(), 200);
+        let mut body = resp.into_body();
+        let mut text = Vec::new();
+        while let Some(chunk) = body.data().await {
+            text.extend_from_slice(&chunk.expect("chunk"));
+        }
+        assert_eq!(String::from_utf8_lossy(&text), "100000");
+        // Failed before its body is wanted: the answer comes with no `100 Continue` before
+        // it, so the client never sends the body.
+        client = client.ready().await.expect("ready");
+        let held = http::Request::post("http://localhost/dead/x")
+            .header("content-length", "100000")
+            .header("expect", "100-continue")
+            .body(())
+            .expect("request");
+        let (mut resp, mut body) = client.send_request(held, false).expect("send held POST");
+        let interim =
+            tokio::time::timeout(Duration::from_secs(5), std::future::poll_fn(|cx| resp.poll_informational(cx)))
+                .await
+                .expect("no answer within 5 s");
+        assert!(interim.is_none(), "a 100 Continue before a refusal: {interim:?}");
+        assert_eq!(resp.await.expect("early answer").status(), 502);
+        body.send_reset(h2::Reason::CANCEL);
+        assert_eq!(up.hits(), 1, "only the upload reached the upstream");
     });
 }

@@ -10,6 +10,7 @@
 //!
 //! The limits are [`super::server`]'s `H2_*` constants (docs/data-plane.md, "HTTP/2").
 
+use std::cell::{Cell, RefCell};
 use std::future::{poll_fn, Future};
 use std::pin::{pin, Pin};
 use std::rc::Rc;
@@ -21,13 +22,14 @@ use bytes::Bytes;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use h2::server::SendResponse;
 use h2::{Reason, RecvStream, SendStream};
-use http::header::{HeaderMap, HeaderValue, CONTENT_LENGTH, DATE};
+use http::header::{HeaderMap, HeaderValue, CONTENT_LENGTH, DATE, EXPECT};
 use http_body::{Body, Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::watch;
 use tokio::time::{sleep_until, Instant};
 
 use super::body::BoxError;
+use super::h1server::{DISCARD_LIMIT, DISCARD_TIME};
 use super::headers::strip_hop_by_hop;
 use super::proxy::{self, ConnInfo, Response, Worker};
 use super::server::{
@@ -200,7 +202,7 @@ impl KeepAlive {
 }
 
 /// One request: through the proxy (cancelled if the client resets the stream first), then the
-/// answer on the stream.
+/// answer on the stream, then what the proxy left unread of the request body.
 async fn stream(
     req: http::Request<RecvStream>,
     mut respond: SendResponse<Bytes>,
@@ -212,22 +214,95 @@ async fn stream(
     let (parts, recv) = req.into_parts();
     let head = parts.method == http::Method::HEAD;
     let len = content_length(&parts.headers);
-    let req = http::Request::from_parts(parts, H2Body { recv, left: len, data_done: false });
+    // Only a request with a body shares anything with it (no allocation for the others).
+    let share = (!recv.is_end_stream()).then(|| {
+        let expects = parts.headers.get(EXPECT).is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+        let continuing = Cell::new(if expects { Continue::Owed } else { Continue::No });
+        Rc::new(BodyShare { continuing, rest: RefCell::default() })
+    });
+    let body = H2Body { recv: Some(recv), left: len, data_done: false, share: share.clone() };
+    let req = http::Request::from_parts(parts, body);
     // In place, not boxed: this future is boxed whole where the connection makes it (a
     // separate box for the request path measured 1,359 instructions more per request).
     let mut handling = pin!(proxy::handle(req, info, gateway, worker));
     let resp = poll_fn(|cx| match handling.as_mut().poll(cx) {
         Poll::Ready(r) => Poll::Ready(Some(r)),
-        // Reset by the client before the answer: the request is dropped where it stands.
-        Poll::Pending => match respond.poll_reset(cx) {
-            Poll::Ready(_) => Poll::Ready(None),
-            Poll::Pending => Poll::Pending,
-        },
+        Poll::Pending => {
+            // The proxy pulled the body of a client waiting for `100 Continue`: it is owed now
+            // (the client's DATA then wakes the body's reader).
+            if let Some(share) = &share {
+                if share.continuing.get() == Continue::Wanted {
+                    share.continuing.set(Continue::Sent);
+                    let _ = respond.send_informational(continue_answer());
+                }
+            }
+            // Reset by the client before the answer: the request is dropped where it stands.
+            match respond.poll_reset(cx) {
+                Poll::Ready(_) => Poll::Ready(None),
+                Poll::Pending => Poll::Pending,
+            }
+        }
     })
     .await;
     let Some(resp) = resp else { return };
     if let Err(e) = answer(resp, respond, head).await {
-        log::debug!("client {peer} (HTTP/2 stream): {e}");
+        return log::debug!("client {peer} (HTTP/2 stream): {e}");
+    }
+    if let Some(share) = share {
+        share.drain().await;
+    }
+}
+
+/// What a request with a body shares with the body's reader: where the stream stands with
+/// `100 Continue`, and the stream the proxy dropped unread, handed back to be drained after the
+/// answer.
+struct BodyShare {
+    continuing: Cell<Continue>,
+    rest: RefCell<Option<RecvStream>>,
+}
+
+/// Where a stream stands with `Expect: 100-continue` (RFC 9110 section 10.1.1). As over
+/// HTTP/1.1, the `100 Continue` goes when the proxy first pulls the body: a request refused
+/// before (auth, limits, no route) is answered without the client ever sending its body.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Continue {
+    /// The client did not ask for one.
+    No,
+    /// Asked for; the body not pulled yet.
+    Owed,
+    /// The proxy pulled the body: the connection's task sends it now.
+    Wanted,
+    Sent,
+}
+
+/// The interim answer to `Expect: 100-continue`.
+fn continue_answer() -> http::Response<()> {
+    let mut interim = http::Response::new(());
+    *interim.status_mut() = http::StatusCode::CONTINUE;
+    interim
+}
+
+impl BodyShare {
+    /// Reads and drops what is left of a body the proxy did not read, up to [`DISCARD_LIMIT`]
+    /// within [`DISCARD_TIME`], as the HTTP/1.1 server does. A client still uploading when its
+    /// answer came (a 401, a 404, an upstream's 413) then ends its request normally; a reset
+    /// while it sends, even `RST_STREAM(NO_ERROR)` after a complete answer (RFC 9113 section
+    /// 8.1), makes curl 7.88 (Debian 12) report an empty reply instead of the answer. A client
+    /// holding its body back for a `100 Continue` resets or ends the stream itself once it has
+    /// the answer. A longer rest gets `RST_STREAM(NO_ERROR)`.
+    async fn drain(&self) {
+        let Some(mut recv) = self.rest.borrow_mut().take() else { return };
+        let mut dropped = 0u64;
+        let _ = tokio::time::timeout(DISCARD_TIME, async {
+            while let Some(Ok(data)) = recv.data().await {
+                let _ = recv.flow_control().release_capacity(data.len());
+                dropped += data.len() as u64;
+                if dropped > DISCARD_LIMIT {
+                    break;
+                }
+            }
+        })
+        .await;
     }
 }
 
@@ -363,10 +438,23 @@ fn date() -> HeaderValue {
 /// A request body read from an HTTP/2 stream. Each chunk read gives its bytes back to the
 /// client's window, so the window bounds what waits unread in Weir, not what a request may send.
 pub struct H2Body {
-    recv: RecvStream,
+    /// Taken only when the body is dropped unread (see [`BodyShare::drain`]).
+    recv: Option<RecvStream>,
     /// What `content-length` says is still to come (`h2` refuses a stream whose DATA disagrees).
     left: Option<u64>,
     data_done: bool,
+    /// `None` for a request without a body.
+    share: Option<Rc<BodyShare>>,
+}
+
+impl Drop for H2Body {
+    fn drop(&mut self) {
+        if let (Some(share), Some(recv)) = (&self.share, self.recv.take()) {
+            if !recv.is_end_stream() {
+                *share.rest.borrow_mut() = Some(recv);
+            }
+        }
+    }
 }
 
 impl Body for H2Body {
@@ -375,11 +463,17 @@ impl Body for H2Body {
 
     fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.get_mut();
+        let Some(recv) = this.recv.as_mut() else { return Poll::Ready(None) };
+        if let Some(share) = &this.share {
+            if share.continuing.get() == Continue::Owed {
+                share.continuing.set(Continue::Wanted);
+            }
+        }
         if !this.data_done {
-            match this.recv.poll_data(cx) {
+            match recv.poll_data(cx) {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(Some(Ok(data))) => {
-                    let _ = this.recv.flow_control().release_capacity(data.len());
+                    let _ = recv.flow_control().release_capacity(data.len());
                     if let Some(left) = this.left.as_mut() {
                         *left = left.saturating_sub(data.len() as u64);
                     }
@@ -389,7 +483,7 @@ impl Body for H2Body {
                 Poll::Ready(None) => this.data_done = true,
             }
         }
-        match this.recv.poll_trailers(cx) {
+        match recv.poll_trailers(cx) {
             Poll::Pending => Poll::Pending,
             Poll::Ready(Ok(Some(trailers))) => Poll::Ready(Some(Ok(Frame::trailers(trailers)))),
             Poll::Ready(Ok(None)) => Poll::Ready(None),
@@ -398,11 +492,11 @@ impl Body for H2Body {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.recv.is_end_stream()
+        self.recv.as_ref().is_none_or(RecvStream::is_end_stream)
     }
 
     fn size_hint(&self) -> SizeHint {
-        if self.recv.is_end_stream() {
+        if self.is_end_stream() {
             return SizeHint::with_exact(0);
         }
         match self.left {

@@ -64,9 +64,9 @@ const HEAD_WAIT_PERIODS: u32 = (HEAD_TIMEOUT.as_secs() / PARK_AFTER.as_secs()) a
 
 /// Most bytes of an unread request body (a plugin answered without it) read and dropped to keep
 /// the connection for the next request; a longer rest closes it (nginx discards bodies too).
-const DISCARD_LIMIT: u64 = 1 << 20;
+pub(crate) const DISCARD_LIMIT: u64 = 1 << 20;
 /// How long dropping that rest may take (nginx's `lingering_timeout`).
-const DISCARD_TIME: Duration = Duration::from_secs(5);
+pub(crate) const DISCARD_TIME: Duration = Duration::from_secs(5);
 
 /// A client connection's transport, as the server parks it.
 pub trait Io: AsyncRead + AsyncWrite + Unpin + 'static {
