@@ -42,7 +42,9 @@
 //! ```
 
 use bytes::Bytes;
-use http::header::{ACCEPT_ENCODING, CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE, ETAG, VARY};
+use http::header::{
+    ACCEPT_ENCODING, ACCEPT_RANGES, CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_RANGE, CONTENT_TYPE, ETAG, VARY,
+};
 use http::{HeaderValue, Method};
 
 use crate::{BodyFilter, RequestCtx, ResponseHead};
@@ -208,11 +210,16 @@ impl Encoding {
 }
 
 /// Whether this response should be encoded with `coding` (nginx's gzip rules): the client accepts
-/// it, the request is not HEAD, the status has a body, nobody encoded it already, its type is
-/// listed, and its length (when known) is at least `min_length`.
+/// it, the request is not HEAD, the status has a body, the body is not a range of another
+/// (`206`, `Content-Range`: its offsets count the unencoded bytes, and nginx leaves ranges alone
+/// too), nobody encoded it already, its type is listed, and its length (when known) is at least
+/// `min_length`.
 pub fn compressible(ctx: &RequestCtx, resp: &ResponseHead, coding: &str, types: &TypeList, min_length: u64) -> bool {
     let status = resp.status.as_u16();
-    if ctx.method == Method::HEAD || status < 200 || status == 204 || status == 304 {
+    if ctx.method == Method::HEAD || status < 200 || status == 204 || status == 206 || status == 304 {
+        return false;
+    }
+    if resp.headers.contains_key(CONTENT_RANGE) {
         return false;
     }
     if resp.headers.contains_key(CONTENT_ENCODING) || !accepts(ctx, coding) {
@@ -227,11 +234,13 @@ pub fn compressible(ctx: &RequestCtx, resp: &ResponseHead, coding: &str, types: 
 }
 
 /// Marks `resp` as encoded with `coding`: `Content-Encoding` set, `Content-Length` removed (the
-/// host frames the new body), a strong `ETag` made weak (the bytes changed, as nginx does), and
-/// `Vary: Accept-Encoding` added when `vary`.
+/// host frames the new body), `Accept-Ranges` removed (a range of the encoded body cannot be
+/// served: nginx clears it too), a strong `ETag` made weak (the bytes changed, as nginx does),
+/// and `Vary: Accept-Encoding` added when `vary`.
 pub fn mark_encoded(resp: &mut ResponseHead, coding: &'static str, vary: bool) {
     resp.headers.insert(CONTENT_ENCODING, HeaderValue::from_static(coding));
     resp.headers.remove(CONTENT_LENGTH);
+    resp.headers.remove(ACCEPT_RANGES);
     if let Some(tag) = resp.headers.get(ETAG).and_then(|v| v.to_str().ok()) {
         if !tag.starts_with("W/") {
             if let Ok(weak) = HeaderValue::from_str(&format!("W/{tag}")) {
@@ -308,15 +317,21 @@ mod tests {
         let mut no_content = head(&html);
         no_content.status = StatusCode::NO_CONTENT;
         assert!(!compressible(&gz, &no_content, "gzip", &types, 20));
+        let mut partial = head(&[("content-type", "text/html"), ("content-range", "bytes 0-99/1000")]);
+        assert!(!compressible(&gz, &partial, "gzip", &types, 20), "a range, by its Content-Range");
+        partial.status = StatusCode::PARTIAL_CONTENT;
+        assert!(!compressible(&gz, &partial, "gzip", &types, 20), "a 206");
         assert!(compressible(&gz, &head(&[]), "gzip", &TypeList::new(&["*".into()]), 20));
     }
 
     #[test]
     fn marking_weakens_etags_and_adds_vary_once() {
-        let mut h = head(&[("content-length", "100"), ("etag", "\"abc\""), ("vary", "Origin")]);
+        let mut h =
+            head(&[("content-length", "100"), ("etag", "\"abc\""), ("vary", "Origin"), ("accept-ranges", "bytes")]);
         mark_encoded(&mut h, "gzip", true);
         assert_eq!(h.headers["content-encoding"], "gzip");
         assert!(!h.headers.contains_key("content-length"));
+        assert!(!h.headers.contains_key("accept-ranges"), "a range of the encoded body cannot be served");
         assert_eq!(h.headers["etag"], "W/\"abc\"");
         let vary: Vec<_> = h.headers.get_all("vary").iter().collect();
         assert_eq!(vary, ["Origin", "Accept-Encoding"]);
