@@ -923,3 +923,47 @@ fn http2_an_early_answer_lets_the_upload_finish_and_expect_continue_is_answered(
         assert_eq!(up.hits(), 1, "only the upload reached the upstream");
     });
 }
+
+/// HTTP/2 requests are held to HTTP/1.1's line limits: a target over 8 KiB gets 414 and a field
+/// over 8 KiB 431 (JSON, as over HTTP/1.1), neither reaching the upstream; cookies are judged
+/// one by one, so many of them still pass.
+#[test]
+fn http2_requests_meet_the_http1_line_limits() {
+    let up = Upstream::start("u");
+    let (_p, _w, addr) = h2c_gateway(&up);
+    h2_within(async {
+        let mut client = h2_client(addr).await;
+        let mut ask = async |req: http::Request<()>| -> (u16, String) {
+            client = client.clone().ready().await.expect("ready");
+            let (resp, _) = client.send_request(req, true).expect("send");
+            let resp = resp.await.expect("answer");
+            let status = resp.status().as_u16();
+            let mut body = resp.into_body();
+            let mut text = Vec::new();
+            while let Some(chunk) = body.data().await {
+                let chunk = chunk.expect("chunk");
+                let _ = body.flow_control().release_capacity(chunk.len());
+                text.extend_from_slice(&chunk);
+            }
+            (status, String::from_utf8_lossy(&text).into_owned())
+        };
+        let long = "a".repeat(9 << 10);
+        let (status, text) = ask(h2_get(&format!("/{long}"))).await;
+        assert_eq!(status, 414, "{}", &text[..text.len().min(300)]);
+        assert_eq!(text, r#"{"error_msg":"414 Request-URI Too Large"}"#);
+        let field = http::Request::get("http://localhost/f").header("x-big", &long).body(()).expect("request");
+        let (status, text) = ask(field).await;
+        assert_eq!(status, 431, "{}", &text[..text.len().min(300)]);
+        assert_eq!(text, r#"{"error_msg":"431 Request Header Fields Too Large"}"#);
+        assert_eq!(up.hits(), 0, "refused requests reach no upstream");
+        // Just under the limits, and 3 x 4 KiB of cookies (12 KiB once joined): served.
+        let near = "a".repeat((8 << 10) - 100);
+        let mut ok = http::Request::get(format!("http://localhost/{near}")).header("x-near", &near[..(8 << 10) - 200]);
+        for c in ["a", "b", "c"] {
+            ok = ok.header("cookie", format!("{c}={}", "v".repeat(4 << 10)));
+        }
+        let (status, _) = ask(ok.body(()).expect("request")).await;
+        assert_eq!(status, 200);
+        assert_eq!(up.hits(), 1);
+    });
+}

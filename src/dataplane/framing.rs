@@ -29,14 +29,28 @@ impl Refusal {
         Refusal { status: 400, reason }
     }
 
+    /// The status, as the request path answers it.
+    pub fn status(&self) -> http::StatusCode {
+        http::StatusCode::from_u16(self.status).unwrap_or(http::StatusCode::BAD_REQUEST)
+    }
+
+    /// The `error_msg` of the answer: the 414 and 431 texts nginx gives, or the reason.
+    pub fn message(&self) -> std::borrow::Cow<'static, str> {
+        match self.status {
+            414 => "414 Request-URI Too Large".into(),
+            431 => "431 Request Header Fields Too Large".into(),
+            _ => format!("400 Bad Request: {}", self.reason).into(),
+        }
+    }
+
     /// The whole HTTP response that carries this refusal (JSON body, connection closed).
     pub fn response(&self) -> Vec<u8> {
-        let (phrase, message) = match self.status {
-            // The same answers the request path gives for limits it checks itself.
-            414 => ("URI Too Long", "414 Request-URI Too Large".to_owned()),
-            431 => ("Request Header Fields Too Large", "431 Request Header Fields Too Large".to_owned()),
-            _ => ("Bad Request", format!("400 Bad Request: {}", self.reason)),
+        let phrase = match self.status {
+            414 => "URI Too Long",
+            431 => "Request Header Fields Too Large",
+            _ => "Bad Request",
         };
+        let message = self.message();
         let body = serde_json::json!({ "error_msg": message }).to_string();
         format!(
             "HTTP/1.1 {} {phrase}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",

@@ -256,6 +256,23 @@ fn authority_as_host(parts: &mut http::request::Parts) -> Result<(), &'static st
     }
 }
 
+/// HTTP/2 and HTTP/3 requests are held to HTTP/1.1's line limits (`framing`), as nginx holds
+/// them to `large_client_header_buffers`: a target of at most 8 KiB (414) and fields of at most
+/// 8 KiB each (431), so a request refused over one protocol is not served over another.
+/// Cookies are judged one by one, before they are joined.
+fn within_line_limits(parts: &http::request::Parts) -> Result<(), super::framing::Refusal> {
+    use super::framing::{Refusal, MAX_HEADER_LINE, MAX_REQUEST_LINE};
+    let target = parts.uri.path_and_query().map_or(0, |p| p.as_str().len());
+    if target > MAX_REQUEST_LINE {
+        return Err(Refusal { status: 414, reason: "target longer than 8 KiB" });
+    }
+    // `name: value`, as the field would be written on an HTTP/1.1 line.
+    if parts.headers.iter().any(|(name, value)| name.as_str().len() + 2 + value.len() > MAX_HEADER_LINE) {
+        return Err(Refusal { status: 431, reason: "a header field longer than 8 KiB" });
+    }
+    Ok(())
+}
+
 /// HTTP/2 and HTTP/3 clients may send each cookie as a field of its own (browsers do, for
 /// compression). Before the request goes on as HTTP/1.1 they are joined with `"; "` into one
 /// `cookie` field (RFC 9113 section 8.2.3): an upstream reading the first `Cookie` line would
@@ -317,6 +334,10 @@ async fn serve(
         if let Err(why) = authority_as_host(&mut parts) {
             log::debug!("client {remote}: {why}");
             return error_response(StatusCode::BAD_REQUEST, &format!("400 Bad Request: {why}"));
+        }
+        if let Err(refused) = within_line_limits(&parts) {
+            log::debug!("client {remote}: {}", refused.reason);
+            return error_response(refused.status(), &refused.message());
         }
         join_cookies(&mut parts.headers);
     }
