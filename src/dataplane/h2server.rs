@@ -135,8 +135,11 @@ where
                         last_stream = Instant::now();
                         accepted = true;
                         let (info, gateway, worker) = (info.clone(), gateway.clone(), worker.clone());
-                        let task = async move { stream(req, respond, info, &gateway, &worker).await };
-                        streams.push(StreamTask(Box::pin(task)));
+                        let task =
+                            super::boxed_in_place(
+                                || async move { stream(req, respond, info, &gateway, &worker).await },
+                            );
+                        streams.push(StreamTask(Box::into_pin(task)));
                     }
                     Poll::Ready(Some(Err(e))) => return Poll::Ready(Err(e.to_string())),
                     // Closed (GOAWAY sent and every stream done, or the client left): requests

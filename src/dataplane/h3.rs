@@ -157,7 +157,9 @@ async fn request(
     let first = recv.recv_data().await.map_err(|e| e.to_string())?.map(|mut b| b.copy_to_bytes(b.remaining()));
     let done = first.is_none();
     let body = H3Body { first, stream: recv, done };
-    let resp = Box::pin(proxy::handle(req.map(|()| Box::new(body)), info, gateway, worker)).await;
+    let resp =
+        Box::into_pin(super::boxed_in_place(|| proxy::handle(req.map(|()| Box::new(body)), info, gateway, worker)))
+            .await;
     let (parts, mut body) = resp.into_parts();
     send.send_response(http::Response::from_parts(parts, ())).await.map_err(|e| e.to_string())?;
     while let Some(frame) = body.frame().await {

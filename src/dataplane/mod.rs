@@ -28,3 +28,13 @@ pub mod upstream_conn;
 /// How long a connection may take to send a request head, and how long it may stay idle between
 /// requests (nginx's `client_header_timeout`).
 pub const HEADER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Boxes the value `make` returns, made in its box: the box is allocated first, so the compiler
+/// can build the value where it will live. `Box::new(make())` builds it on the stack and copies
+/// it whole into the box allocated after it, and a request's future is several KiB: the HTTP/2
+/// server's per-request box cost 700 instructions of copying per request in the release build,
+/// and 8,200 in a build with line tables. For futures boxed once per request; on HTTP/1.1's
+/// boxes (a connection's wake, `Finish`, a stream connection) it measured no difference.
+pub(crate) fn boxed_in_place<T>(make: impl FnOnce() -> T) -> Box<T> {
+    Box::write(Box::new_uninit(), make())
+}
