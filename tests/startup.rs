@@ -179,6 +179,14 @@ fn invalid_resources_are_fatal_at_start_with_a_precise_message() {
             "upstreams[0] (id u): nodes.127.0.0.1:0: invalid port `0`",
         ),
         (
+            "upstreams:\n  - {id: u, nodes: {\"bad host:80\": 1}}\n",
+            "upstreams[0] (id u): nodes.bad host:80: `bad host` in node `bad host:80` is not a host name or IP address",
+        ),
+        (
+            "upstreams:\n  - {id: u, nodes: [{host: \"a/b\", port: 80, weight: 1}]}\n",
+            "upstreams[0] (id u): nodes[0].host: `a/b` is not a host name or IP address",
+        ),
+        (
             "upstreams:\n  - {id: u, nodes: {\"a:80\": 1}, type: chash}\n",
             "upstreams[0] (id u): key: required when `type` is `chash`",
         ),

@@ -27,8 +27,8 @@ pub use route::{HttpMethod, Route, RouteMore, Service};
 pub use ssl::{AcmeChallenge, AcmeEab, Ssl, SslAcme, SslClient, SslType};
 pub use stream::StreamRoute;
 pub use upstream::{
-    parse_node_key, DiscoveryType, HashOn, KeepalivePool, LbType, Node, Nodes, PassHost, Scheme, Timeout, Upstream,
-    UpstreamTls,
+    parse_node_key, valid_host, DiscoveryType, HashOn, KeepalivePool, LbType, Node, Nodes, PassHost, Scheme, Timeout,
+    Upstream, UpstreamTls,
 };
 
 /// A resource id: an integer or a string in the file, always reported as a string.

@@ -255,10 +255,23 @@ pub struct Upstream {
 }
 
 /// Parses a node map key: `host`, `host:port`, `[v6]` or `[v6]:port`.
+/// A node's host: an IPv6 address (it has a `:`), or a name or IPv4 address of letters, digits,
+/// `-`, `.` and `_` (APISIX's node host pattern, without its `[`/`]`, which only bracket IPv6).
+/// A space, `/` or `@` never names a host: such a node would only fail to resolve, for ever.
+pub fn valid_host(host: &str) -> bool {
+    if host.contains(':') {
+        return host.parse::<std::net::Ipv6Addr>().is_ok();
+    }
+    !host.is_empty() && host.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_'))
+}
+
 pub fn parse_node_key(key: &str) -> Result<(String, Option<u16>), String> {
     let bad_port = |p: &str| format!("invalid port `{p}` in node `{key}`");
     let (host, port) = if let Some(rest) = key.strip_prefix('[') {
         let (h, after) = rest.split_once(']').ok_or_else(|| format!("unclosed `[` in node `{key}`"))?;
+        if h.parse::<std::net::Ipv6Addr>().is_err() {
+            return Err(format!("`[{h}]` in node `{key}` is not an IPv6 address"));
+        }
         match after.strip_prefix(':') {
             Some(p) => (h, Some(p)),
             None if after.is_empty() => (h, None),
@@ -273,6 +286,9 @@ pub fn parse_node_key(key: &str) -> Result<(String, Option<u16>), String> {
     if host.is_empty() {
         return Err(format!("empty host in node `{key}`"));
     }
+    if !valid_host(host) {
+        return Err(format!("`{host}` in node `{key}` is not a host name or IP address"));
+    }
     let port = match port {
         Some(p) => match p.parse::<u16>() {
             Ok(0) | Err(_) => return Err(bad_port(p)),
@@ -281,4 +297,20 @@ pub fn parse_node_key(key: &str) -> Result<(String, Option<u16>), String> {
         None => None,
     };
     Ok((host.to_owned(), port))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_keys_name_a_host_and_maybe_a_port() {
+        assert_eq!(parse_node_key("a.example:8080"), Ok(("a.example".to_owned(), Some(8080))));
+        assert_eq!(parse_node_key("_srv.x-1.example"), Ok(("_srv.x-1.example".to_owned(), None)));
+        assert_eq!(parse_node_key("[::1]:80"), Ok(("::1".to_owned(), Some(80))));
+        assert_eq!(parse_node_key("127.0.0.1"), Ok(("127.0.0.1".to_owned(), None)));
+        for bad in ["bad host:80", "a/b:80", "user@a:80", "[::g]:80", "[zz]", ":80", "a:0", "a:x", "a:65536"] {
+            assert!(parse_node_key(bad).is_err(), "{bad}");
+        }
+    }
 }

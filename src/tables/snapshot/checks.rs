@@ -186,10 +186,20 @@ impl Builder<'_> {
 
     pub(super) fn check_upstream(&mut self, o: &EntryName<'_>, at: &str, u: &Upstream) {
         let field = |f: &str| if at.is_empty() { f.to_owned() } else { format!("{at}.{f}") };
-        if let Nodes::Map(map) = &u.nodes {
-            for key in map.keys() {
-                if let Err(e) = parse_node_key(key) {
-                    self.issue(o, &field(&format!("nodes.{key}")), &e);
+        match &u.nodes {
+            Nodes::Map(map) => {
+                for key in map.keys() {
+                    if let Err(e) = parse_node_key(key) {
+                        self.issue(o, &field(&format!("nodes.{key}")), &e);
+                    }
+                }
+            }
+            Nodes::List(list) => {
+                for (i, node) in list.iter().enumerate() {
+                    if !valid_host(&node.host) {
+                        let why = format!("`{}` is not a host name or IP address", node.host);
+                        self.issue(o, &field(&format!("nodes[{i}].host")), &why);
+                    }
                 }
             }
         }
