@@ -690,6 +690,17 @@ fn h2_get(path: &str) -> http::Request<()> {
     http::Request::get(format!("http://localhost{path}")).body(()).expect("request")
 }
 
+/// Reads a response body to its end, giving the window back as it reads; its text.
+async fn h2_text(mut body: h2::RecvStream) -> String {
+    let mut text = Vec::new();
+    while let Some(chunk) = body.data().await {
+        let chunk = chunk.expect("body chunk");
+        let _ = body.flow_control().release_capacity(chunk.len());
+        text.extend_from_slice(&chunk);
+    }
+    String::from_utf8_lossy(&text).into_owned()
+}
+
 /// Reads a response body to its end, giving the window back as it reads; its length.
 async fn h2_read(mut body: h2::RecvStream) -> u64 {
     let mut n = 0u64;
@@ -734,12 +745,7 @@ fn http2_bodies_flow_both_ways_through_small_windows() {
         sender.await.expect("sender");
         let up_resp = up_resp.await.expect("POST answer");
         assert_eq!(up_resp.status(), 200);
-        let mut body = up_resp.into_body();
-        let mut text = Vec::new();
-        while let Some(chunk) = body.data().await {
-            text.extend_from_slice(&chunk.expect("chunk"));
-        }
-        assert_eq!(String::from_utf8_lossy(&text), (2u64 << 20).to_string());
+        assert_eq!(h2_text(up_resp.into_body()).await, (2u64 << 20).to_string());
         // Cookies sent as separate fields (as browsers do over HTTP/2) reach the HTTP/1.1
         // upstream as one field (RFC 9113 section 8.2.3).
         client = client.ready().await.expect("ready");
@@ -749,12 +755,8 @@ fn http2_bodies_flow_both_ways_through_small_windows() {
             .body(())
             .expect("request");
         let (echo, _) = client.send_request(cookies, true).expect("send cookies");
-        let mut body = echo.await.expect("cookie answer").into_body();
-        let mut text = Vec::new();
-        while let Some(chunk) = body.data().await {
-            text.extend_from_slice(&chunk.expect("chunk"));
-        }
-        let echo: serde_json::Value = serde_json::from_slice(&text).expect("echo JSON");
+        let text = h2_text(echo.await.expect("cookie answer").into_body()).await;
+        let echo: serde_json::Value = serde_json::from_str(&text).expect("echo JSON");
         assert_eq!(echo["headers"]["cookie"], "a=1; b=2", "{echo}");
         // An answer Weir makes itself (a refused path) has a body; to HEAD it is the head alone.
         client = client.ready().await.expect("ready");
@@ -898,12 +900,7 @@ fn http2_an_early_answer_lets_the_upload_finish_and_expect_continue_is_answered(
         assert!(h2_upload(body, 100_000).await, "the upload was cut");
         let resp = resp.await.expect("POST answer");
         assert_eq!(resp.status(), 200);
-        let mut body = resp.into_body();
-        let mut text = Vec::new();
-        while let Some(chunk) = body.data().await {
-            text.extend_from_slice(&chunk.expect("chunk"));
-        }
-        assert_eq!(String::from_utf8_lossy(&text), "100000");
+        assert_eq!(h2_text(resp.into_body()).await, "100000");
         // Failed before its body is wanted: the answer comes with no `100 Continue` before
         // it, so the client never sends the body.
         client = client.ready().await.expect("ready");
@@ -937,15 +934,7 @@ fn http2_requests_meet_the_http1_line_limits() {
             client = client.clone().ready().await.expect("ready");
             let (resp, _) = client.send_request(req, true).expect("send");
             let resp = resp.await.expect("answer");
-            let status = resp.status().as_u16();
-            let mut body = resp.into_body();
-            let mut text = Vec::new();
-            while let Some(chunk) = body.data().await {
-                let chunk = chunk.expect("chunk");
-                let _ = body.flow_control().release_capacity(chunk.len());
-                text.extend_from_slice(&chunk);
-            }
-            (status, String::from_utf8_lossy(&text).into_owned())
+            (resp.status().as_u16(), h2_text(resp.into_body()).await)
         };
         let long = "a".repeat(9 << 10);
         let (status, text) = ask(h2_get(&format!("/{long}"))).await;
