@@ -219,7 +219,8 @@ async fn stream(
     let len = content_length(&parts.headers);
     // Only a request with a body shares anything with it (no allocation for the others).
     let share = (!recv.is_end_stream()).then(|| {
-        let expects = parts.headers.get(EXPECT).is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+        let expects =
+            parts.headers.get(EXPECT).is_some_and(|v| v.as_bytes().trim_ascii().eq_ignore_ascii_case(b"100-continue"));
         let continuing = Cell::new(if expects { Continue::Owed } else { Continue::No });
         Rc::new(BodyShare { continuing, rest: RefCell::default() })
     });

@@ -82,6 +82,9 @@ pub struct RequestFields {
     pub hop_by_hop: bool,
     /// The fields' size as HTTP/1.1 text (`name: value` and CRLF each).
     pub bytes: usize,
+    /// The longest field as an HTTP/1.1 line ([`line_len`]): HTTP/2 and HTTP/3 requests are
+    /// held to the HTTP/1.1 framer's limit on it.
+    pub longest: usize,
 }
 
 impl RequestFields {
@@ -90,7 +93,9 @@ impl RequestFields {
         let mut f = RequestFields::default();
         let mut length_seen = false;
         for (name, value) in headers {
-            f.bytes += line_len(name, value);
+            let len = line_len(name, value);
+            f.bytes += len;
+            f.longest = f.longest.max(len);
             if *name == HOST {
                 if f.host.is_none() {
                     f.host = Some(value.clone());

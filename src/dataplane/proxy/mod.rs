@@ -256,19 +256,20 @@ fn authority_as_host(parts: &mut http::request::Parts) -> Result<(), &'static st
     }
 }
 
-/// HTTP/2 and HTTP/3 requests are held to HTTP/1.1's line limits (`framing`), as nginx holds
-/// them to `large_client_header_buffers`: a target of at most 8 KiB (414) and fields of at most
-/// 8 KiB each (431), so a request refused over one protocol is not served over another.
-/// Cookies are judged one by one, before they are joined.
-fn within_line_limits(parts: &http::request::Parts) -> Result<(), super::framing::Refusal> {
+/// HTTP/2 and HTTP/3 requests are held to HTTP/1.1's line limits (`framing`), measured as the
+/// framer measures them, as nginx holds them to `large_client_header_buffers`: the request line
+/// they go on with at most 8 KiB (414), and each field at most 8 KiB as a line (431), so a request
+/// refused over one protocol is not served over another. `fields` is read before cookies are
+/// joined: they count one by one.
+fn within_line_limits(parts: &http::request::Parts, fields: &RequestFields) -> Result<(), super::framing::Refusal> {
     use super::framing::{Refusal, MAX_HEADER_LINE, MAX_REQUEST_LINE};
-    let target = parts.uri.path_and_query().map_or(0, |p| p.as_str().len());
-    if target > MAX_REQUEST_LINE {
-        return Err(Refusal { status: 414, reason: "target longer than 8 KiB" });
+    let target = parts.uri.path_and_query().map_or(1, |p| p.as_str().len());
+    // `METHOD target HTTP/1.1`
+    if parts.method.as_str().len() + 1 + target + 9 > MAX_REQUEST_LINE {
+        return Err(Refusal { status: 414, reason: "request line longer than 8 KiB" });
     }
-    // `name: value`, as the field would be written on an HTTP/1.1 line.
-    if parts.headers.iter().any(|(name, value)| name.as_str().len() + 2 + value.len() > MAX_HEADER_LINE) {
-        return Err(Refusal { status: 431, reason: "a header field longer than 8 KiB" });
+    if fields.longest > MAX_HEADER_LINE {
+        return Err(Refusal { status: 431, reason: "a header line longer than 8 KiB" });
     }
     Ok(())
 }
@@ -335,13 +336,15 @@ async fn serve(
             log::debug!("client {remote}: {why}");
             return error_response(StatusCode::BAD_REQUEST, &format!("400 Bad Request: {why}"));
         }
-        if let Err(refused) = within_line_limits(&parts) {
+    }
+    let mut fields = fields.unwrap_or_else(|| RequestFields::of(&parts.headers));
+    if h2 {
+        if let Err(refused) = within_line_limits(&parts, &fields) {
             log::debug!("client {remote}: {}", refused.reason);
             return error_response(refused.status(), &refused.message());
         }
         join_cookies(&mut parts.headers);
     }
-    let mut fields = fields.unwrap_or_else(|| RequestFields::of(&parts.headers));
     let websocket = upgrade_asked && is_websocket(&parts.headers);
     let on_upgrade = if websocket { payload.take_upgrade() } else { None };
     // One normalized path for routing, plugins and the upstream (docs/data-plane.md).
