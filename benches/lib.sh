@@ -67,5 +67,12 @@ cpu_ticks() {
   echo "$t"
 }
 
+# core_ticks CPU: "busy total" clock ticks of one CPU so far (from /proc/stat; busy is all but
+# idle and iowait). Two readings give how busy that core was in between: a load core near 100 %
+# caps req/s whatever the proxy on the other core does.
+core_ticks() { awk -v c="cpu$1" '$1 == c {b = $2 + $3 + $4 + $7 + $8 + $9; print b, b + $5 + $6}' /proc/stat; }
+# busy_pct "BUSY TOTAL" "BUSY TOTAL": the core's busy share between two core_ticks readings.
+busy_pct() { awk -v a="$1" -v b="$2" 'BEGIN {split(a, x, " "); split(b, y, " "); t = y[2] - x[2]; printf "%.0f", t ? 100 * (y[1] - x[1]) / t : 0}'; }
+
 # us_per TICKS N: microseconds of CPU per unit, for TICKS clock ticks spent on N units.
 us_per() { awk -v t="$1" -v n="$2" -v hz="$(getconf CLK_TCK)" 'BEGIN {printf "%.1f", n ? t * 1e6 / hz / n : 0}'; }

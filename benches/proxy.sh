@@ -96,9 +96,9 @@ start_weir() {
 }
 stop_weir() { kill "$WEIR_PID"; wait "$WEIR_PID" 2>/dev/null || true; WEIR_PID=; }
 
-# run NAME PORT [header] -> prints "NAME req/s p50_ms p99_ms anon_kib cpu_us_per_request" (the
-# proxy's CPU time per request repeats better than req/s here, and the load tool's core does
-# not cap it)
+# run NAME PORT [header] -> prints "NAME req/s p50_ms p99_ms anon_kib cpu_us_per_request
+# proxy_core_% load_core_%" (the proxy's CPU time per request repeats better than req/s here,
+# and the load tool's core does not cap it; the two cores' busy shares say which one capped req/s)
 run() {
   local name=$1 port=$2 header=${3:-}
   local args=(-t1 -c"$CONNS" -d"${DURATION}s" --latency)
@@ -107,7 +107,9 @@ run() {
   [ "$port" = "$NGINX_PORT" ] && pids=$(pgrep -P "$(cat "$WORK/peer/nginx.pid")" | tr '\n' ' ')
   # shellcheck disable=SC2086 # one argument per pid
   local before; before=$(cpu_ticks $pids)
+  local p0 l0 p1 l1; p0=$(core_ticks "$PROXY_CPU"); l0=$(core_ticks "$LOAD_CPU")
   local out; out=$(taskset -c "$LOAD_CPU" wrk "${args[@]}" "http://127.0.0.1:$port/bench")
+  p1=$(core_ticks "$PROXY_CPU"); l1=$(core_ticks "$LOAD_CPU")
   # shellcheck disable=SC2086
   local cpu; cpu=$(us_per $(($(cpu_ticks $pids) - before)) "$(awk '/requests in/ {print $1}' <<<"$out")")
   local rps p50 p99 rss=0
@@ -121,7 +123,7 @@ run() {
   if [ "$port" = "$NGINX_PORT" ]; then
     rss=$(for w in $(pgrep -P "$(cat "$WORK/peer/nginx.pid")"); do awk '/^RssAnon:/ {print $2}' "/proc/$w/status"; done | awk '{s+=$1} END {print s}')
   fi
-  echo "$name $rps $(ms "$p50") $(ms "$p99") $rss $cpu"
+  echo "$name $rps $(ms "$p50") $(ms "$p99") $rss $cpu $(busy_pct "$p0" "$p1") $(busy_pct "$l0" "$l1")"
 }
 # wrk prints 1.23ms / 456.00us / 1.2s
 ms() { awk -v v="$1" 'BEGIN { if (v ~ /us$/) { sub(/us/,"",v); print v/1000 } else if (v ~ /ms$/) { sub(/ms/,"",v); print v } else { sub(/s/,"",v); print v*1000 } }'; }
@@ -147,18 +149,23 @@ python3 - "$RESULTS" <<'PY'
 import statistics, sys
 rows = {}
 for line in open(sys.argv[1]):
-    name, rps, p50, p99, rss, cpu = line.split()
-    rows.setdefault(name, []).append((float(rps), float(p50), float(p99), int(rss), float(cpu)))
-med = {k: tuple(statistics.median(x[i] for x in v) for i in range(5)) for k, v in rows.items()}
-print(f"{'scenario':18} {'req/s':>10} {'p50 ms':>8} {'p99 ms':>8} {'mem MiB':>8} {'CPU us/req':>11}")
-for k, (rps, p50, p99, rss, cpu) in med.items():
-    print(f"{k:18} {rps:10.0f} {p50:8.3f} {p99:8.3f} {rss/1024:8.1f} {cpu:11.1f}")
+    name, rps, p50, p99, rss, cpu, pcore, lcore = line.split()
+    rows.setdefault(name, []).append((float(rps), float(p50), float(p99), int(rss), float(cpu),
+                                      float(pcore), float(lcore)))
+med = {k: tuple(statistics.median(x[i] for x in v) for i in range(7)) for k, v in rows.items()}
+print(f"{'scenario':18} {'req/s':>10} {'p50 ms':>8} {'p99 ms':>8} {'mem MiB':>8} {'CPU us/req':>11}"
+      f" {'proxy core':>11} {'load core':>10}")
+for k, (rps, p50, p99, rss, cpu, pcore, lcore) in med.items():
+    print(f"{k:18} {rps:10.0f} {p50:8.3f} {p99:8.3f} {rss/1024:8.1f} {cpu:11.1f} {pcore:10.0f}% {lcore:9.0f}%")
 n = med.get("nginx-plain")
 w = med.get("weir-plain")
 if n and w:
     print(f"\nweir/nginx req/s (plain):          {w[0]/n[0]:.3f}  (issue 9 target >= 1.05)")
     print(f"weir/nginx p99 (plain):            {w[2]/n[2]:.3f}  (issue 9 target <= 1.10)")
     print(f"nginx/weir CPU per request (plain): {n[4]/w[4]:.3f}  (above 1: Weir spends less)")
+    if max(w[6], n[6]) >= 95:
+        print(f"note: the load core (wrk + upstream) was {w[6]:.0f}% / {n[6]:.0f}% busy (Weir / nginx runs):"
+              " req/s measured the load core as much as the proxy; CPU per request decides")
     if "weir-plugins" in med:
         print(f"weir plugins / nginx plain req/s:  {med['weir-plugins'][0]/n[0]:.3f}  (issue 9 target >= 0.95)")
     if "weir-checks" in med:

@@ -127,6 +127,7 @@ run() {
   local name=$1 port=$2 scenario=$3 pid=$4 out rps n before after
   local url="https://127.0.0.1:$port/bench"
   before=$(cpu_ticks "$pid")
+  local p0 l0; p0=$(core_ticks "$PROXY_CPU"); l0=$(core_ticks "$LOAD_CPU")
   case $scenario in
     https) out=$(taskset -c "$LOAD_CPU" wrk -t1 -c"$CONNS" -d"${DURATION}s" "$url")
            rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out"); n=$(awk '/requests in/ {print $1}' <<<"$out") ;;
@@ -140,7 +141,8 @@ run() {
         [ "${failed:-0}" = "0" ] || echo "  ($name h2: $failed failed requests)" >&2 ;;
   esac
   after=$(cpu_ticks "$pid")
-  echo "$name-$scenario ${rps:-0} $(us_per $((after - before)) "${n:-0}")"
+  local p1 l1; p1=$(core_ticks "$PROXY_CPU"); l1=$(core_ticks "$LOAD_CPU")
+  echo "$name-$scenario ${rps:-0} $(us_per $((after - before)) "${n:-0}") $(busy_pct "$p0" "$p1") $(busy_pct "$l0" "$l1")"
 }
 
 RESULTS="$WORK/results"
@@ -160,16 +162,22 @@ echo
 echo "median of $ROUNDS rounds, ${DURATION}s each, $CONNS connections, proxy on cpu $PROXY_CPU, load+upstream on cpu $LOAD_CPU"
 python3 - "$RESULTS" <<'PY'
 import statistics, sys
-rows, cpu = {}, {}
+rows, cpu, load = {}, {}, {}
 for line in open(sys.argv[1]):
-    name, rps, us = line.split()
+    name, rps, us, _pcore, lcore = line.split()
     rows.setdefault(name, []).append(float(rps))
     cpu.setdefault(name, []).append(float(us))
+    load.setdefault(name, []).append(float(lcore))
 med = {k: statistics.median(v) for k, v in rows.items()}
 mcpu = {k: statistics.median(v) for k, v in cpu.items()}
-print(f"{'scenario':12} {'weir req/s':>11} {'nginx req/s':>12} {'weir/nginx':>11}   {'CPU us/req weir':>16} {'nginx':>6} {'nginx/weir':>11}")
+mload = {k: statistics.median(v) for k, v in load.items()}
+print(f"{'scenario':12} {'weir req/s':>11} {'nginx req/s':>12} {'weir/nginx':>11}   {'CPU us/req weir':>16} {'nginx':>6} {'nginx/weir':>11}"
+      f"   {'load core weir':>14} {'nginx':>6}")
 for s in ("https", "handshake", "h2"):
     w, n = med.get(f"weir-{s}", 0), med.get(f"nginx-{s}", 0)
     cw, cn = mcpu.get(f"weir-{s}", 0), mcpu.get(f"nginx-{s}", 0)
-    print(f"{s:12} {w:11.0f} {n:12.0f} {(w / n if n else 0):11.3f}   {cw:16.1f} {cn:6.1f} {(cn / cw if cw else 0):11.3f}   (targets >= 1.00)")
+    lw, ln = mload.get(f"weir-{s}", 0), mload.get(f"nginx-{s}", 0)
+    print(f"{s:12} {w:11.0f} {n:12.0f} {(w / n if n else 0):11.3f}   {cw:16.1f} {cn:6.1f} {(cn / cw if cw else 0):11.3f}"
+          f"   {lw:13.0f}% {ln:5.0f}%")
+print("(targets >= 1.00; a load core near 100 % busy capped that run's req/s, whatever the proxy did)")
 PY
