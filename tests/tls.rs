@@ -954,5 +954,31 @@ fn http2_requests_meet_the_http1_line_limits() {
         let (status, _) = ask(ok.body(()).expect("request")).await;
         assert_eq!(status, 200);
         assert_eq!(up.hits(), 1);
+        // More than 100 field lines, and a head over 32 KiB in lines of 7 KiB: the framer's 431s,
+        // with their JSON (not `h2`'s own bare 431 for a long header list).
+        let mut many = http::Request::get("http://localhost/many");
+        for i in 0..101 {
+            many = many.header(format!("x-f{i}"), "1");
+        }
+        let (status, text) = ask(many.body(()).expect("request")).await;
+        assert_eq!((status, text.as_str()), (431, r#"{"error_msg":"431 Request Header Fields Too Large"}"#));
+        let mut big = http::Request::get("http://localhost/big");
+        for i in 0..5 {
+            big = big.header(format!("x-b{i}"), "b".repeat(7 << 10));
+        }
+        let (status, text) = ask(big.body(()).expect("request")).await;
+        assert_eq!((status, text.as_str()), (431, r#"{"error_msg":"431 Request Header Fields Too Large"}"#));
+        assert_eq!(up.hits(), 1, "refused requests reach no upstream");
+        // 60 cookies and 45 other fields: 46 lines once the cookies are joined, so served.
+        let mut crumbs = http::Request::get("http://localhost/crumbs");
+        for i in 0..60 {
+            crumbs = crumbs.header("cookie", format!("c{i}={}", "v".repeat(100)));
+        }
+        for i in 0..45 {
+            crumbs = crumbs.header(format!("x-c{i}"), "1");
+        }
+        let (status, _) = ask(crumbs.body(()).expect("request")).await;
+        assert_eq!(status, 200);
+        assert_eq!(up.hits(), 2);
     });
 }

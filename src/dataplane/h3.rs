@@ -26,8 +26,9 @@ use crate::state::Gateway;
 
 /// Concurrent request streams per connection (HTTP/2's `H2_MAX_STREAMS`).
 pub const MAX_STREAMS: u32 = 128;
-/// Largest header section of a request (the HTTP/1.1 head limit).
-pub const MAX_FIELD_SECTION: u64 = 32 << 10;
+/// Largest header section of a request as HTTP/3 counts it (HTTP/2's `H2_MAX_HEADER_LIST`):
+/// above the HTTP/1.1 head limit, which the proxy judges itself with a JSON 431.
+pub const MAX_FIELD_SECTION: u64 = crate::dataplane::server::H2_MAX_HEADER_LIST as u64;
 /// A connection with no packet for this long is closed.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 

@@ -43,9 +43,11 @@ pub const PREFACE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// HTTP/2 limits (docs/data-plane.md). Streams open at once per connection.
 pub const H2_MAX_STREAMS: u32 = 128;
-/// Largest header list (decoded) of one HTTP/2 request: the HTTP/1.1 head limit. Bounds the
-/// CONTINUATION flood: a header block growing past it ends the connection.
-pub const H2_MAX_HEADER_LIST: u32 = 32 << 10;
+/// Largest header list (decoded) of one HTTP/2 request, as HTTP/2 counts it (32 bytes more per
+/// field than its text). Above the HTTP/1.1 head limit (32 KiB in 100 lines), which the proxy
+/// judges itself with a JSON 431 (`proxy::within_head_limits`): this one only bounds what `h2`
+/// decodes, the CONTINUATION flood included, and past it `h2` answers a bare 431.
+pub const H2_MAX_HEADER_LIST: u32 = 48 << 10;
 /// Per-stream and per-connection receive windows: what one client may make Weir buffer.
 pub const H2_STREAM_WINDOW: u32 = 256 << 10;
 /// See [`H2_STREAM_WINDOW`].

@@ -256,20 +256,39 @@ fn authority_as_host(parts: &mut http::request::Parts) -> Result<(), &'static st
     }
 }
 
-/// HTTP/2 and HTTP/3 requests are held to HTTP/1.1's line limits (`framing`), measured as the
-/// framer measures them, as nginx holds them to `large_client_header_buffers`: the request line
-/// they go on with at most 8 KiB (414), and each field at most 8 KiB as a line (431), so a request
+/// HTTP/2 and HTTP/3 requests are held to the HTTP/1.1 framer's limits (`framing`), measured
+/// as the framer measures the request they go on as, as nginx holds them to
+/// `large_client_header_buffers`: the request line at most 8 KiB (414), each field at most 8 KiB
+/// as a line (431), at most 100 field lines and a head of at most 32 KiB (431). So a request
 /// refused over one protocol is not served over another. `fields` is read before cookies are
-/// joined: they count one by one.
-fn within_line_limits(parts: &http::request::Parts, fields: &RequestFields) -> Result<(), super::framing::Refusal> {
-    use super::framing::{Refusal, MAX_HEADER_LINE, MAX_REQUEST_LINE};
+/// joined: each cookie is a line of its own for the 8 KiB limit (as a browser sends them), and the
+/// one line they become for the count and the head's size.
+fn within_head_limits(parts: &http::request::Parts, fields: &RequestFields) -> Result<(), super::framing::Refusal> {
+    use super::framing::{Refusal, MAX_HEAD, MAX_HEADERS, MAX_HEADER_LINE, MAX_REQUEST_LINE};
     let target = parts.uri.path_and_query().map_or(1, |p| p.as_str().len());
     // `METHOD target HTTP/1.1`
-    if parts.method.as_str().len() + 1 + target + 9 > MAX_REQUEST_LINE {
+    let request_line = parts.method.as_str().len() + 1 + target + 9;
+    if request_line > MAX_REQUEST_LINE {
         return Err(Refusal { status: 414, reason: "request line longer than 8 KiB" });
     }
     if fields.longest > MAX_HEADER_LINE {
         return Err(Refusal { status: 431, reason: "a header line longer than 8 KiB" });
+    }
+    // The request line and the empty line end with CRLF.
+    let (mut lines, mut head) = (parts.headers.len(), request_line + 2 + fields.bytes + 2);
+    if lines > MAX_HEADERS || head > MAX_HEAD {
+        // Joined, each cookie after the first costs `; ` rather than `cookie: ` and CRLF.
+        let cookies = parts.headers.get_all(http::header::COOKIE).iter().count();
+        if cookies > 1 {
+            lines -= cookies - 1;
+            head -= (cookies - 1) * 8;
+        }
+        if lines > MAX_HEADERS {
+            return Err(Refusal { status: 431, reason: "too many header lines" });
+        }
+        if head > MAX_HEAD {
+            return Err(Refusal { status: 431, reason: "request head larger than 32 KiB" });
+        }
     }
     Ok(())
 }
@@ -339,7 +358,7 @@ async fn serve(
     }
     let mut fields = fields.unwrap_or_else(|| RequestFields::of(&parts.headers));
     if h2 {
-        if let Err(refused) = within_line_limits(&parts, &fields) {
+        if let Err(refused) = within_head_limits(&parts, &fields) {
             log::debug!("client {remote}: {}", refused.reason);
             return error_response(refused.status(), &refused.message());
         }
