@@ -32,10 +32,15 @@
 #
 #   benches/run.sh        # needs wrk, nginx, valgrind; DURATION, ROUNDS, STORED as the scripts take;
 #                         # RUN_OUT=DIR keeps the scripts' outputs
+#   PGO=1 benches/run.sh  # every figure for the profile-guided build (benches/pgo.sh makes it)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export DURATION=${DURATION:-8} ROUNDS=${ROUNDS:-3} STORED=${STORED:-100000}
 cargo build --release -q
+if [ -n "${PGO:-}" ]; then
+  benches/pgo.sh
+  export BIN=$PWD/target/pgo-use/release/weir WEIR_BIN=$PWD/target/pgo-use/release/weir
+fi
 # RUN_OUT=DIR keeps every benchmark's full output in DIR (the summary below is an excerpt).
 if [ -n "${RUN_OUT:-}" ]; then out=$RUN_OUT; mkdir -p "$out"; else out=$(mktemp -d /tmp/weir-run.XXXXXX); trap 'rm -rf "$out"' EXIT; fi
 ipr=../shared/tools/instr_per_request.sh
