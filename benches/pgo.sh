@@ -43,7 +43,7 @@ echo "== 2/4 training load, ${SECONDS_EACH}s per path"
 rm -rf "$RAW"
 . benches/lib.sh
 port() { python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
-UP=$(port) PLAIN=$(port) TLS=$(port) H2C=$(port) CTL=$(port)
+UP=$(port) PLAIN=$(port) TLS=$(port) H2C=$(port) CTL=$(port) PROM=$(port)
 nginx_upstream "$WORK/up" "$UP"
 mkdir -p "$WORK/weir/conf"
 openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 30 \
@@ -59,6 +59,7 @@ gateway:
     fallback_sni: pgo.test
   worker_processes: 1
   control: {port: $CTL}
+plugin_attr: {prometheus: {export_addr: {ip: 127.0.0.1, port: $PROM}}}
 CONF
 cat > "$WORK/weir/conf/resources.yaml" <<CONF
 upstreams:
@@ -79,7 +80,9 @@ ssls:
 CONF
 ./target/pgo-gen/release/weir -p "$WORK/weir" > "$WORK/weir.log" 2>&1 &
 WEIR_PID=$!
-for _ in $(seq 1 200); do curl -s -o /dev/null "127.0.0.1:$PLAIN/plain" && break; sleep 0.05; done
+up=
+for _ in $(seq 1 200); do curl -s -o /dev/null "127.0.0.1:$PLAIN/plain" && { up=1; break; }; sleep 0.05; done
+[ -n "$up" ] || { echo "the instrumented weir did not start:"; cat "$WORK/weir.log"; exit 1; }
 d="${SECONDS_EACH}s"
 wrk -t1 -c16 -d"$d" "http://127.0.0.1:$PLAIN/plain" | grep -E 'Requests/sec|Non-2xx' || true
 wrk -t1 -c16 -d"$d" -H 'apikey: pgo-key' "http://127.0.0.1:$PLAIN/plugins" | grep -E 'Requests/sec|Non-2xx' || true
