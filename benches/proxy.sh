@@ -69,6 +69,8 @@ gateway:
   node_listen: [{ip: 127.0.0.1, port: $WEIR_PORT}]
   worker_processes: 1
   control: {port: $CTL_PORT}
+# Not the exporter's default 9091, which a gateway already running here may hold.
+plugin_attr: {prometheus: {export_addr: {ip: 127.0.0.1, port: 18191}}}
 CONF
 plain() {
   printf 'upstreams:\n  - {id: 1, nodes: {"127.0.0.1:%s": 1}}\nroutes:\n' "$UP_PORT"

@@ -100,6 +100,8 @@ gateway:
     fallback_sni: bench.test
   worker_processes: 1
   control: {port: $CTL_PORT}
+# Not the exporter's default 9091, which a gateway already running here may hold.
+plugin_attr: {prometheus: {export_addr: {ip: 127.0.0.1, port: 18291}}}
 CONF
 cat > "$WORK/weir/conf/resources.yaml" <<CONF
 upstreams:
